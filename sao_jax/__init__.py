@@ -1,0 +1,1 @@
+"""sao_jax package."""
