@@ -1,0 +1,92 @@
+"""Orbax checkpoints of the whole training state plus JSON metadata.
+
+One checkpoint holds: the array state (policy and value params, both optimizer
+states, step counters, RNG key) as an orbax ``StandardSave`` item, and a JSON item
+with everything else needed to resume exactly (policy version, the prompt
+iterator's grain state, counters). Saves are atomic (orbax writes to a temporary
+directory and renames), so a trainer killed mid-save leaves the previous
+checkpoint as the newest complete one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+_STATE = "state"
+_META = "meta"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint directory is missing, malformed or does not fit the state."""
+
+
+class Checkpointer:
+  """Thin wrapper over ``ocp.CheckpointManager`` with one state and one meta item."""
+
+  def __init__(self, directory: str, *, max_to_keep: int = 3):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=True,
+        enable_async_checkpointing=False)
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=(_STATE, _META))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``."""
+    self._manager.save(
+        step,
+        args=ocp.args.Composite(**{
+            _STATE: ocp.args.StandardSave(state),
+            _META: ocp.args.JsonSave(meta),
+        }),
+        force=True)
+    self._manager.wait_until_finished()
+    logging.info("Saved checkpoint step %d to %s", step, self.directory)
+
+  def restore(self, abstract_state: Any,
+              step: int | None = None) -> tuple[Any, dict[str, Any], int]:
+    """Restores ``(state, meta, step)``; ``step=None`` means the newest.
+
+    Args:
+      abstract_state: A pytree of ``jax.ShapeDtypeStruct`` (with shardings) or
+        arrays giving the target structure, shapes, dtypes and placement.
+      step: Which step to restore.
+
+    Raises:
+      CheckpointError: No checkpoint exists, or it does not match the state.
+    """
+    if step is None:
+      step = self.latest_step()
+    if step is None:
+      raise CheckpointError(
+          f"No checkpoint found in {self.directory}; start a fresh run or point "
+          "--workdir at a run that has saved one.")
+    abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    try:
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(**{
+              _STATE: ocp.args.StandardRestore(abstract_state),
+              _META: ocp.args.JsonRestore(),
+          }))
+    except Exception as e:  # Orbax raises many types; name the directory.
+      raise CheckpointError(
+          f"Checkpoint step {step} in {self.directory} could not be restored "
+          f"({type(e).__name__}: {e}). It is malformed or was written by a run "
+          "with a different model/optimizer config; delete it or use the "
+          "matching config.") from e
+    return restored[_STATE], dict(restored[_META]), step
+
+  def close(self) -> None:
+    self._manager.close()

@@ -1,0 +1,109 @@
+"""TensorBoard event files for scalars and histograms, written without TensorFlow.
+
+Uses tensorboard's own ``EventFileWriter`` and ``Summary`` protos, the same records
+``torch.utils.tensorboard`` writes, so ``EventAccumulator`` reads them back as
+``Scalars`` and ``Histograms``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from typing import Mapping
+
+import numpy as np
+from absl import logging
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.summary.writer import event_file_writer
+
+
+def _histogram_proto(values: np.ndarray, bins: int) -> summary_pb2.HistogramProto:
+  values = np.asarray(values, dtype=np.float64).reshape(-1)
+  if values.size == 0:
+    return summary_pb2.HistogramProto()
+  counts, edges = np.histogram(values, bins=bins)
+  return summary_pb2.HistogramProto(
+      min=float(values.min()),
+      max=float(values.max()),
+      num=float(values.size),
+      sum=float(values.sum()),
+      sum_squares=float(np.square(values).sum()),
+      bucket_limit=[float(e) for e in edges[1:]],
+      bucket=[float(c) for c in counts],
+  )
+
+
+class MetricWriter:
+  """Writes scalar and histogram summaries to ``logdir`` (one event file per run)."""
+
+  def __init__(self, logdir: str, *, histogram_bins: int = 30):
+    os.makedirs(logdir, exist_ok=True)
+    self._writer = event_file_writer.EventFileWriter(logdir)
+    self._bins = histogram_bins
+    self._closed = False
+    self.logdir = logdir
+
+  def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
+    if self._closed:
+      raise RuntimeError(f"MetricWriter for {self.logdir} is already closed.")
+    event = event_pb2.Event(
+        wall_time=time.time(), step=int(step),
+        summary=summary_pb2.Summary(value=values))
+    self._writer.add_event(event)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    """Writes each finite-or-not scalar under its tag (NaN is kept: it is news)."""
+    values = [
+        summary_pb2.Summary.Value(tag=tag, simple_value=float(np.asarray(v)))
+        for tag, v in sorted(scalars.items())
+    ]
+    if values:
+      self._write(step, values)
+
+  def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
+    values = [
+        summary_pb2.Summary.Value(tag=tag, histo=_histogram_proto(a, self._bins))
+        for tag, a in sorted(arrays.items())
+    ]
+    if values:
+      self._write(step, values)
+
+  def flush(self) -> None:
+    if not self._closed:
+      self._writer.flush()
+
+  def close(self) -> None:
+    if not self._closed:
+      self._writer.close()
+      self._closed = True
+      logging.info("Closed TensorBoard writer for %s", self.logdir)
+
+  def __enter__(self) -> "MetricWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Reads every scalar series under ``logdir`` as ``{tag: [(step, value), ...]}``.
+
+  Uses tensorboard's ``EventAccumulator``; when several event files hold the same
+  step (a resumed run), the newest write wins.
+  """
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+
+  out: dict[str, dict[int, float]] = collections.defaultdict(dict)
+  for name in sorted(os.listdir(logdir)):
+    if not name.startswith("events.out.tfevents"):
+      continue
+    acc = event_accumulator.EventAccumulator(
+        os.path.join(logdir, name),
+        size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    for tag in acc.Tags()["scalars"]:
+      for e in acc.Scalars(tag):
+        out[tag][e.step] = e.value
+  return {tag: sorted(d.items()) for tag, d in out.items()}
