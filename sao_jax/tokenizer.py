@@ -1,0 +1,248 @@
+"""SentencePiece tokenizer and the one chat / tool-call template of sao_jax.
+
+Ids: pad=0, unk=1, bos=2, eos=3, then the chat/tool markup `SPECIAL_TOKENS`,
+each a single id (SentencePiece `user_defined_symbols`, matched verbatim in
+text). Models are trained with identity normalisation, no dummy prefix, no
+whitespace folding and byte fallback, so `decode(encode(x)) == x` for every
+string that does not itself contain the SentencePiece meta-symbol U+2581.
+
+Turn template (the only definition; envs, sampler and SFT data use these):
+
+  <|user|>QUESTION<|end|><|assistant|>ACTION...<|end|>
+
+An assistant turn may call a tool; the action then ends with the call and the
+environment appends the result as an observation before the policy continues:
+
+  ...<|assistant|>text<|tool_call|>EXPR<|/tool_call|><|tool_result|>VALUE<|/tool_result|>more text<|end|>
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from typing import Iterable, Sequence
+
+from absl import logging
+import sentencepiece as spm
+
+USER = "<|user|>"
+ASSISTANT = "<|assistant|>"
+TOOL_CALL = "<|tool_call|>"
+TOOL_CALL_END = "<|/tool_call|>"
+TOOL_RESULT = "<|tool_result|>"
+TOOL_RESULT_END = "<|/tool_result|>"
+END = "<|end|>"
+SPECIAL_TOKENS = (USER, ASSISTANT, TOOL_CALL, TOOL_CALL_END, TOOL_RESULT,
+                  TOOL_RESULT_END, END)
+# Tokens on which the sampler stops an action segment: the end of the turn,
+# or a complete tool call (the env then answers with a tool result).
+ACTION_STOP_TOKENS = (END, TOOL_CALL_END)
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# 256 byte pieces + pad/unk/bos/eos + the markup: below this, byte fallback
+# cannot represent arbitrary text.
+MIN_VOCAB_SIZE = 256 + 4 + len(SPECIAL_TOKENS)
+
+_TOOL_CALL_RE = re.compile(
+    re.escape(TOOL_CALL) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
+
+
+def format_prompt(user_text: str) -> str:
+  """A user turn followed by the assistant header the policy continues from."""
+  return USER + user_text + END + ASSISTANT
+
+
+def format_assistant_turn(text: str) -> str:
+  """Closes an assistant turn."""
+  return text + END
+
+
+def format_tool_call(expr: str) -> str:
+  """The text an action emits to call the tool with `expr`."""
+  return TOOL_CALL + expr + TOOL_CALL_END
+
+
+def format_tool_result(value: str) -> str:
+  """The observation the environment appends after a tool call."""
+  return TOOL_RESULT + value + TOOL_RESULT_END
+
+
+def parse_tool_call(action_text: str) -> str | None:
+  """The expression of the last complete tool call in `action_text`, or None."""
+  calls = _TOOL_CALL_RE.findall(action_text)
+  return calls[-1] if calls else None
+
+
+class Tokenizer:
+  """A SentencePiece model with sao_jax's special ids."""
+
+  def __init__(self, model_proto: bytes):
+    self._proto = bytes(model_proto)
+    self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+    expected = {"pad": (PAD_ID, self._sp.pad_id()),
+                "unk": (UNK_ID, self._sp.unk_id()),
+                "bos": (BOS_ID, self._sp.bos_id()),
+                "eos": (EOS_ID, self._sp.eos_id())}
+    for name, (want, got) in expected.items():
+      if want != got:
+        raise ValueError(
+            f"SentencePiece model has {name}_id={got}, sao_jax needs {want}; "
+            "train it with sao_jax.tokenizer.train_tokenizer.")
+    self._special = {}
+    for tok in SPECIAL_TOKENS:
+      tid = self._sp.piece_to_id(tok)
+      if tid == self._sp.unk_id() or self._sp.id_to_piece(tid) != tok:
+        raise ValueError(
+            f"SentencePiece model lacks the special token {tok!r}; train it "
+            "with sao_jax.tokenizer.train_tokenizer.")
+      self._special[tok] = tid
+
+  @classmethod
+  def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
+    """Reads a serialized `.model` file."""
+    with open(path, "rb") as f:
+      return cls(f.read())
+
+  def save(self, path: str | os.PathLike[str]) -> None:
+    with open(path, "wb") as f:
+      f.write(self._proto)
+
+  def serialized_proto(self) -> bytes:
+    return self._proto
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  @property
+  def pad_id(self) -> int:
+    return PAD_ID
+
+  @property
+  def unk_id(self) -> int:
+    return UNK_ID
+
+  @property
+  def bos_id(self) -> int:
+    return BOS_ID
+
+  @property
+  def eos_id(self) -> int:
+    return EOS_ID
+
+  @property
+  def special_ids(self) -> dict[str, int]:
+    """Map from each of `SPECIAL_TOKENS` to its id."""
+    return dict(self._special)
+
+  def token_id(self, special: str) -> int:
+    """The id of one of `SPECIAL_TOKENS`."""
+    try:
+      return self._special[special]
+    except KeyError:
+      raise KeyError(
+          f"{special!r} is not a special token; expected one of "
+          f"{SPECIAL_TOKENS}.") from None
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text` (no bos/eos added)."""
+    return self._sp.encode(text, out_type=int)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text of `ids`; pad/bos/eos decode to the empty string."""
+    return self._sp.decode([int(i) for i in ids])
+
+  def id_to_piece(self, token_id: int) -> str:
+    return self._sp.id_to_piece(int(token_id))
+
+
+def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
+                    vocab_size: int, seed: int = 0) -> Tokenizer:
+  """Trains a deterministic unigram SentencePiece model on `texts`.
+
+  Same texts, vocab size and seed give a byte-identical model file (single
+  thread, no sentence shuffling, fixed random seed).
+
+  Args:
+    texts: training sentences (may contain the special tokens and newlines).
+    out_path: where the serialized model is written.
+    vocab_size: exact vocabulary size; at least `MIN_VOCAB_SIZE`.
+    seed: SentencePiece's random generator seed.
+
+  Returns:
+    The trained tokenizer.
+  """
+  if vocab_size < MIN_VOCAB_SIZE:
+    raise ValueError(
+        f"vocab_size={vocab_size} is too small: byte fallback needs at least "
+        f"{MIN_VOCAB_SIZE} (256 bytes + 4 control ids + "
+        f"{len(SPECIAL_TOKENS)} special tokens).")
+  texts = [t for t in texts if t]
+  if not texts:
+    raise ValueError("train_tokenizer got no non-empty texts.")
+  spm.set_random_generator_seed(seed)
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",
+        add_dummy_prefix=False,
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        user_defined_symbols=list(SPECIAL_TOKENS),
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>",
+        eos_piece="</s>",
+        num_threads=1,
+        input_sentence_size=len(texts),
+        shuffle_input_sentence=False,
+        max_sentence_length=1 << 16,
+        minloglevel=2,
+    )
+  except RuntimeError as e:
+    raise ValueError(
+        f"SentencePiece training failed for vocab_size={vocab_size} on "
+        f"{len(texts)} texts ({e}); use a larger corpus or a smaller "
+        "vocab_size.") from e
+  proto = model.getvalue()
+  out_dir = os.path.dirname(os.fspath(out_path))
+  if out_dir:
+    os.makedirs(out_dir, exist_ok=True)
+  with open(out_path, "wb") as f:
+    f.write(proto)
+  logging.info("Trained a %d-piece tokenizer on %d texts -> %s", vocab_size,
+               len(texts), out_path)
+  return Tokenizer(proto)
+
+
+def task_corpus(dataset_names: Sequence[str], n: int, seed: int) -> list[str]:
+  """Tokenizer training text from reasoning-gym tasks in the chat template.
+
+  For each dataset, `n` problems (`reasoning_gym.create_dataset(name, size=n,
+  seed=seed)`) each give the question alone, a full single-turn dialogue
+  ending in the answer, and a tool-use dialogue (calling the tool with the
+  problem's `metadata['expression']` when it has one, else with the answer).
+
+  Returns:
+    `3 * n * len(dataset_names)` strings, in a deterministic order.
+  """
+  import reasoning_gym  # Heavy import; only needed to build a corpus.
+
+  texts = []
+  for name in dataset_names:
+    for entry in reasoning_gym.create_dataset(name, size=n, seed=seed):
+      question, answer = entry["question"], str(entry["answer"])
+      expr = str(entry.get("metadata", {}).get("expression", answer))
+      texts.append(question)
+      texts.append(format_prompt(question) + format_assistant_turn(answer))
+      texts.append(
+          format_prompt(question) + format_tool_call(expr)
+          + format_tool_result(answer) + format_assistant_turn(answer))
+  return texts

@@ -1,0 +1,122 @@
+"""Tests for sao_jax.tokenizer: determinism, round trips, special ids."""
+
+import hypothesis
+from hypothesis import strategies as st
+import pytest
+
+from sao_jax import tokenizer as tok_lib
+
+_DATASETS = ("basic_arithmetic", "chain_sum", "leg_counting",
+             "letter_counting")
+_VOCAB = 400
+
+
+@pytest.fixture(scope="module")
+def corpus():
+  return tok_lib.task_corpus(_DATASETS, n=100, seed=0)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+  path = tmp_path_factory.mktemp("tok") / "a.model"
+  return path, tok_lib.train_tokenizer(corpus, path, _VOCAB, seed=0)
+
+
+def test_corpus_shape_and_template(corpus):
+  assert len(corpus) == 3 * 100 * len(_DATASETS)
+  # Per problem: question, dialogue, tool dialogue.
+  question, dialogue, tool = corpus[0], corpus[1], corpus[2]
+  assert dialogue.startswith(tok_lib.USER + question + tok_lib.END +
+                             tok_lib.ASSISTANT)
+  assert dialogue.endswith(tok_lib.END)
+  assert tok_lib.TOOL_CALL in tool and tok_lib.TOOL_RESULT_END in tool
+  assert tok_lib.task_corpus(_DATASETS[:1], n=5, seed=3) == (
+      tok_lib.task_corpus(_DATASETS[:1], n=5, seed=3))
+  assert tok_lib.task_corpus(_DATASETS[:1], n=5, seed=3) != (
+      tok_lib.task_corpus(_DATASETS[:1], n=5, seed=4))
+
+
+def test_training_is_deterministic(corpus, trained, tmp_path):
+  path, tok = trained
+  again = tok_lib.train_tokenizer(corpus, tmp_path / "b.model", _VOCAB, seed=0)
+  assert again.serialized_proto() == tok.serialized_proto()
+  assert (tmp_path / "b.model").read_bytes() == path.read_bytes()
+  assert tok.vocab_size == _VOCAB
+
+
+def test_load_equals_trained(trained):
+  path, tok = trained
+  loaded = tok_lib.Tokenizer.load(path)
+  assert loaded.serialized_proto() == tok.serialized_proto()
+  text = tok_lib.format_prompt("Calculate 12 * 7.") + "84" + tok_lib.END
+  assert loaded.encode(text) == tok.encode(text)
+  assert loaded.vocab_size == tok.vocab_size
+
+
+def test_special_ids(trained):
+  _, tok = trained
+  assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
+  assert [tok.id_to_piece(i) for i in range(4)] == [
+      "<pad>", "<unk>", "<s>", "</s>"]
+  ids = [tok.token_id(s) for s in tok_lib.SPECIAL_TOKENS]
+  assert len(set(ids)) == len(ids)
+  assert min(ids) >= 4
+  for special, tid in zip(tok_lib.SPECIAL_TOKENS, ids):
+    assert tok.encode(special) == [tid]
+    assert tok.decode([tid]) == special
+  # Inside text each markup token stays one id.
+  text = tok_lib.format_prompt("2+2") + tok_lib.format_tool_call("2+2")
+  enc = tok.encode(text)
+  assert enc[0] == tok.token_id(tok_lib.USER)
+  assert enc[-1] == tok.token_id(tok_lib.TOOL_CALL_END)
+  assert enc.count(tok.token_id(tok_lib.END)) == 1
+  with pytest.raises(KeyError, match="not a special token"):
+    tok.token_id("<|system|>")
+  # Control ids decode to nothing.
+  assert tok.decode([tok.bos_id] + tok.encode("ab") + [tok.eos_id, 0]) == "ab"
+
+
+def test_roundtrip_1000_reasoning_gym_problems(trained):
+  _, tok = trained
+  import reasoning_gym
+  texts = []
+  for name in _DATASETS:  # Unseen seed: problems not in the training corpus.
+    for entry in reasoning_gym.create_dataset(name, size=250, seed=12345):
+      texts.append(entry["question"])
+      texts.append(tok_lib.format_prompt(entry["question"]) +
+                   tok_lib.format_assistant_turn(str(entry["answer"])))
+  assert len(texts) == 2000
+  bad = [t for t in texts if tok.decode(tok.encode(t)) != t]
+  assert not bad, f"{len(bad)} texts do not round-trip, e.g. {bad[0]!r}"
+
+
+def test_digits_are_split(trained):
+  _, tok = trained
+  ids = tok.encode("12345")
+  assert [tok.id_to_piece(i) for i in ids] == list("12345")
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(st.text(alphabet=st.characters(
+    blacklist_characters="\u2581", blacklist_categories=("Cs",))))
+def test_roundtrip_arbitrary_text(trained, text):
+  _, tok = trained
+  assert tok.decode(tok.encode(text)) == text
+
+
+def test_rejects_bad_inputs(corpus, tmp_path):
+  with pytest.raises(ValueError, match="too small"):
+    tok_lib.train_tokenizer(corpus, tmp_path / "c.model", 100)
+  with pytest.raises(ValueError, match="no non-empty texts"):
+    tok_lib.train_tokenizer(["", ""], tmp_path / "c.model", _VOCAB)
+  with pytest.raises(ValueError, match="larger corpus"):
+    tok_lib.train_tokenizer(["ab"], tmp_path / "c.model", 5000)
+
+
+def test_parse_tool_call():
+  action = "think" + tok_lib.format_tool_call("3 * (4 + 5)")
+  assert tok_lib.parse_tool_call(action) == "3 * (4 + 5)"
+  assert tok_lib.parse_tool_call("no call" + tok_lib.END) is None
+  assert tok_lib.parse_tool_call(tok_lib.TOOL_CALL + "1+") is None
+  two = tok_lib.format_tool_call("1") + tok_lib.format_tool_call("2")
+  assert tok_lib.parse_tool_call(two) == "2"
