@@ -1,0 +1,135 @@
+"""Supervised warm start on task solutions (the paper RL-trains an SFT checkpoint).
+
+Examples are (prompt ids, completion ids) pairs encoded with the same template the
+sampler uses; the loss is the token-mean negative log-likelihood of the
+completion tokens only. Batches come from a grain ``MapDataset`` (shuffled,
+repeated, padded per example, batched), the optimizer is optax AdamW.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import optim
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  steps: int = 300
+  batch_size: int = 64
+  max_len: int = 64
+  lr: float = 3e-3
+  warmup_steps: int = 20
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  seed: int = 0
+  log_every: int = 50
+
+
+def encode_example(prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                   max_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Right-pads one example to ``max_len``; ``loss_mask`` marks completion tokens.
+
+  Raises:
+    ValueError: The example does not fit in ``max_len`` (never silently cut).
+  """
+  n_p, n_c = len(prompt_ids), len(completion_ids)
+  if n_p + n_c > max_len:
+    raise ValueError(
+        f"SFT example of {n_p}+{n_c} tokens exceeds max_len={max_len}; raise "
+        "sft max_len or shorten the task's prompts.")
+  tokens = np.full((max_len,), pad_id, np.int32)
+  tokens[:n_p + n_c] = list(prompt_ids) + list(completion_ids)
+  attn = np.zeros((max_len,), np.bool_)
+  attn[:n_p + n_c] = True
+  loss_mask = np.zeros((max_len,), np.float32)
+  loss_mask[n_p:n_p + n_c] = 1.0
+  return {"tokens": tokens, "attention_mask": attn, "loss_mask": loss_mask}
+
+
+def sft_dataset(examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+                cfg: SFTConfig, pad_id: int = 0) -> grain.IterDataset:
+  """Shuffled, repeated, padded, batched grain pipeline over the examples."""
+  return (
+      grain.MapDataset.source(list(examples))
+      .shuffle(seed=cfg.seed)
+      .repeat()
+      .map(lambda ex: encode_example(ex[0], ex[1], cfg.max_len, pad_id))
+      .batch(cfg.batch_size, drop_remainder=True)
+      .to_iter_dataset())
+
+
+def nll_loss(model: transformer.Transformer, params: Any,
+             batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, Any]]:
+  """Token-mean NLL of ``loss_mask`` tokens (next-token prediction)."""
+  tokens = batch["tokens"]
+  positions = transformer.positions_from_mask(batch["attention_mask"])
+  logits, _ = model.apply({"params": params}, tokens, positions,
+                          batch["attention_mask"])
+  logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+  target_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+  mask = batch["loss_mask"][:, 1:]
+  n = jnp.maximum(mask.sum(), 1.0)
+  loss = -(target_logp * mask).sum() / n
+  correct = (jnp.argmax(logp, -1) == tokens[:, 1:]).astype(jnp.float32)
+  return loss, {"sft/loss": loss, "sft/token_accuracy": (correct * mask).sum() / n}
+
+
+def run_sft(model_config: ModelConfig, params: Any,
+            examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+            cfg: SFTConfig, *, pad_id: int = 0,
+            on_metrics: Callable[[int, dict[str, float]], None] | None = None,
+            ) -> tuple[Any, dict[str, float]]:
+  """Trains ``params`` on ``examples`` for ``cfg.steps`` steps; returns new params.
+
+  Args:
+    model_config: The policy's architecture.
+    params: Initial (unboxed) policy params.
+    examples: (prompt ids, completion ids) pairs.
+    cfg: SFT hyperparameters.
+    pad_id: Padding token id.
+    on_metrics: Called every ``log_every`` steps with (step, metrics).
+
+  Returns:
+    (trained params, last metrics).
+  """
+  if not examples:
+    raise ValueError("run_sft got no examples; check the task/env config.")
+  model = transformer.Transformer(model_config)
+  tx = optim.make_optimizer(
+      cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine",
+      total_steps=cfg.steps, weight_decay=cfg.weight_decay,
+      grad_clip=cfg.grad_clip)
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    (_, metrics), grads = jax.value_and_grad(
+        lambda p: nll_loss(model, p, batch), has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+  it = iter(sft_dataset(examples, cfg, pad_id))
+  metrics: dict[str, float] = {}
+  start = time.time()
+  for i in range(1, cfg.steps + 1):
+    batch = next(it)
+    params, opt_state, m = step(params, opt_state, batch)
+    if i % cfg.log_every == 0 or i == cfg.steps:
+      metrics = {k: float(v) for k, v in m.items()}
+      metrics["sft/steps_per_s"] = i / (time.time() - start)
+      logging.info("SFT step %d/%d: %s", i, cfg.steps, metrics)
+      if on_metrics is not None:
+        on_metrics(i, metrics)
+  return params, metrics
