@@ -1,1 +1,7 @@
-"""models package."""
+"""Decoder LM (Llama/Qwen2 family), value network and HF checkpoint import/export.
+
+- `config.ModelConfig`: hyper-parameters (+ HF config conversion).
+- `transformer`: `Transformer` (policy), `ValueModel` (critic), `KVCache`,
+  `init_cache`, `positions_from_mask`, `value_params_from_policy`.
+- `hf`: `load_hf_checkpoint`, `save_hf_checkpoint` (safetensors).
+"""

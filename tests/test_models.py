@@ -1,0 +1,205 @@
+"""Tests for sao_jax.models: KV cache consistency, padding, value model, axes."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sao_jax.models import transformer as tm
+from sao_jax.models.config import ModelConfig
+
+B, T = 3, 12
+
+
+@pytest.fixture(scope="module")
+def setup():
+  cfg = ModelConfig.tiny(vocab_size=97, qkv_bias=True, rope_theta=500.0)
+  model = tm.Transformer(cfg)
+  tokens = jax.random.randint(jax.random.key(1), (B, T), 0, cfg.vocab_size)
+  # Row 0: no padding; row 1: 3 left pads; row 2: 5 left pads + a hole at 8
+  # (an invalid slot in the middle, e.g. a dropped observation token).
+  mask = np.ones((B, T), bool)
+  mask[1, :3] = False
+  mask[2, :5] = False
+  mask[2, 8] = False
+  mask = jnp.asarray(mask)
+  positions = tm.positions_from_mask(mask)
+  variables = model.init(jax.random.key(0), tokens, positions, mask)
+  params = nn.unbox(variables)
+  full, _ = jax.jit(model.apply)(params, tokens, positions, mask)
+  return cfg, model, variables, params, tokens, mask, positions, full
+
+
+def _close_on_real(got, want, mask, atol):
+  m = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(got)[m], np.asarray(want)[m], atol=atol,
+                             rtol=0)
+
+
+def test_positions_from_mask():
+  mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 0, 1, 1]])
+  np.testing.assert_array_equal(
+      tm.positions_from_mask(mask), [[0, 0, 0, 1, 2], [0, 1, 1, 2, 3]])
+
+
+def test_prefill_then_token_by_token_decode_equals_full_forward(setup):
+  cfg, model, _, params, tokens, mask, positions, full = setup
+  apply = jax.jit(model.apply)
+  prefill = 6
+  cache = tm.init_cache(cfg, B, 16)
+  logits, cache = apply(params, tokens[:, :prefill], positions[:, :prefill],
+                        mask[:, :prefill], cache)
+  steps = [logits]
+  for t in range(prefill, T):
+    sl = slice(t, t + 1)
+    logits, cache = apply(params, tokens[:, sl], positions[:, sl], mask[:, sl],
+                          cache)
+    steps.append(logits)
+  assert int(cache.end) == T
+  np.testing.assert_array_equal(cache.valid[:, :T], mask)
+  assert not cache.valid[:, T:].any()
+  # All positions, padding included (padding queries attend only to themselves).
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5,
+                             rtol=0)
+  # The check is not vacuous: logits differ across positions.
+  assert float(jnp.abs(full[0, 3] - full[0, 2]).max()) > 1e-3
+
+
+def test_multi_token_chunk_mid_sequence_equals_full_forward(setup):
+  cfg, model, _, params, tokens, mask, positions, full = setup
+  cache = tm.init_cache(cfg, B, T)  # Exactly full at the end.
+  outs = []
+  for lo, hi in [(0, 4), (4, 9), (9, 10), (10, T)]:  # Chunks with end>0, T>1.
+    logits, cache = model.apply(params, tokens[:, lo:hi], positions[:, lo:hi],
+                                mask[:, lo:hi], cache)
+    outs.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5,
+                             rtol=0)
+
+
+def test_left_padding_does_not_change_real_logits(setup):
+  cfg, model, _, params, tokens, mask, positions, full = setup
+  # Row 1 has 3 left pads: unpadded on its own it must give the same logits.
+  row = tokens[1:2, 3:]
+  ones = jnp.ones_like(row, bool)
+  alone, _ = model.apply(params, row, tm.positions_from_mask(ones), ones)
+  np.testing.assert_allclose(alone[0], full[1, 3:], atol=1e-5, rtol=0)
+  # Pad token ids are irrelevant to real positions.
+  other = jnp.where(mask, tokens, (tokens + 7) % cfg.vocab_size)
+  again, _ = model.apply(params, other, positions, mask)
+  _close_on_real(again, full, mask, 1e-6)
+
+
+def test_causality(setup):
+  _, model, _, params, tokens, mask, positions, full = setup
+  changed = tokens.at[:, -1].set((tokens[:, -1] + 1) % 97)
+  logits, _ = model.apply(params, changed, positions, mask)
+  # Padding positions included: they attend only to themselves.
+  np.testing.assert_allclose(logits[:, :-1], full[:, :-1], atol=1e-6, rtol=0)
+  assert float(jnp.abs(logits[0, -1] - full[0, -1]).max()) > 1e-4
+
+
+def test_rope_depends_only_on_relative_position():
+  q = jax.random.normal(jax.random.key(0), (1, 1, 1, 16))
+  k = jax.random.normal(jax.random.key(1), (1, 1, 1, 16))
+
+  def score(pq, pk):
+    rq = tm.apply_rope(q, jnp.array([[pq]]), 10000.0)
+    rk = tm.apply_rope(k, jnp.array([[pk]]), 10000.0)
+    return float(jnp.sum(rq * rk))
+
+  assert score(5, 2) == pytest.approx(score(13, 10), abs=1e-5)
+  assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)
+  # Position 0 is the identity; HF rotate_half: x*cos + concat(-x2, x1)*sin.
+  np.testing.assert_allclose(tm.apply_rope(q, jnp.array([[0]]), 1e4), q)
+  x = np.asarray(q[0, 0, 0])
+  ang = 3 * 10000.0 ** (-np.arange(0, 16, 2) / 16)
+  cos, sin = np.cos(np.tile(ang, 2)), np.sin(np.tile(ang, 2))
+  want = x * cos + np.concatenate([-x[8:], x[:8]]) * sin
+  np.testing.assert_allclose(tm.apply_rope(q, jnp.array([[3]]), 1e4)[0, 0, 0],
+                             want, atol=1e-5)
+
+
+def test_logical_axis_names(setup):
+  variables = setup[2]
+  specs = nn.get_partition_spec(variables)["params"]
+  P = jax.sharding.PartitionSpec
+  dec = specs["decoder"]
+  assert dec["embedder"]["embedding"] == P("vocab", "embed")
+  assert dec["layers_0"]["mlp"]["gate_proj"] == P("embed", "mlp")
+  assert dec["layers_0"]["mlp"]["down_proj"] == P("mlp", "embed")
+  assert dec["layers_1"]["attn"]["q_proj"] == P("embed", "heads", "head_dim")
+  assert dec["layers_1"]["attn"]["k_proj"] == P("embed", "kv_heads", "head_dim")
+  assert dec["layers_1"]["attn"]["o_proj"] == P("heads", "head_dim", "embed")
+  assert dec["final_norm"]["scale"] == P("embed")
+  assert specs["lm_head"] == P("embed", "vocab")
+
+
+def test_num_params_and_tied_embeddings():
+  for tie in (False, True):
+    cfg = ModelConfig.tiny(tie_embeddings=tie)
+    tok = jnp.zeros((1, 4), jnp.int32)
+    m = jnp.ones((1, 4), bool)
+    model = tm.Transformer(cfg)
+    params = nn.unbox(model.init(jax.random.key(0), tok, tok, m))["params"]
+    assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params()
+    assert ("lm_head" in params) != tie
+    if tie:  # Logits = final hidden . embedding^T.
+      hidden, _ = tm.Decoder(cfg).apply({"params": params["decoder"]}, tok,
+                                        tok, m)
+      logits, _ = model.apply({"params": params}, tok, tok, m)
+      want = hidden @ params["decoder"]["embedder"]["embedding"].T
+      np.testing.assert_allclose(logits, want, atol=1e-5)
+
+
+def test_value_model_and_value_params_from_policy(setup):
+  cfg, _, variables, params, tokens, mask, positions, _ = setup
+  vparams = tm.value_params_from_policy(params, cfg, jax.random.key(3))
+  # Backbone copied exactly, into fresh buffers (the trainer donates policy).
+  flat_p = jax.tree.leaves(params["params"]["decoder"])
+  flat_v = jax.tree.leaves(vparams["params"]["decoder"])
+  assert len(flat_p) == len(flat_v)
+  for a, b in zip(flat_p, flat_v):
+    np.testing.assert_array_equal(a, b)
+    assert a is not b
+  values = tm.ValueModel(cfg).apply(vparams, tokens, positions, mask)
+  assert values.shape == (B, T) and values.dtype == jnp.float32
+  hidden, _ = tm.Decoder(cfg).apply(
+      {"params": params["params"]["decoder"]}, tokens, positions, mask)
+  head = vparams["params"]["value_head"]
+  want = hidden @ head["kernel"][:, 0] + head["bias"][0]
+  np.testing.assert_allclose(values, want, atol=1e-5)
+  # Boxed in -> boxed out, with names on the head too.
+  boxed = tm.value_params_from_policy(variables, cfg, jax.random.key(3))
+  assert nn.get_partition_spec(boxed)["params"]["value_head"]["kernel"] == (
+      jax.sharding.PartitionSpec("embed", None))
+
+
+def test_value_head_init_std():
+  cfg = ModelConfig.tiny(hidden_size=8192)
+  head = tm.ValueHead(cfg).init(jax.random.key(0), jnp.zeros((1, 1, 8192)))
+  kernel = np.asarray(nn.unbox(head)["params"]["kernel"])
+  assert kernel.shape == (8192, 1)
+  assert np.std(kernel) == pytest.approx(0.02, rel=0.05)
+  assert abs(np.mean(kernel)) < 0.02 * 5 / np.sqrt(8192)
+  np.testing.assert_array_equal(nn.unbox(head)["params"]["bias"], [0.0])
+
+
+def test_jit_with_donated_cache_and_bf16_compute(setup):
+  cfg, model, _, params, tokens, mask, positions, full = setup
+
+  def step(params, cache, tok, pos, m):
+    return model.apply(params, tok, pos, m, cache)
+
+  step = jax.jit(step, donate_argnums=1)
+  logits, cache = step(params, tm.init_cache(cfg, B, 16), tokens, positions,
+                       mask)
+  _close_on_real(logits, full, mask, 1e-5)
+  assert int(cache.end) == T
+
+  bf16 = tm.Transformer(ModelConfig.tiny(vocab_size=97, qkv_bias=True,
+                                         rope_theta=500.0, dtype="bfloat16"))
+  logits16, _ = jax.jit(bf16.apply)(params, tokens, positions, mask)
+  assert logits16.dtype == jnp.float32
+  _close_on_real(logits16, full, mask, 0.1)
