@@ -1,0 +1,340 @@
+"""Advantage estimators and reward shaping (DESIGN.md §2–§3), pure jnp, jit-able.
+
+Token-level estimators take ``[B, T]`` arrays with ``mask`` = 1 on action tokens
+(the policy produced them) and 0 on prompt, padding and environment observations;
+they return 0 on non-action tokens. Trajectory-level estimators (group baselines,
+running mean) take one scalar reward per trajectory, ``[N]``; spread them over
+tokens with ``broadcast_to_tokens``.
+
+Estimator names used by ``sao_jax.rl.registry.LossSpec.advantage``:
+``decoupled_gae`` (SAO, α=1.5), ``vapo_gae`` (``decoupled_gae`` with α=0.05),
+``gae``, ``group_zscore``, ``group_mean``, ``rloo``, ``batch_whiten``
+(``reinforce_pp_advantages``), ``running_mean``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from sao_jax.rl import metrics as rl_metrics
+
+Array = jax.Array
+Scalar = Union[float, Array]
+
+SAO_ALPHA = 1.5
+VAPO_ALPHA = 0.05
+
+
+# ----------------------------------------------------------------------------
+# Skip-observation GAE.
+# ----------------------------------------------------------------------------
+
+
+def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
+        lam: Scalar = 1.0) -> tuple[Array, Array]:
+  """Skip-observation GAE (SAO arXiv 2607.07508, Eqs. 4–5).
+
+  The recursion runs over action tokens only, jumping observation gaps: for action
+  token t with next action token n(t) (the first action token after t, across any
+  observation tokens),
+    δ_t = r̃_t + γ V(n(t)) − V(t),   Â_t = δ_t + γλ Â(n(t)),
+  and the last action token of a row bootstraps with V = Â = 0 (the episode ends).
+  Gaps cost no discount. With an all-action mask this is ordinary GAE
+  (Schulman 2016).
+
+  Rewards on non-action tokens: a reward on an observation/padding token is credited
+  to the closest *preceding* action token (r̃_t = r_t + Σ rewards on the non-action
+  tokens between t and n(t)); rewards before a row's first action token (on the
+  prompt) are ignored. Values on non-action tokens are never read.
+
+  Args:
+    rewards: [B, T] per-token rewards (a terminal reward on the last action token).
+    values: [B, T] critic values V(t).
+    mask: [B, T] 1 on action tokens.
+    gamma: discount γ, scalar or per-row [B].
+    lam: λ, scalar or per-row [B] (e.g. ``length_adaptive_lambda``).
+
+  Returns:
+    (advantages, returns), [B, T] float32, with returns = Â + V on action tokens;
+    both are 0 on non-action tokens.
+  """
+  m = rl_metrics.as_mask(mask) > 0
+  rewards = jnp.asarray(rewards, jnp.float32)
+  values = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
+  batch = rewards.shape[0]
+  gamma = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), (batch,))
+  lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (batch,))
+
+  def step(carry, xs):
+    next_v, next_adv, pending = carry
+    r, v, is_action = xs
+    delta = r + pending + gamma * next_v - v
+    adv = delta + gamma * lam * next_adv
+    carry = (jnp.where(is_action, v, next_v),
+             jnp.where(is_action, adv, next_adv),
+             jnp.where(is_action, 0.0, pending + r))
+    return carry, jnp.where(is_action, adv, 0.0)
+
+  zeros = jnp.zeros((batch,), jnp.float32)
+  _, adv_t = jax.lax.scan(step, (zeros, zeros, zeros),
+                          (rewards.T, values.T, m.T), reverse=True)
+  advantages = adv_t.T
+  returns = jnp.where(m, advantages + values, 0.0)
+  return advantages, returns
+
+
+def length_adaptive_lambda(num_action_tokens: Array,
+                           alpha: float = SAO_ALPHA) -> Array:
+  """λ_policy = 1 − 1/(α·l), clipped to [0, 1] (VAPO Yue 2025; SAO §3.2, α=1.5).
+
+  ``l`` = a trajectory's number of action tokens; rows with l=0 get 0 (they have
+  no action tokens, so λ is never used).
+  """
+  l = jnp.asarray(num_action_tokens, jnp.float32)
+  safe = jnp.where(l > 0, l, 1.0)
+  lam = jnp.clip(1.0 - 1.0 / (alpha * safe), 0.0, 1.0)
+  return jnp.where(l > 0, lam, 0.0)
+
+
+def decoupled_gae(rewards: Array, values: Array, mask: Array, *,
+                  gamma: Scalar = 1.0, alpha: float = SAO_ALPHA,
+                  lam_critic: Scalar = 1.0) -> tuple[Array, Array]:
+  """Decoupled GAE (VAPO Yue 2025; SAO §3.2): policy and critic use different λ.
+
+  Policy advantages use λ_policy = ``length_adaptive_lambda(l, alpha)`` per row
+  (SAO α=1.5, VAPO α=0.05); value targets use λ_critic (default 1: Monte-Carlo
+  returns, unbiased). Both use skip-observation ``gae`` (Eqs. 4–5).
+
+  Returns:
+    (policy_advantages, value_targets), [B, T].
+  """
+  num = rl_metrics.masked_count(mask, axis=-1)
+  lam_policy = length_adaptive_lambda(num, alpha)
+  advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy)
+  _, returns = gae(rewards, values, mask, gamma=gamma, lam=lam_critic)
+  return advantages, returns
+
+
+def reward_to_go(rewards: Array, mask: Array, *, gamma: Scalar = 1.0) -> Array:
+  """Discounted reward-to-go over action tokens (``gae`` with V=0, λ=1)."""
+  _, returns = gae(rewards, jnp.zeros_like(rewards), mask, gamma=gamma, lam=1.0)
+  return returns
+
+
+def broadcast_to_tokens(seq_values: Array, mask: Array) -> Array:
+  """Spreads per-trajectory scalars [B] over their action tokens -> [B, T]."""
+  m = rl_metrics.as_mask(mask)
+  return jnp.where(m > 0, jnp.asarray(seq_values, jnp.float32)[:, None], 0.0)
+
+
+# ----------------------------------------------------------------------------
+# Group and batch baselines.
+# ----------------------------------------------------------------------------
+
+
+def _groups(rewards: Array, group_ids: Optional[Array],
+            num_groups: Optional[int]):
+  """Flat rewards [N], ids [N], G and a function restoring the input shape."""
+  rewards = jnp.asarray(rewards, jnp.float32)
+  shape = rewards.shape
+  if group_ids is None:
+    if rewards.ndim != 2:
+      raise ValueError(
+          f"Without group_ids, rewards must be [num_groups, group_size]; got "
+          f"shape {shape}. Pass group_ids (int [N]) and num_groups instead.")
+    g, n = shape
+    ids = jnp.repeat(jnp.arange(g, dtype=jnp.int32), n)
+    return rewards.reshape(-1), ids, g, lambda x: x.reshape(shape)
+  if num_groups is None:
+    raise ValueError("group_ids needs num_groups (a static int, > max id) so "
+                     "segment sums have a fixed size under jit.")
+  ids = jnp.asarray(group_ids, jnp.int32).reshape(-1)
+  return rewards.reshape(-1), ids, num_groups, lambda x: x.reshape(shape)
+
+
+def _seg_sum(x, ids, g):
+  return jax.ops.segment_sum(x, ids, num_segments=g)
+
+
+def _group_mean_count(r, ids, g):
+  cnt = _seg_sum(jnp.ones_like(r), ids, g)
+  mean = _seg_sum(r, ids, g) / jnp.maximum(cnt, 1.0)
+  return mean, cnt
+
+
+def group_zscore(rewards: Array, group_ids: Optional[Array] = None,
+                 num_groups: Optional[int] = None, *, eps: float = 1e-6,
+                 ddof: int = 1) -> Array:
+  """GRPO outcome advantage (DeepSeekMath 2024, §4.1.2): (r − mean_g)/(std_g + ε).
+
+  Statistics per group of rollouts of one prompt. ``ddof=1`` (sample std, as TRL
+  and verl compute it); a singleton group or a group with equal rewards gets 0.
+
+  Args:
+    rewards: [G, n] (each row a group) or [N] with ``group_ids``.
+    group_ids: optional int [N] group index per trajectory (ragged groups).
+    num_groups: number of groups (static) when ``group_ids`` is given.
+    eps: added to the std.
+    ddof: delta degrees of freedom of the std.
+
+  Returns:
+    Advantages, same shape as ``rewards``.
+  """
+  r, ids, g, restore = _groups(rewards, group_ids, num_groups)
+  mean, cnt = _group_mean_count(r, ids, g)
+  centred = r - mean[ids]
+  var = _seg_sum(jnp.square(centred), ids, g) / jnp.maximum(cnt - ddof, 1.0)
+  std = jnp.sqrt(var)
+  return restore(centred / (std[ids] + eps))
+
+
+def group_mean(rewards: Array, group_ids: Optional[Array] = None,
+               num_groups: Optional[int] = None) -> Array:
+  """Dr. GRPO advantage (Liu 2025): r − mean_g, no std normalisation."""
+  r, ids, g, restore = _groups(rewards, group_ids, num_groups)
+  mean, _ = _group_mean_count(r, ids, g)
+  return restore(r - mean[ids])
+
+
+def rloo(rewards: Array, group_ids: Optional[Array] = None,
+         num_groups: Optional[int] = None) -> Array:
+  """REINFORCE leave-one-out (Kool 2019; Ahmadian 2024): r_i − mean_{j≠i} r_j.
+
+  A singleton group has no other rollout and gets 0.
+  """
+  r, ids, g, restore = _groups(rewards, group_ids, num_groups)
+  total = _seg_sum(r, ids, g)
+  cnt = _seg_sum(jnp.ones_like(r), ids, g)
+  others = cnt[ids] - 1.0
+  loo_mean = (total[ids] - r) / jnp.maximum(others, 1.0)
+  return restore(jnp.where(others > 0, r - loo_mean, 0.0))
+
+
+def batch_whiten(advantages: Array, mask: Array, *, eps: float = 1e-8) -> Array:
+  """REINFORCE++ (Hu 2025) global normalisation: whiten over all action tokens.
+
+  (A − mean)/(std + ε) with mean/std over every mask==1 token of the batch
+  (population std); 0 on non-action tokens. Works with one rollout per prompt.
+  """
+  return rl_metrics.masked_whiten(jnp.asarray(advantages, jnp.float32), mask,
+                                  eps=eps)
+
+
+def reinforce_pp_advantages(rewards: Array, mask: Array, *,
+                            gamma: Scalar = 1.0, eps: float = 1e-8) -> Array:
+  """REINFORCE++ (Hu 2025): batch-whitened reward-to-go over action tokens.
+
+  Any per-token KL penalty is expected to be already folded into ``rewards``.
+  """
+  return batch_whiten(reward_to_go(rewards, mask, gamma=gamma), mask, eps=eps)
+
+
+# ----------------------------------------------------------------------------
+# Running-mean baseline (per prompt).
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class RunningMeanState:
+  """Last k rewards of each prompt (SAO §4 baseline: paper k=8; online k=128).
+
+  Attributes:
+    buffer: [num_prompts, k] ring of rewards; slot ``count % k`` is written next.
+    count: [num_prompts] int32 number of rewards ever recorded per prompt.
+  """
+
+  buffer: Array
+  count: Array
+
+
+def running_mean_init(num_prompts: int, k: int = 8) -> RunningMeanState:
+  """Empty state for ``num_prompts`` prompt ids in [0, num_prompts)."""
+  if k < 1:
+    raise ValueError(f"k must be >= 1 (got {k}).")
+  return RunningMeanState(buffer=jnp.zeros((num_prompts, k), jnp.float32),
+                          count=jnp.zeros((num_prompts,), jnp.int32))
+
+
+def running_mean_update(state: RunningMeanState, prompt_ids: Array,
+                        rewards: Array) -> RunningMeanState:
+  """Records rewards [N] of prompts [N] in order (repeated ids in one batch OK).
+
+  Ids must lie in [0, num_prompts): out-of-range ids are dropped (jnp scatter).
+  """
+  k = state.buffer.shape[1]
+
+  def step(st, xs):
+    pid, r = xs
+    slot = st.count[pid] % k
+    return RunningMeanState(buffer=st.buffer.at[pid, slot].set(r),
+                            count=st.count.at[pid].add(1)), None
+
+  ids = jnp.asarray(prompt_ids, jnp.int32).reshape(-1)
+  rs = jnp.asarray(rewards, jnp.float32).reshape(-1)
+  state, _ = jax.lax.scan(step, state, (ids, rs))
+  return state
+
+
+def running_mean_baseline(state: RunningMeanState, prompt_ids: Array, *,
+                          default: float = 0.0) -> Array:
+  """Mean of the last min(count, k) rewards of each prompt; ``default`` if none."""
+  ids = jnp.asarray(prompt_ids, jnp.int32)
+  k = state.buffer.shape[1]
+  n = jnp.minimum(state.count[ids], k)
+  valid = jnp.arange(k)[None, :] < n.reshape(-1, 1)
+  rows = state.buffer[ids.reshape(-1)]
+  mean = jnp.sum(jnp.where(valid, rows, 0.0), axis=-1) / jnp.maximum(n.reshape(-1),
+                                                                     1)
+  return jnp.where(n.reshape(-1) > 0, mean, default).reshape(ids.shape)
+
+
+def running_mean_advantages(state: RunningMeanState, prompt_ids: Array,
+                            rewards: Array, *, default: float = 0.0
+                            ) -> tuple[Array, RunningMeanState]:
+  """r − baseline(prompt), then records r (baseline excludes this batch).
+
+  The running-mean baseline of SAO's ablations (mean of the last k rewards of the
+  prompt). Returns (advantages [N], new_state).
+  """
+  base = running_mean_baseline(state, prompt_ids, default=default)
+  adv = jnp.asarray(rewards, jnp.float32) - base
+  return adv, running_mean_update(state, prompt_ids, rewards)
+
+
+# ----------------------------------------------------------------------------
+# DAPO: dynamic sampling and overlong shaping.
+# ----------------------------------------------------------------------------
+
+
+def dynamic_sampling_keep(rewards: Array, group_ids: Optional[Array] = None,
+                          num_groups: Optional[int] = None) -> Array:
+  """DAPO dynamic sampling (Yu 2025, Eq. 11): keep groups whose rewards differ.
+
+  A group whose rewards are all equal (all correct / all wrong, or a singleton) has
+  zero group-normalised advantage and is dropped. Returns a bool keep mask shaped
+  like ``rewards``.
+  """
+  r, ids, g, restore = _groups(rewards, group_ids, num_groups)
+  hi = jax.ops.segment_max(r, ids, num_segments=g)
+  lo = jax.ops.segment_min(r, ids, num_segments=g)
+  return restore((hi > lo)[ids])
+
+
+def overlong_penalty(lengths: Array, *, max_len: int, cache_len: int) -> Array:
+  """DAPO soft overlong punishment (Yu 2025, Eq. 13), added to the reward.
+
+  0 if |y| ≤ L_max − L_cache; ((L_max − L_cache) − |y|)/L_cache inside the last
+  ``cache_len`` tokens (linear from 0 to −1); −1 if |y| > L_max.
+  """
+  if not 0 < cache_len <= max_len:
+    raise ValueError(f"need 0 < cache_len <= max_len; got cache_len={cache_len}, "
+                     f"max_len={max_len}.")
+  length = jnp.asarray(lengths, jnp.float32)
+  start = float(max_len - cache_len)
+  soft = (start - length) / float(cache_len)
+  return jnp.where(length <= start, 0.0,
+                   jnp.where(length <= max_len, soft, -1.0))

@@ -1,0 +1,523 @@
+"""Policy and value losses over ``[B, T]`` token arrays (DESIGN.md §2–§3).
+
+Every loss is a pure function of arrays returning ``(loss, metrics)``:
+
+* ``logp``: log π_θ of each token under the policy being trained (gradient flows here);
+* ``rollout_logp``: log π_rollout recorded by the sampler (behaviour policy);
+* ``old_logp`` / ``prox_logp``: log-probs of a trainer-side snapshot (PPO's π_old,
+  AReaL's proximal policy), treated as constants;
+* ``advantages``: per-token advantages (constants);
+* ``mask``: 1 on action tokens (the policy produced them), 0 on prompt, padding and
+  environment observations.
+
+Conventions shared by every loss here:
+
+* Inputs are cast to float32 and every masked-out entry is replaced by 0 *before* any
+  arithmetic, so the contents of masked tokens (even NaN/inf) never change a loss value
+  or a gradient, and masked tokens always get exactly zero gradient.
+* Log-ratios are clamped to ±``MAX_LOG_RATIO`` (=20, i.e. r ∈ [2e-9, 4.9e8]) before
+  ``exp`` so values and gradients stay finite for arbitrarily stale or mismatched
+  tokens; beyond the clamp a token's ratio is constant (zero gradient through r).
+* The aggregation over tokens is explicit (``aggregate``); empty rows / an all-zero
+  mask give loss 0 and finite gradients.
+* Metrics are scalars (masked means over action tokens unless stated).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.rl import metrics as rl_metrics
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+MAX_LOG_RATIO = 20.0
+
+AGGREGATIONS = (
+    "token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "token_sum_norm",
+)
+
+
+# ----------------------------------------------------------------------------
+# Helpers.
+# ----------------------------------------------------------------------------
+
+
+def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
+              constant: Optional[float] = None) -> Array:
+  """Reduces per-token terms ``x`` [B, T] to a scalar over action tokens.
+
+  Modes:
+    token_mean: Σ mask·x / Σ mask over the whole batch (DAPO Yu 2025 token-level
+      loss; SAO Eq. 3: every action token counts once, band-rejected ones included).
+    seq_mean_token_mean: mean over non-empty rows of (Σ_t mask·x / Σ_t mask)
+      (GRPO, DeepSeekMath 2024: 1/G Σ_i 1/|o_i| Σ_t).
+    seq_mean_token_sum: mean over non-empty rows of Σ_t mask·x.
+    token_sum_norm: Σ mask·x / (B · C) with a constant C (``constant``, default T)
+      (Dr. GRPO, Liu 2025: no length normalisation, a fixed normaliser).
+
+  Args:
+    x: [B, T] per-token terms.
+    mask: [B, T] action mask.
+    mode: One of ``AGGREGATIONS``.
+    constant: C for ``token_sum_norm`` (e.g. the max generation length).
+
+  Returns:
+    A float32 scalar; 0 when the mask is empty.
+  """
+  m = rl_metrics.as_mask(mask)
+  if mode == "token_mean":
+    return rl_metrics.masked_mean(x, m)
+  if mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
+    row_sum = rl_metrics.masked_sum(x, m, axis=-1)
+    row_cnt = jnp.sum(m, axis=-1)
+    if mode == "seq_mean_token_mean":
+      row_val = row_sum / jnp.maximum(row_cnt, 1.0)
+    else:
+      row_val = row_sum
+    nonempty = (row_cnt > 0).astype(jnp.float32)
+    return jnp.sum(row_val * nonempty) / jnp.maximum(jnp.sum(nonempty), 1.0)
+  if mode == "token_sum_norm":
+    c = float(x.shape[-1]) if constant is None else constant
+    num_rows = 1 if x.ndim == 1 else x.shape[0]
+    return rl_metrics.masked_sum(x, m) / (num_rows * c)
+  raise ValueError(
+      f"Unknown aggregation mode {mode!r}; use one of {AGGREGATIONS}.")
+
+
+def _prepare(mask: Array, *arrays: Optional[Array]):
+  """Float32 mask and arrays with masked-out entries zeroed (None passes)."""
+  m = rl_metrics.as_mask(mask)
+  out = []
+  for a in arrays:
+    if a is None:
+      out.append(None)
+    else:
+      out.append(jnp.where(m > 0, jnp.asarray(a, jnp.float32), 0.0))
+  return m, out
+
+
+def _log_ratio(num: Array, den: Array) -> Array:
+  return jnp.clip(num - den, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+def _ratio_metrics(log_ratio: Array, mask: Array, prefix: str = "") -> Metrics:
+  """Ratio mean/min/max and ½E[(log r)²] (the k2 KL estimate) over action tokens."""
+  r = jnp.exp(log_ratio)
+  return {
+      f"{prefix}ratio_mean": rl_metrics.masked_mean(r, mask),
+      f"{prefix}ratio_min": rl_metrics.masked_min(r, mask),
+      f"{prefix}ratio_max": rl_metrics.masked_max(r, mask),
+      f"{prefix}kl_k2": 0.5 * rl_metrics.masked_mean(jnp.square(log_ratio), mask),
+  }
+
+
+def _clipped_surrogate(ratio: Array, adv: Array, eps_low: float,
+                       eps_high: float):
+  """min(r·A, clip(r, 1−ε_l, 1+ε_h)·A) and where the clipped branch is active.
+
+  PPO (Schulman 2017, Eq. 7) with asymmetric ε (clip-higher, DAPO Yu 2025).
+  """
+  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  unclipped_obj = ratio * adv
+  clipped_obj = clipped * adv
+  surr = jnp.minimum(unclipped_obj, clipped_obj)
+  is_clipped = clipped_obj < unclipped_obj
+  return surr, is_clipped
+
+
+def k3_kl(logp: Array, ref_logp: Array) -> Array:
+  """Per-token k3 estimator of KL(π_θ‖π_ref) = exp(ref−logp) − (ref−logp) − 1.
+
+  GRPO (DeepSeekMath 2024, Eq. 4); unbiased, non-negative. Log-ratio clamped to ±20.
+  """
+  d = _log_ratio(ref_logp, logp)
+  return jnp.exp(d) - d - 1.0
+
+
+def _with_kl(loss: Array, metrics: Metrics, logp: Array, ref_logp, mask: Array,
+             kl_coef, aggregation: str, constant) -> Array:
+  """Adds kl_coef · aggregate(k3) when a reference policy is given."""
+  if ref_logp is None or kl_coef is None:
+    return loss
+  if isinstance(kl_coef, (int, float)) and kl_coef == 0:
+    return loss
+  _, (ref_logp,) = _prepare(mask, ref_logp)
+  kl = aggregate(k3_kl(logp, ref_logp), mask, aggregation, constant=constant)
+  metrics["kl_ref_k3"] = kl
+  metrics["pg_loss"] = loss
+  return loss + kl_coef * kl
+
+
+# ----------------------------------------------------------------------------
+# SAO: direct double-sided importance sampling.
+# ----------------------------------------------------------------------------
+
+
+def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
+                    mask: Array, *, eps_low: float = 0.3, eps_high: float = 5.0,
+                    aggregation: str = "token_mean",
+                    constant: Optional[float] = None) -> tuple[Array, Metrics]:
+  """SAO direct double-sided importance sampling (SAO arXiv 2607.07508, Eqs. 1–3).
+
+  r_t = exp(logp_t − rollout_logp_t) (Eq. 1, against the *rollout* policy: staleness
+  and train/inference mismatch are one ratio); f(r) = r if 1−ε_l < r < 1+ε_h else 0
+  (Eq. 2, strict inequalities); L = − Σ_t mask_t · sg(f(r_t)·A_t) · logp_t / Σ_t mask_t
+  (Eq. 3). So ∂L/∂logp_t = −f(r_t)·A_t/N: tokens outside the band get exactly zero
+  gradient whatever the sign of A_t, and still count in N (token mean).
+
+  Args:
+    logp: [B, T] log π_θ (trainer, now).
+    rollout_logp: [B, T] log π_rollout recorded by the sampler.
+    advantages: [B, T] advantages A_t.
+    mask: [B, T] 1 on action tokens.
+    eps_low: ε_l, lower band 1−ε_l (paper: 0.3 reasoning, 0.8 coding).
+    eps_high: ε_h, upper band 1+ε_h (paper: 5.0 reasoning, 3.0 coding).
+    aggregation: see ``aggregate``; Eq. 3 is ``token_mean``.
+    constant: normaliser for ``token_sum_norm``.
+
+  Returns:
+    (loss, metrics) with accept/reject_low/reject_high fractions, ratio
+    mean/min/max and kl_k2 = ½E[(log r)²].
+  """
+  m, (logp, rollout_logp, adv) = _prepare(mask, logp, rollout_logp, advantages)
+  log_ratio = jax.lax.stop_gradient(_log_ratio(logp, rollout_logp))
+  ratio = jnp.exp(log_ratio)
+  below = ratio <= 1.0 - eps_low
+  above = ratio >= 1.0 + eps_high
+  accept = jnp.logical_not(below | above)
+  f = jnp.where(accept, ratio, 0.0)
+  weight = jax.lax.stop_gradient(f * adv)
+  loss = -aggregate(weight * logp, m, aggregation, constant=constant)
+  metrics = {
+      "accept_frac": rl_metrics.masked_mean(accept.astype(jnp.float32), m),
+      "reject_low_frac": rl_metrics.masked_mean(below.astype(jnp.float32), m),
+      "reject_high_frac": rl_metrics.masked_mean(above.astype(jnp.float32), m),
+      **_ratio_metrics(log_ratio, m),
+  }
+  return loss, metrics
+
+
+# ----------------------------------------------------------------------------
+# PPO family.
+# ----------------------------------------------------------------------------
+
+
+def ppo_clip_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
+                  *, eps_low: float = 0.2, eps_high: float = 0.2,
+                  dual_clip: Optional[float] = None,
+                  aggregation: str = "token_mean",
+                  constant: Optional[float] = None,
+                  ref_logp: Optional[Array] = None,
+                  kl_coef: float = 0.0) -> tuple[Array, Metrics]:
+  """PPO clipped surrogate (Schulman 2017, Eq. 7), optional dual clip and k3 KL.
+
+  r = exp(logp − old_logp); L = −agg(min(r·A, clip(r, 1−ε_l, 1+ε_h)·A)). Only
+  (A>0, r>1+ε_h) and (A<0, r<1−ε_l) are clipped: unlike DIS, a token with A>0 and
+  r<1−ε_l (or A<0 and r>1+ε_h) still gets gradient −r·A/N.
+
+  With ``dual_clip=c`` (> 1; Ye et al. 2020, "Mastering Complex Control in MOBA
+  Games"), tokens with A<0 use max(min(r·A, clip(r)·A), c·A): r > c gets no gradient.
+  With ``ref_logp`` and ``kl_coef`` > 0, adds kl_coef·agg(k3 KL) (GRPO-style).
+
+  Returns:
+    (loss, metrics): clip_frac (clipped branch active), dual_clip_frac, ratio
+    mean/min/max, kl_k2.
+  """
+  m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
+  log_ratio = _log_ratio(logp, jax.lax.stop_gradient(old_logp))
+  adv = jax.lax.stop_gradient(adv)
+  ratio = jnp.exp(log_ratio)
+  surr, is_clipped = _clipped_surrogate(ratio, adv, eps_low, eps_high)
+  metrics: Metrics = {}
+  if dual_clip is not None:
+    if isinstance(dual_clip, (int, float)) and dual_clip <= 1.0:
+      raise ValueError(f"dual_clip must be > 1 (got {dual_clip}); e.g. 3.0.")
+    lower = dual_clip * adv
+    dual_active = (adv < 0) & (lower > surr)
+    surr = jnp.where(adv < 0, jnp.maximum(surr, lower), surr)
+    metrics["dual_clip_frac"] = rl_metrics.masked_mean(
+        dual_active.astype(jnp.float32), m)
+  loss = -aggregate(surr, m, aggregation, constant=constant)
+  metrics["clip_frac"] = rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m)
+  metrics.update(_ratio_metrics(jax.lax.stop_gradient(log_ratio), m))
+  loss = _with_kl(loss, metrics, logp, ref_logp, m, kl_coef, aggregation,
+                  constant)
+  return loss, metrics
+
+
+def dual_clip_ppo_loss(logp: Array, old_logp: Array, advantages: Array,
+                       mask: Array, *, eps_low: float = 0.2,
+                       eps_high: float = 0.2, dual_clip: float = 3.0,
+                       aggregation: str = "token_mean",
+                       constant: Optional[float] = None
+                       ) -> tuple[Array, Metrics]:
+  """Dual-clip PPO (Ye et al. 2020): PPO clip plus max(·, c·A) for A<0, c=3."""
+  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
+                       eps_high=eps_high, dual_clip=dual_clip,
+                       aggregation=aggregation, constant=constant)
+
+
+def grpo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+              eps_low: float = 0.2, eps_high: float = 0.28,
+              aggregation: str = "seq_mean_token_mean",
+              ref_logp: Optional[Array] = None, kl_coef: float = 0.0
+              ) -> tuple[Array, Metrics]:
+  """GRPO objective (DeepSeekMath, Shao et al. 2024, Eq. 3).
+
+  PPO clip against π_old with clip-higher ε 0.2/0.28, per-sequence token mean
+  1/G Σ_i 1/|o_i| Σ_t, optional β·k3 KL to a reference policy (``kl_coef``=β;
+  DeepSeekMath used 0.04). Advantages come from the group z-score
+  (``advantages.group_zscore``).
+  """
+  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
+                       eps_high=eps_high, aggregation=aggregation,
+                       ref_logp=ref_logp, kl_coef=kl_coef)
+
+
+def dr_grpo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
+                 *, eps_low: float = 0.2, eps_high: float = 0.2,
+                 constant: Optional[float] = None) -> tuple[Array, Metrics]:
+  """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training").
+
+  GRPO without the 1/|o_i| length normalisation: Σ mask·surr / (B·C) with a constant
+  C (``constant``, default T = the padded max generation length). Advantages are
+  group-mean-centred without std (``advantages.group_mean``).
+  """
+  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
+                       eps_high=eps_high, aggregation="token_sum_norm",
+                       constant=constant)
+
+
+def dapo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+              eps_low: float = 0.2, eps_high: float = 0.28
+              ) -> tuple[Array, Metrics]:
+  """DAPO (Yu et al. 2025): clip-higher (ε 0.2/0.28) with a token-level mean.
+
+  Token-level policy-gradient loss (DAPO Eq. 8–10) over all action tokens of the batch;
+  dynamic sampling and overlong shaping live in ``advantages``.
+  """
+  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
+                       eps_high=eps_high, aggregation="token_mean")
+
+
+def gspo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+              eps_low: float = 3e-4, eps_high: float = 4e-4
+              ) -> tuple[Array, Metrics]:
+  """GSPO (Zheng et al. 2025): sequence-level geometric-mean ratio, sequence clip.
+
+  s_i = exp(1/|y_i| Σ_t mask·(logp − old_logp)) (GSPO Eq. 7). Implemented as
+  GSPO-token (Eq. 13): s_{i,t} = sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)), whose value is s_i and
+  whose gradient is s_i·∇logp_t, aggregated 1/G Σ_i 1/|y_i| Σ_t min(s_{i,t}A_t,
+  clip(s_{i,t})A_t). With a per-sequence advantage this is exactly GSPO; it also
+  accepts token-level advantages. Defaults ε 3e-4/4e-4 as in the paper.
+
+  Returns:
+    (loss, metrics): clip_frac (fraction of non-empty sequences clipped), sequence
+    ratio mean/min/max, token kl_k2.
+  """
+  m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
+  adv = jax.lax.stop_gradient(adv)
+  tok_log_ratio = logp - jax.lax.stop_gradient(old_logp)
+  n = jnp.sum(m, axis=-1)
+  seq_log_ratio = jnp.sum(tok_log_ratio * m, axis=-1) / jnp.maximum(n, 1.0)
+  seq_log_ratio = jnp.clip(seq_log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+  s = jnp.exp(jax.lax.stop_gradient(seq_log_ratio))  # [B]
+  s_tok = s[:, None] * jnp.exp(logp - jax.lax.stop_gradient(logp))
+  surr, is_clipped = _clipped_surrogate(s_tok, adv, eps_low, eps_high)
+  loss = -aggregate(surr, m, "seq_mean_token_mean")
+  nonempty = (n > 0).astype(jnp.float32)
+  seq_clipped = ((s < 1.0 - eps_low) | (s > 1.0 + eps_high)).astype(jnp.float32)
+  metrics = {
+      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
+      "seq_out_of_band_frac": rl_metrics.masked_mean(seq_clipped, nonempty),
+      "seq_ratio_mean": rl_metrics.masked_mean(s, nonempty),
+      "seq_ratio_min": rl_metrics.masked_min(s, nonempty),
+      "seq_ratio_max": rl_metrics.masked_max(s, nonempty),
+      "kl_k2": 0.5 * rl_metrics.masked_mean(
+          jnp.square(jax.lax.stop_gradient(tok_log_ratio)), m),
+  }
+  return loss, metrics
+
+
+def cispo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+               eps_low: float = 1.0, eps_high: float = 0.28
+               ) -> tuple[Array, Metrics]:
+  """CISPO (MiniMax-M1, 2025): L = −Σ mask·sg(clip(r, 1−ε_l, 1+ε_h))·A·logp / Σ mask.
+
+  Clips the importance-sampling *weight*, not the update: every token keeps a
+  gradient −clip(r)·A/N (contrast DIS, which zeroes out-of-band tokens). MiniMax-M1
+  imposes no lower bound (ε_l large; the default 1.0 clips at 0) and tunes ε_h; the
+  default 0.28 here borrows DAPO's clip-higher.
+  """
+  m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
+  log_ratio = jax.lax.stop_gradient(_log_ratio(logp, old_logp))
+  ratio = jnp.exp(log_ratio)
+  weight = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  is_clipped = weight != ratio
+  loss = -aggregate(jax.lax.stop_gradient(weight * adv) * logp, m, "token_mean")
+  metrics = {
+      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
+      **_ratio_metrics(log_ratio, m),
+  }
+  return loss, metrics
+
+
+def areal_loss(logp: Array, prox_logp: Array, rollout_logp: Array,
+               advantages: Array, mask: Array, *, eps_low: float = 0.2,
+               eps_high: float = 0.2, behav_weight_cap: Optional[float] = None
+               ) -> tuple[Array, Metrics]:
+  """AReaL decoupled PPO (Fu et al. 2025, Eq. 5): behaviour vs proximal policy.
+
+  L = −agg_token_mean( w · min(u·A, clip(u, 1−ε_l, 1+ε_h)·A) ) with
+  w = sg(π_prox/π_behav) = exp(prox_logp − rollout_logp) (optionally capped at
+  ``behav_weight_cap``; tokens above the cap are dropped, w=0, as AReaL does) and
+  u = π_θ/π_prox. The trust region is centred on the recent proximal policy, while
+  the off-policy correction goes back to the (stale) behaviour policy.
+  """
+  m, (logp, prox_logp, rollout_logp, adv) = _prepare(
+      mask, logp, prox_logp, rollout_logp, advantages)
+  adv = jax.lax.stop_gradient(adv)
+  prox_logp = jax.lax.stop_gradient(prox_logp)
+  behav_log_w = _log_ratio(prox_logp, jax.lax.stop_gradient(rollout_logp))
+  w = jnp.exp(behav_log_w)
+  metrics: Metrics = {}
+  if behav_weight_cap is not None:
+    over = w > behav_weight_cap
+    w = jnp.where(over, 0.0, w)
+    metrics["behav_weight_capped_frac"] = rl_metrics.masked_mean(
+        over.astype(jnp.float32), m)
+  log_u = _log_ratio(logp, prox_logp)
+  u = jnp.exp(log_u)
+  surr, is_clipped = _clipped_surrogate(u, adv, eps_low, eps_high)
+  loss = -aggregate(w * surr, m, "token_mean")
+  metrics.update({
+      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
+      "behav_weight_mean": rl_metrics.masked_mean(w, m),
+      **_ratio_metrics(jax.lax.stop_gradient(log_u), m),
+  })
+  return loss, metrics
+
+
+def _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
+                  eps_high, weight_fn):
+  """PPO clip against π_old times a per-token train/inference mismatch factor."""
+  m, (logp, rollout_logp, adv) = _prepare(mask, logp, rollout_logp, advantages)
+  if old_logp is None:
+    old_logp = jax.lax.stop_gradient(logp)
+  else:
+    _, (old_logp,) = _prepare(m, old_logp)
+  old_logp = jax.lax.stop_gradient(old_logp)
+  adv = jax.lax.stop_gradient(adv)
+  mismatch_log = _log_ratio(old_logp, jax.lax.stop_gradient(rollout_logp))
+  k = jnp.exp(mismatch_log)
+  w, w_metrics = weight_fn(k, m)
+  w = jax.lax.stop_gradient(w)
+  log_ratio = _log_ratio(logp, old_logp)
+  surr, is_clipped = _clipped_surrogate(jnp.exp(log_ratio), adv, eps_low,
+                                        eps_high)
+  loss = -aggregate(w * surr, m, "token_mean")
+  metrics = {
+      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
+      **_ratio_metrics(jax.lax.stop_gradient(log_ratio), m),
+      **_ratio_metrics(mismatch_log, m, prefix="mismatch_"),
+      **w_metrics,
+  }
+  return loss, metrics
+
+
+def tis_loss(logp: Array, rollout_logp: Array, advantages: Array, mask: Array,
+             *, old_logp: Optional[Array] = None, eps_low: float = 0.2,
+             eps_high: float = 0.2, cap: float = 2.0) -> tuple[Array, Metrics]:
+  """Truncated importance sampling for train/inference mismatch (Yao et al. 2025).
+
+  PPO clip against π_old (trainer-side; ``old_logp``, or sg(logp) when absent, i.e.
+  one on-policy step) times w = sg(min(π_old/π_rollout, C)), C=``cap`` (paper: 2).
+  """
+
+  def weight_fn(k, m):
+    truncated = k > cap
+    return jnp.minimum(k, cap), {
+        "tis_truncated_frac": rl_metrics.masked_mean(
+            truncated.astype(jnp.float32), m)}
+
+  return _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
+                       eps_high, weight_fn)
+
+
+def icepop_loss(logp: Array, rollout_logp: Array, advantages: Array,
+                mask: Array, *, old_logp: Optional[Array] = None,
+                eps_low: float = 0.2, eps_high: float = 0.28,
+                mismatch_low: float = 0.5, mismatch_high: float = 5.0
+                ) -> tuple[Array, Metrics]:
+  """IcePop (Ling team 2025, Ring-1T): masked train/inference mismatch correction.
+
+  k = π_old/π_rollout; M(k) = k if α ≤ k ≤ β else 0 (α=0.5, β=5); L = −agg_token_mean(
+  sg(M(k)) · min(r·A, clip(r)·A)) with r = π_θ/π_old (π_old = sg(π_θ) when
+  ``old_logp`` is absent). Tokens with too much mismatch get no gradient.
+  """
+
+  def weight_fn(k, m):
+    keep = (k >= mismatch_low) & (k <= mismatch_high)
+    return jnp.where(keep, k, 0.0), {
+        "icepop_masked_frac": rl_metrics.masked_mean(
+            jnp.logical_not(keep).astype(jnp.float32), m)}
+
+  return _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
+                       eps_high, weight_fn)
+
+
+# ----------------------------------------------------------------------------
+# Critic.
+# ----------------------------------------------------------------------------
+
+
+def value_loss(values: Array, returns: Array, mask: Array, *,
+               old_values: Optional[Array] = None,
+               clip: Optional[float] = None) -> tuple[Array, Metrics]:
+  """Critic regression loss E[(V − R)²] over action tokens (SAO §3.2).
+
+  Plain MSE **without** a ½ factor (the paper's E[(V−R)²]; gradient 2(V−R)/N).
+  With ``old_values`` and ``clip`` (PPO2-style value clipping), the per-token loss is
+  max((V−R)², (V_old + clip(V−V_old, −c, c) − R)²). Returns are constants (sg).
+
+  Returns:
+    (loss, metrics): value_loss, value_mean, return_mean, explained_variance,
+    value_clip_frac (clipped variant only).
+  """
+  m, (values, returns) = _prepare(mask, values, returns)
+  returns = jax.lax.stop_gradient(returns)
+  per_tok = jnp.square(values - returns)
+  metrics: Metrics = {}
+  if clip is not None:
+    if old_values is None:
+      raise ValueError("value_loss(clip=...) needs old_values (the critic's "
+                       "values at rollout time); pass them or set clip=None.")
+    _, (old_values,) = _prepare(m, old_values)
+    old_values = jax.lax.stop_gradient(old_values)
+    v_clipped = old_values + jnp.clip(values - old_values, -clip, clip)
+    clipped_tok = jnp.square(v_clipped - returns)
+    metrics["value_clip_frac"] = rl_metrics.masked_mean(
+        (clipped_tok > per_tok).astype(jnp.float32), m)
+    per_tok = jnp.maximum(per_tok, clipped_tok)
+  loss = rl_metrics.masked_mean(per_tok, m)
+  metrics.update({
+      "value_loss": loss,
+      "value_mean": rl_metrics.masked_mean(values, m),
+      "return_mean": rl_metrics.masked_mean(returns, m),
+      "explained_variance": explained_variance(
+          jax.lax.stop_gradient(values), returns, m),
+  })
+  return loss, metrics
+
+
+def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
+  """1 − Var(R − V)/Var(R) over action tokens (SAO §3.2); 0 when Var(R)=0."""
+  return rl_metrics.explained_variance(values, returns, mask)
