@@ -1,0 +1,699 @@
+"""A multi-producer, single-consumer shared-memory ring of variable-length records.
+
+The sampler processes publish trajectories here; the trainer reads them
+(DESIGN.md §1). One segment holds one SPSC *lane* per producer:
+
+    [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1 data]...
+
+Each lane is a byte ring with monotonic 64-bit ``head`` (written only by its
+producer) and ``tail`` (written only by the consumer) counters; offsets are
+``counter % lane_bytes``. A record is a 32-byte header (magic, crc32, length,
+sequence number) followed by the payload, padded to 64 bytes, and never split:
+when it does not fit before the end of the lane the producer writes a *wrap*
+marker and continues at offset 0.
+
+Commit protocol (no torn reads): the producer copies the payload, then the
+header, and only then advances ``head`` with one aligned 8-byte store. The
+consumer never reads past ``head``, so a producer killed mid-write leaves
+nothing visible. Every record also carries its per-lane sequence number and an
+optional crc32 of the payload which the consumer verifies on its private copy.
+
+Backpressure: a producer waits (polling with exponential backoff up to 1 ms)
+while its lane is full, and raises ``RingFullError`` after ``timeout``; the
+consumer waits while every lane is empty and raises ``RingEmptyError``.
+Waits, occupancy and producer deaths are counted in ``stats()``.
+
+Producer death: each lane stores its producer's pid and process start time;
+the consumer checks them (``/proc``; zombies count as dead) while it is idle and
+every ``liveness_interval_s``, keeps the records already committed, reports the
+lane in ``dead_producers()`` and keeps reading the other lanes.
+
+Payloads are copied with NumPy slice assignment (memcpy); nothing is pickled.
+Memory ordering relies on the store order of x86-64 (TSO); on weakly ordered
+CPUs a crc mismatch is retried briefly before being reported as corruption.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from typing import Callable, Iterator, NamedTuple, Sequence
+
+from absl import logging
+import numpy as np
+
+from sao_jax.ipc import segment
+
+_MAGIC = 0x5A0_12196  # Segment layout magic.
+_LAYOUT_VERSION = 1
+_GLOBAL_BYTES = 4096
+_CTL_BYTES = 256
+_ALIGN = 64
+
+# Global header words (uint64).
+_G_MAGIC, _G_VERSION, _G_LANES, _G_LANE_BYTES, _G_CHECKSUM, _G_CLOSED = range(6)
+
+# Lane control words (int64). Producer-written words come first; the consumer's
+# words live in a separate cache line (word 16 = byte 128).
+_HEAD = 0
+_RECORDS_WRITTEN = 1
+_BYTES_WRITTEN = 2
+_FULL_WAITS = 3
+_FULL_WAIT_NS = 4
+_PID = 5
+_PID_START = 6
+_STATE = 7
+_HEARTBEAT_NS = 8
+_TAIL = 16
+_RECORDS_READ = 17
+
+# Lane states (written by the producer).
+FREE, ACTIVE, CLOSED = 0, 1, 2
+_STATE_NAMES = {FREE: "free", ACTIVE: "active", CLOSED: "closed"}
+
+_DEFAULT = object()  # "Use the writer's default timeout."
+_REC_MAGIC = 0x53414F52  # "SAOR"
+_WRAP_MAGIC = 0x53414F57  # "SAOW"
+_HDR = struct.Struct("<IIQQQ")  # magic, crc32, length, seq, reserved.
+HEADER_BYTES = 32
+assert _HDR.size == HEADER_BYTES
+
+
+class RingError(RuntimeError):
+  """Base class of ring errors."""
+
+
+class RingFullError(RingError, TimeoutError):
+  """A producer's lane stayed full for the whole timeout."""
+
+
+class RingEmptyError(RingError, TimeoutError):
+  """Every lane stayed empty for the whole timeout."""
+
+
+class RingDrained(RingError, EOFError):
+  """Every producer has closed or died and all committed records were read."""
+
+
+class RingClosedError(RingError):
+  """The consumer closed the ring; producers must stop."""
+
+
+class CorruptRecordError(RingError):
+  """A committed record failed its magic/sequence/checksum check."""
+
+
+class Record(NamedTuple):
+  """One record as returned by ``RingReader.read``."""
+
+  lane: int
+  seq: int
+  data: np.ndarray  # uint8[n], a private copy (safe to keep).
+
+
+def _align(n: int) -> int:
+  return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _proc_start_time(pid: int) -> int:
+  """Process start time (clock ticks since boot) from /proc, 0 if unavailable."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      fields = f.read().rsplit(b")", 1)[1].split()
+    return int(fields[19])
+  except (OSError, IndexError, ValueError):
+    return 0
+
+
+def pid_alive(pid: int, start_time: int = 0) -> bool:
+  """Whether ``pid`` runs (not a zombie) and, if given, started at start_time."""
+  if pid <= 0:
+    return False
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      fields = f.read().rsplit(b")", 1)[1].split()
+  except FileNotFoundError:
+    return False
+  except OSError:  # No /proc (not Linux): fall back to signal 0.
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    except PermissionError:
+      return True
+    return True
+  if fields[0] in (b"Z", b"X"):
+    return False
+  return not start_time or int(fields[19]) == start_time
+
+
+class _Backoff:
+  """Polling waits: a few yields, then sleeps doubling up to ``max_sleep``."""
+
+  def __init__(self, max_sleep: float = 1e-3):
+    self._n = 0
+    self._max = max_sleep
+
+  def wait(self) -> None:
+    self._n += 1
+    if self._n <= 8:
+      time.sleep(0)
+    else:
+      time.sleep(min(self._max, 2e-6 * 2 ** min(self._n - 8, 20)))
+
+
+class _Segment:
+  """Typed views of a ring segment (shared by reader and writer)."""
+
+  def __init__(self, shm, owner: bool):
+    self.shm = shm
+    self.owner = owner
+    buf = shm.buf
+    self.glob = np.frombuffer(buf, np.uint64, count=8, offset=0)
+    if int(self.glob[_G_MAGIC]) != _MAGIC:
+      raise RingError(
+          f"Segment {shm.name!r} is not a sao_jax ring (bad magic); pass the "
+          "name returned by RingReader.create(...).name."
+      )
+    if int(self.glob[_G_VERSION]) != _LAYOUT_VERSION:
+      raise RingError(
+          f"Ring {shm.name!r} has layout version {int(self.glob[_G_VERSION])}, "
+          f"this code reads {_LAYOUT_VERSION}; run both sides from one checkout."
+      )
+    self.num_lanes = int(self.glob[_G_LANES])
+    self.lane_bytes = int(self.glob[_G_LANE_BYTES])
+    self.checksum = bool(self.glob[_G_CHECKSUM])
+    self.ctl = [
+        np.frombuffer(buf, np.int64, count=_CTL_BYTES // 8,
+                      offset=_GLOBAL_BYTES + i * _CTL_BYTES)
+        for i in range(self.num_lanes)
+    ]
+    data_off = _data_offset(self.num_lanes)
+    self.data = [
+        np.frombuffer(buf, np.uint8, count=self.lane_bytes,
+                      offset=data_off + i * self.lane_bytes)
+        for i in range(self.num_lanes)
+    ]
+    self.buf = buf
+
+  def close(self) -> None:
+    if self.shm is None:
+      return
+    self.glob = self.ctl = self.data = self.buf = None
+    segment.release(self.shm, unlink=self.owner)
+    self.shm = None
+
+
+def _data_offset(num_lanes: int) -> int:
+  ctl_end = _GLOBAL_BYTES + num_lanes * _CTL_BYTES
+  return (ctl_end + 4095) // 4096 * 4096
+
+
+def segment_bytes(num_lanes: int, lane_bytes: int) -> int:
+  """Total segment size for a ring of this shape."""
+  return _data_offset(num_lanes) + num_lanes * lane_bytes
+
+
+class RingReader:
+  """The single consumer. ``create`` makes (and owns) the segment.
+
+  Usage::
+
+    with RingReader.create(num_lanes=2, lane_bytes=64 << 20) as ring:
+      spawn producers with (ring.name, lane)...
+      rec = ring.read(timeout=10.0)   # Record(lane, seq, data)
+  """
+
+  def __init__(self, seg: _Segment, liveness_interval_s: float = 0.2):
+    self._seg = seg
+    self._next_lane = 0
+    self._liveness_interval = liveness_interval_s
+    self._last_liveness = 0.0
+    self._dead: dict[int, int] = {}
+    self._deaths = 0
+    self._empty_waits = 0
+    self._empty_wait_ns = 0
+    self._bytes_read = 0
+    self._checksum_retries = 0
+
+  @classmethod
+  def create(
+      cls,
+      num_lanes: int,
+      lane_bytes: int,
+      *,
+      checksum: bool = True,
+      liveness_interval_s: float = 0.2,
+  ) -> RingReader:
+    """Creates a ring with one lane per producer, each ``lane_bytes`` large.
+
+    Args:
+      num_lanes: Number of producer slots (one producer process each).
+      lane_bytes: Bytes per lane; a record needs its payload + 32 bytes,
+        rounded up to 64. Records larger than that are rejected.
+      checksum: Verify a crc32 of every payload (costs about one extra pass
+        over the bytes on each side; see BENCHMARKS.md).
+      liveness_interval_s: How often producer pids are checked.
+    """
+    if num_lanes < 1:
+      raise ValueError(f"num_lanes must be >= 1, got {num_lanes}.")
+    if lane_bytes < 4 * _ALIGN or lane_bytes % _ALIGN:
+      raise ValueError(
+          f"lane_bytes must be a multiple of {_ALIGN} and >= {4 * _ALIGN}, got "
+          f"{lane_bytes}."
+      )
+    shm = segment.create("ring", segment_bytes(num_lanes, lane_bytes))
+    try:
+      glob = np.frombuffer(shm.buf, np.uint64, count=8)
+      glob[_G_LANES] = num_lanes
+      glob[_G_LANE_BYTES] = lane_bytes
+      glob[_G_CHECKSUM] = int(checksum)
+      glob[_G_VERSION] = _LAYOUT_VERSION
+      glob[_G_MAGIC] = _MAGIC
+      del glob
+      seg = _Segment(shm, owner=True)
+    except BaseException:
+      segment.release(shm, unlink=True)
+      raise
+    logging.info(
+        "Created ring %s: %d lanes x %d bytes, checksum=%s.",
+        shm.name, num_lanes, lane_bytes, checksum,
+    )
+    return cls(seg, liveness_interval_s)
+
+  @classmethod
+  def attach(cls, name: str, liveness_interval_s: float = 0.2) -> RingReader:
+    """Consumes a ring created elsewhere (does not own the segment)."""
+    return cls(_Segment(segment.attach(name), owner=False), liveness_interval_s)
+
+  # --- properties -----------------------------------------------------------
+
+  @property
+  def name(self) -> str:
+    return self._seg.shm.name
+
+  @property
+  def num_lanes(self) -> int:
+    return self._seg.num_lanes
+
+  @property
+  def lane_bytes(self) -> int:
+    return self._seg.lane_bytes
+
+  @property
+  def max_record_bytes(self) -> int:
+    return self._seg.lane_bytes - HEADER_BYTES
+
+  # --- reading --------------------------------------------------------------
+
+  def read(self, timeout: float | None = None) -> Record:
+    """Returns the next committed record of some lane (round-robin).
+
+    Args:
+      timeout: Seconds to wait while every lane is empty; None waits forever.
+
+    Raises:
+      RingEmptyError: nothing arrived within ``timeout``.
+      RingDrained: every lane's producer closed or died, all records read.
+      CorruptRecordError: a committed record failed validation.
+    """
+    if time.monotonic() - self._last_liveness >= self._liveness_interval:
+      self._check_liveness()
+    rec = self._try_read()
+    if rec is not None:
+      return rec
+    t0 = time.monotonic_ns()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    backoff = _Backoff()
+    self._empty_waits += 1
+    try:
+      while True:
+        rec = self._try_read()
+        if rec is not None:
+          return rec
+        now = time.monotonic()
+        if now - self._last_liveness >= self._liveness_interval:
+          self._check_liveness()
+          if self._drained():
+            raise RingDrained(
+                f"Ring {self.name}: all {self.num_lanes} producers closed or "
+                f"died (dead lanes: {sorted(self._dead)}); nothing left."
+            )
+        if deadline is not None and now >= deadline:
+          raise RingEmptyError(
+              f"Ring {self.name}: no record for {timeout:.3g} s from any of "
+              f"{self.num_lanes} lanes (states {self._lane_states()}); are the "
+              "producers running? Increase the timeout for slow samplers."
+          )
+        backoff.wait()
+    finally:
+      self._empty_wait_ns += time.monotonic_ns() - t0
+
+  def __iter__(self) -> Iterator[Record]:
+    """Yields records until every producer has closed or died."""
+    while True:
+      try:
+        yield self.read()
+      except RingDrained:
+        return
+
+  def _try_read(self) -> Record | None:
+    seg = self._seg
+    n = seg.num_lanes
+    for k in range(n):
+      lane = (self._next_lane + k) % n
+      rec = self._take(lane)
+      if rec is not None:
+        self._next_lane = (lane + 1) % n
+        return rec
+    return None
+
+  def _take(self, lane: int) -> Record | None:
+    seg = self._seg
+    ctl, data, cap = seg.ctl[lane], seg.data[lane], seg.lane_bytes
+    while True:
+      head = int(ctl[_HEAD])
+      tail = int(ctl[_TAIL])
+      if head == tail:
+        return None
+      off = tail % cap
+      magic, crc, length, seq, _ = _HDR.unpack_from(seg.buf, _start(seg, lane) + off)
+      if magic == _WRAP_MAGIC:
+        ctl[_TAIL] = tail + (cap - off)
+        continue
+      expected_seq = int(ctl[_RECORDS_READ])
+      if (magic != _REC_MAGIC or seq != expected_seq
+          or _align(HEADER_BYTES + length) > head - tail):
+        raise CorruptRecordError(
+            f"Ring {self.name} lane {lane}: bad record header at counter {tail} "
+            f"(magic {magic:#x}, seq {seq} expected {expected_seq}, length "
+            f"{length}, committed {head - tail}). The segment was overwritten "
+            "by something else; recreate the ring."
+        )
+      start = off + HEADER_BYTES
+      out = np.empty(length, np.uint8)
+      out[:] = data[start:start + length]
+      if seg.checksum and zlib.crc32(out) != crc:
+        out = self._recheck(lane, data, start, length, crc, tail)
+      ctl[_RECORDS_READ] = expected_seq + 1
+      ctl[_TAIL] = tail + _align(HEADER_BYTES + length)
+      self._bytes_read += length
+      return Record(lane, seq, out)
+
+  def _recheck(self, lane, data, start, length, crc, tail) -> np.ndarray:
+    """Re-copies a record whose crc mismatched (weak memory ordering guard)."""
+    out = np.empty(length, np.uint8)
+    for _ in range(5):
+      self._checksum_retries += 1
+      time.sleep(1e-3)
+      out[:] = data[start:start + length]
+      if zlib.crc32(out) == crc:
+        return out
+    raise CorruptRecordError(
+        f"Ring {self.name} lane {lane}: crc32 mismatch on the committed record "
+        f"at counter {tail} ({length} bytes). Shared memory was corrupted or "
+        "written outside the ring API."
+    )
+
+  # --- producer liveness ----------------------------------------------------
+
+  def _check_liveness(self) -> None:
+    self._last_liveness = time.monotonic()
+    for lane, ctl in enumerate(self._seg.ctl):
+      pid = int(ctl[_PID])
+      if int(ctl[_STATE]) != ACTIVE:
+        continue
+      if self._dead.get(lane) == pid:
+        continue
+      if not pid_alive(pid, int(ctl[_PID_START])):
+        self._dead[lane] = pid
+        self._deaths += 1
+        logging.warning(
+            "Ring %s: producer pid %d of lane %d died; %d committed records "
+            "left to read, then the lane is skipped.", self.name, pid, lane,
+            int(ctl[_RECORDS_WRITTEN]) - int(ctl[_RECORDS_READ]),
+        )
+      elif lane in self._dead:  # A new producer took the lane over.
+        del self._dead[lane]
+
+  def dead_producers(self) -> dict[int, int]:
+    """Lanes whose producer died without closing, as {lane: pid}."""
+    self._check_liveness()
+    return dict(self._dead)
+
+  def _drained(self) -> bool:
+    for lane, ctl in enumerate(self._seg.ctl):
+      finished = int(ctl[_STATE]) == CLOSED or lane in self._dead
+      if not finished or int(ctl[_HEAD]) != int(ctl[_TAIL]):
+        return False
+    return True
+
+  def _lane_states(self) -> list[str]:
+    return [
+        "dead" if lane in self._dead else _STATE_NAMES.get(int(c[_STATE]), "?")
+        for lane, c in enumerate(self._seg.ctl)
+    ]
+
+  # --- stats / lifetime -----------------------------------------------------
+
+  def stats(self) -> dict:
+    """Counters: per-lane occupancy and waits, consumer waits, deaths."""
+    lanes = []
+    states = self._lane_states()
+    for lane, c in enumerate(self._seg.ctl):
+      used = int(c[_HEAD]) - int(c[_TAIL])
+      lanes.append({
+          "lane": lane,
+          "state": states[lane],
+          "pid": int(c[_PID]),
+          "occupancy_bytes": used,
+          "occupancy": used / self.lane_bytes,
+          "records_written": int(c[_RECORDS_WRITTEN]),
+          "records_read": int(c[_RECORDS_READ]),
+          "bytes_written": int(c[_BYTES_WRITTEN]),
+          "full_waits": int(c[_FULL_WAITS]),
+          "full_wait_s": int(c[_FULL_WAIT_NS]) / 1e9,
+      })
+    return {
+        "records_read": sum(l["records_read"] for l in lanes),
+        "bytes_read": self._bytes_read,
+        "occupancy": max(l["occupancy"] for l in lanes),
+        "empty_waits": self._empty_waits,
+        "empty_wait_s": self._empty_wait_ns / 1e9,
+        "producer_deaths": self._deaths,
+        "dead_producers": sorted(self._dead),
+        "checksum_retries": self._checksum_retries,
+        "lanes": lanes,
+    }
+
+  def close(self) -> None:
+    """Tells producers to stop; unlinks the segment if this reader created it."""
+    if self._seg.shm is None:
+      return
+    self._seg.glob[_G_CLOSED] = 1
+    self._seg.close()
+
+  def __enter__(self) -> RingReader:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _start(seg: _Segment, lane: int) -> int:
+  return _data_offset(seg.num_lanes) + lane * seg.lane_bytes
+
+
+class RingWriter:
+  """The producer of one lane (one per producer process).
+
+  Usage::
+
+    with RingWriter(name, lane=i) as w:
+      w.write(header_bytes, array1, array2)   # gathered into one record
+  """
+
+  def __init__(
+      self,
+      name: str,
+      lane: int,
+      *,
+      timeout: float | None = 60.0,
+      _mid_write_hook: Callable[[int, int], None] | None = None,
+  ):
+    """Attaches to ring ``name`` and claims ``lane``.
+
+    Args:
+      name: ``RingReader.name`` of the ring.
+      lane: Lane index in [0, num_lanes), unique per live producer.
+      timeout: Default seconds ``write`` waits for space (None: forever).
+      _mid_write_hook: Test-only: called as hook(seq, nbytes) after half the
+        payload is copied, before the commit.
+    """
+    self._seg = _Segment(segment.attach(name), owner=False)
+    seg = self._seg
+    if not 0 <= lane < seg.num_lanes:
+      self._seg.close()
+      raise ValueError(
+          f"lane {lane} out of range: ring {name} has {seg.num_lanes} lanes."
+      )
+    ctl = seg.ctl[lane]
+    pid = int(ctl[_PID])
+    if (int(ctl[_STATE]) == ACTIVE and pid != os.getpid()
+        and pid_alive(pid, int(ctl[_PID_START]))):
+      self._seg.close()
+      raise RingError(
+          f"Lane {lane} of ring {name} is held by live producer pid {pid}; give "
+          "each producer process its own lane."
+      )
+    self._lane = lane
+    self._ctl = ctl
+    self._data = seg.data[lane]
+    self._base = _start(seg, lane)
+    self._timeout = timeout
+    self._hook = _mid_write_hook
+    ctl[_PID] = os.getpid()
+    ctl[_PID_START] = _proc_start_time(os.getpid())
+    ctl[_HEARTBEAT_NS] = time.time_ns()
+    ctl[_STATE] = ACTIVE
+
+  @property
+  def lane(self) -> int:
+    return self._lane
+
+  @property
+  def max_record_bytes(self) -> int:
+    return self._seg.lane_bytes - HEADER_BYTES
+
+  def write(self, *buffers, timeout=_DEFAULT) -> int:
+    """Appends one record: the concatenation of ``buffers`` (bytes-like).
+
+    Blocks while the lane is full. Returns the record's sequence number.
+
+    Raises:
+      ValueError: the record can never fit in the lane.
+      RingFullError: no space within ``timeout`` (default: the writer's).
+      RingClosedError: the consumer closed the ring.
+    """
+    if self._seg.shm is None:
+      raise RingClosedError("write() on a closed RingWriter.")
+    arrays = [_as_bytes_array(b) for b in buffers]
+    n = sum(a.size for a in arrays)
+    need = _align(HEADER_BYTES + n)
+    cap = self._seg.lane_bytes
+    if need > cap:
+      raise ValueError(
+          f"Record of {n} bytes does not fit in a lane of {cap} bytes (needs "
+          f"{need} with header and padding; max payload {cap - HEADER_BYTES}). "
+          "Create the ring with a larger lane_bytes or send smaller records."
+      )
+    crc = 0
+    if self._seg.checksum:
+      for a in arrays:
+        crc = zlib.crc32(a, crc)
+    if timeout is _DEFAULT:
+      timeout = self._timeout
+    ctl = self._ctl
+    head = int(ctl[_HEAD])
+    off = self._reserve(head, need, timeout)
+    if off < 0:  # Wrapped: marker written, head moved to the lane start.
+      head = int(ctl[_HEAD])
+      off = self._reserve(head, need, timeout)
+    seq = int(ctl[_RECORDS_WRITTEN])
+    self._copy_in(off + HEADER_BYTES, arrays, n, seq)
+    _HDR.pack_into(self._seg.buf, self._base + off, _REC_MAGIC, crc, n, seq, 0)
+    ctl[_RECORDS_WRITTEN] = seq + 1
+    ctl[_BYTES_WRITTEN] += n
+    ctl[_HEAD] = head + need  # The commit.
+    return seq
+
+  def _reserve(self, head: int, need: int, timeout: float | None) -> int:
+    """Waits for ``need`` contiguous bytes; returns offset, or -1 if wrapped."""
+    ctl, cap = self._ctl, self._seg.lane_bytes
+    off = head % cap
+    contiguous = cap - off
+    want = need if need <= contiguous else contiguous
+    if cap - (head - int(ctl[_TAIL])) < want:
+      self._wait_space(head, want, timeout)
+    if need <= contiguous:
+      return off
+    _HDR.pack_into(self._seg.buf, self._base + off, _WRAP_MAGIC, 0, 0, 0, 0)
+    ctl[_HEAD] = head + contiguous
+    return -1
+
+  def _wait_space(self, head: int, want: int, timeout: float | None) -> None:
+    ctl, cap, glob = self._ctl, self._seg.lane_bytes, self._seg.glob
+    t0 = time.monotonic_ns()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    backoff = _Backoff()
+    try:
+      while cap - (head - int(ctl[_TAIL])) < want:
+        if int(glob[_G_CLOSED]):
+          raise RingClosedError(
+              f"Ring {self._seg.shm.name} was closed by its consumer; stop "
+              "producing."
+          )
+        if deadline is not None and time.monotonic() >= deadline:
+          raise RingFullError(
+              f"Lane {self._lane} of ring {self._seg.shm.name} stayed full for "
+              f"{timeout:.3g} s ({head - int(ctl[_TAIL])}/{cap} bytes used, "
+              f"need {want}); the consumer is not reading. Check the trainer "
+              "or raise lane_bytes/timeout."
+          )
+        ctl[_HEARTBEAT_NS] = time.time_ns()
+        backoff.wait()
+    finally:
+      ctl[_FULL_WAITS] += 1
+      ctl[_FULL_WAIT_NS] += time.monotonic_ns() - t0
+
+  def _copy_in(self, start: int, arrays: Sequence[np.ndarray], n: int,
+               seq: int) -> None:
+    data = self._data
+    pos = start
+    half = start + n // 2 if self._hook is not None else -1
+    for a in arrays:
+      end = pos + a.size
+      if pos <= half < end:
+        k = half - pos
+        data[pos:half] = a[:k]
+        self._hook(seq, n)
+        data[half:end] = a[k:]
+      else:
+        data[pos:end] = a
+      pos = end
+
+  def stats(self) -> dict:
+    c = self._ctl
+    return {
+        "lane": self._lane,
+        "records_written": int(c[_RECORDS_WRITTEN]),
+        "bytes_written": int(c[_BYTES_WRITTEN]),
+        "occupancy_bytes": int(c[_HEAD]) - int(c[_TAIL]),
+        "full_waits": int(c[_FULL_WAITS]),
+        "full_wait_s": int(c[_FULL_WAIT_NS]) / 1e9,
+    }
+
+  def close(self) -> None:
+    """Marks the lane closed (no more records) and detaches."""
+    if self._seg.shm is None:
+      return
+    self._ctl[_STATE] = CLOSED
+    self._ctl = self._data = None
+    self._seg.close()
+
+  def __enter__(self) -> RingWriter:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _as_bytes_array(buf) -> np.ndarray:
+  """A flat uint8 view of a bytes-like object or C-contiguous array."""
+  if isinstance(buf, np.ndarray):
+    if not buf.flags.c_contiguous:
+      buf = np.ascontiguousarray(buf)
+    return buf.reshape(-1).view(np.uint8)
+  return np.frombuffer(buf, np.uint8)

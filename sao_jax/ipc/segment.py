@@ -1,0 +1,164 @@
+"""Named POSIX shared-memory segments with strict ownership and cleanup.
+
+One concern: the lifetime of a ``multiprocessing.shared_memory`` segment.
+
+* The **creator** owns the segment. It is created with mode 0600 (private to the
+  user) and unlinked on every exit path of the creator: ``close()``, leaving a
+  ``with`` block (also on exception), interpreter exit (``atexit``) and SIGTERM (a
+  handler that unlinks, then chains to the previous handler). SIGKILL cannot be
+  caught; the creator's ``multiprocessing`` resource tracker then unlinks it.
+* **Attachers** never unlink and never register the segment with their resource
+  tracker. (Before Python 3.13 ``SharedMemory(create=False)`` registers it, so an
+  attaching process' tracker would unlink it when that process exits; with
+  ``spawn`` children sharing the parent's tracker, a later ``unregister`` would
+  drop the *creator's* registration instead. We therefore suppress the
+  registration while attaching.)
+
+Segment names carry the prefix ``sao_`` so leaks are easy to find in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import secrets
+import signal
+import sys
+import threading
+from multiprocessing import resource_tracker
+from multiprocessing import shared_memory
+from typing import Any
+
+from absl import logging
+
+PREFIX = "sao_"
+_MODE = 0o600
+
+_lock = threading.RLock()
+_owned: dict[str, shared_memory.SharedMemory] = {}
+_handlers_installed = False
+_prev_sigterm: Any = None
+
+
+def make_name(kind: str) -> str:
+  """A fresh segment name ``sao_<kind>_<pid>_<random>`` (short: macOS caps at 31)."""
+  return f"{PREFIX}{kind}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def shm_path(name: str) -> str:
+  """Where Linux exposes the segment (for permission checks and leak checks)."""
+  return os.path.join("/dev/shm", name.lstrip("/"))
+
+
+def _unlink_quietly(shm: shared_memory.SharedMemory) -> None:
+  try:
+    shm.unlink()
+  except FileNotFoundError:
+    pass
+
+
+def _unlink_all_owned() -> None:
+  with _lock:
+    owned = list(_owned.values())
+    _owned.clear()
+  for shm in owned:
+    _unlink_quietly(shm)
+
+
+def _on_sigterm(signum, frame) -> None:
+  """Unlinks our segments, then behaves as the previous SIGTERM handler would."""
+  _unlink_all_owned()
+  prev = _prev_sigterm
+  if callable(prev):
+    prev(signum, frame)
+  elif prev == signal.SIG_IGN:
+    return
+  else:  # SIG_DFL or None (installed from C): die of SIGTERM as before.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_handlers() -> None:
+  global _handlers_installed, _prev_sigterm
+  with _lock:
+    if _handlers_installed:
+      return
+    _handlers_installed = True
+    atexit.register(_unlink_all_owned)
+    if threading.current_thread() is not threading.main_thread():
+      logging.warning(
+          "Shared-memory segment created off the main thread: no SIGTERM "
+          "handler installed; it is still unlinked by close()/atexit."
+      )
+      return
+    prev = signal.getsignal(signal.SIGTERM)
+    if prev is _on_sigterm:
+      return
+    _prev_sigterm = prev
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def create(kind: str, size: int) -> shared_memory.SharedMemory:
+  """Creates a private (0600) segment owned by this process."""
+  if size <= 0:
+    raise ValueError(f"Segment size must be positive, got {size}.")
+  _install_handlers()
+  name = make_name(kind)
+  shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+  fd = getattr(shm, "_fd", -1)
+  try:
+    if fd >= 0:
+      os.fchmod(fd, _MODE)  # shm_open honours umask only downwards; enforce.
+    elif os.path.exists(shm_path(shm.name)):
+      os.chmod(shm_path(shm.name), _MODE)
+  except OSError:
+    _unlink_quietly(shm)
+    shm.close()
+    raise
+  with _lock:
+    _owned[shm.name] = shm
+  return shm
+
+
+@contextlib.contextmanager
+def _untracked():
+  """Suppresses resource-tracker registration (Python < 3.13 has no track=)."""
+  with _lock:
+    original = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None
+    try:
+      yield
+    finally:
+      resource_tracker.register = original
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+  """Maps an existing segment without taking ownership (never unlinks it)."""
+  try:
+    if sys.version_info >= (3, 13):
+      return shared_memory.SharedMemory(name=name, track=False)  # pytype: disable=wrong-keyword-args
+    with _untracked():
+      return shared_memory.SharedMemory(name=name)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(
+        f"Shared-memory segment {name!r} does not exist: the creating process "
+        "has exited or closed it, or the name is wrong."
+    ) from e
+
+
+def release(shm: shared_memory.SharedMemory, *, unlink: bool) -> None:
+  """Closes the mapping; unlinks too if ``unlink`` (creator only)."""
+  if unlink:
+    with _lock:
+      _owned.pop(shm.name, None)
+    _unlink_quietly(shm)
+  try:
+    shm.close()
+  except BufferError:
+    # NumPy views of the buffer are still alive somewhere; the mapping is freed
+    # when they go. The name is already unlinked, so nothing leaks.
+    logging.warning(
+        "Segment %s closed with live views; mapping freed when they are "
+        "garbage-collected.", shm.name
+    )
