@@ -205,6 +205,11 @@ class _Segment:
     segment.release(self.shm, unlink=self.owner)
     self.shm = None
 
+  def __del__(self):
+    # Drop our NumPy views before SharedMemory.__del__ closes the mapping.
+    if getattr(self, "shm", None) is not None:
+      self.close()
+
 
 def _data_offset(num_lanes: int) -> int:
   ctl_end = _GLOBAL_BYTES + num_lanes * _CTL_BYTES

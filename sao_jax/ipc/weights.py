@@ -1,0 +1,271 @@
+"""A versioned weight slot in shared memory: trainer -> sampler (DESIGN.md §1).
+
+The trainer ``publish``es a parameter pytree with its policy version; samplers
+``read`` the newest *complete* version. Two buffers plus a seqlock:
+
+    [header 4 KiB][leaf table (JSON)][buffer 0: seq, version | leaves]
+                                     [buffer 1: seq, version | leaves]
+
+``publish`` writes the buffer that is not ``latest``: makes its sequence word
+odd, copies the leaves (optionally cast to bfloat16 via ml_dtypes), makes it
+even again and flips ``latest``. It never waits for readers. A reader copies
+the ``latest`` buffer and accepts the copy only if the buffer's sequence word was
+even and unchanged across the copy, so it never returns a mix of two versions;
+if the writer lapped it, it retries.
+
+Structure: the leaf table stores each leaf's key path, shape and dtype. A
+reader passes a template pytree (e.g. its own freshly initialised params or
+``jax.eval_shape`` output) to get the same structure back; without one it gets
+a flat ``{key path: array}`` dict.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from absl import logging
+import jax
+import ml_dtypes
+import numpy as np
+
+from sao_jax.ipc import segment
+
+_MAGIC = 0x5A0_3E16
+_HEADER_BYTES = 4096
+_CTL_BYTES = 64
+_ALIGN = 64
+_NONE = 2  # ``latest`` before the first publish.
+
+# Header words (int64).
+_H_MAGIC, _H_LATEST, _H_TABLE_BYTES, _H_DATA_BYTES, _H_PUBLISHES = range(5)
+# Buffer control words (int64).
+_SEQ, _VERSION = 0, 1
+
+PyTree = Any
+
+
+def _align(n: int) -> int:
+  return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+  return np.dtype(dtype).name
+
+
+def _dtype_from_name(name: str) -> np.dtype:
+  if name == "bfloat16":
+    return np.dtype(ml_dtypes.bfloat16)
+  return np.dtype(name)
+
+
+def _leaf_table(template: PyTree, cast_floats_to) -> list[dict]:
+  leaves = jax.tree_util.tree_flatten_with_path(template)[0]
+  table, off = [], 0
+  for path, leaf in leaves:
+    dtype = np.dtype(leaf.dtype)
+    if cast_floats_to is not None and np.issubdtype(dtype, np.floating):
+      dtype = np.dtype(cast_floats_to)
+    shape = tuple(int(d) for d in leaf.shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    table.append({
+        "path": jax.tree_util.keystr(path), "shape": list(shape),
+        "dtype": _dtype_name(dtype), "offset": off, "nbytes": nbytes,
+    })
+    off = _align(off + nbytes)
+  return table
+
+
+class WeightSlot:
+  """Publisher (``create``) or reader (``attach``) of a versioned pytree."""
+
+  def __init__(self, shm, owner: bool, template: PyTree | None):
+    self._shm = shm
+    self._owner = owner
+    self._hdr = np.frombuffer(shm.buf, np.int64, count=8)
+    if int(self._hdr[_H_MAGIC]) != _MAGIC:
+      raise ValueError(
+          f"Segment {shm.name!r} is not a sao_jax weight slot; pass the name "
+          "returned by WeightSlot.create(...).name."
+      )
+    table_bytes = int(self._hdr[_H_TABLE_BYTES])
+    self._data_bytes = int(self._hdr[_H_DATA_BYTES])
+    raw = bytes(shm.buf[_HEADER_BYTES:_HEADER_BYTES + table_bytes])
+    self._table = json.loads(raw.decode("utf-8"))
+    start = _HEADER_BYTES + _align(table_bytes)
+    stride = _CTL_BYTES + self._data_bytes
+    self._ctl = [
+        np.frombuffer(shm.buf, np.int64, count=2, offset=start + b * stride)
+        for b in range(2)
+    ]
+    self._data = [
+        np.frombuffer(shm.buf, np.uint8, count=self._data_bytes,
+                      offset=start + b * stride + _CTL_BYTES)
+        for b in range(2)
+    ]
+    self._treedef = None
+    if template is not None:
+      self._treedef = self._check_template(template)
+    self.retries = 0
+
+  @classmethod
+  def create(cls, template: PyTree, *, cast_floats_to=None) -> WeightSlot:
+    """Creates a slot for pytrees shaped like ``template`` (owned by caller).
+
+    Args:
+      template: A pytree of arrays or ``jax.ShapeDtypeStruct``s.
+      cast_floats_to: e.g. ``ml_dtypes.bfloat16`` to halve the bytes moved;
+        floating leaves are stored (and read back) in that dtype.
+    """
+    table = _leaf_table(template, cast_floats_to)
+    raw = json.dumps(table).encode("utf-8")
+    data_bytes = max(_ALIGN, table[-1]["offset"] + table[-1]["nbytes"]
+                     if table else 0)
+    data_bytes = _align(data_bytes)
+    size = _HEADER_BYTES + _align(len(raw)) + 2 * (_CTL_BYTES + data_bytes)
+    shm = segment.create("w", size)
+    try:
+      hdr = np.frombuffer(shm.buf, np.int64, count=8)
+      shm.buf[_HEADER_BYTES:_HEADER_BYTES + len(raw)] = raw
+      hdr[_H_TABLE_BYTES] = len(raw)
+      hdr[_H_DATA_BYTES] = data_bytes
+      hdr[_H_LATEST] = _NONE
+      hdr[_H_MAGIC] = _MAGIC
+      del hdr
+      slot = cls(shm, owner=True, template=template)
+    except BaseException:
+      segment.release(shm, unlink=True)
+      raise
+    logging.info("Created weight slot %s: %d leaves, %d bytes per version.",
+                 shm.name, len(table), data_bytes)
+    return slot
+
+  @classmethod
+  def attach(cls, name: str, template: PyTree | None = None) -> WeightSlot:
+    """Reads a slot created elsewhere; ``template`` gives the tree structure."""
+    shm = segment.attach(name)
+    try:
+      return cls(shm, owner=False, template=template)
+    except BaseException:
+      segment.release(shm, unlink=False)
+      raise
+
+  @property
+  def name(self) -> str:
+    return self._shm.name
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes copied per publish/read."""
+    return self._data_bytes
+
+  def _check_template(self, template: PyTree):
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    got = [(jax.tree_util.keystr(p), [int(d) for d in l.shape])
+           for p, l in leaves]
+    want = [(e["path"], e["shape"]) for e in self._table]
+    if got != want:
+      diff = next(((g, w) for g, w in zip(got, want) if g != w),
+                  (len(got), len(want)))
+      raise ValueError(
+          f"Template does not match weight slot {self._shm.name}: first "
+          f"difference (template, slot) = {diff}. Pass a pytree with the "
+          "publisher's structure and shapes."
+      )
+    return treedef
+
+  # --- writer ---------------------------------------------------------------
+
+  def publish(self, params: PyTree, version: int) -> float:
+    """Makes ``params`` the newest version; returns seconds spent copying."""
+    t0 = time.perf_counter()
+    leaves = jax.tree_util.tree_leaves(params)
+    if len(leaves) != len(self._table):
+      raise ValueError(
+          f"publish() got {len(leaves)} leaves; slot {self.name} holds "
+          f"{len(self._table)}. Publish the pytree the slot was created for."
+      )
+    latest = int(self._hdr[_H_LATEST])
+    b = 0 if latest == _NONE else 1 - latest
+    ctl, data = self._ctl[b], self._data[b]
+    ctl[_SEQ] += 1  # Odd: writing.
+    ctl[_VERSION] = version
+    for leaf, e in zip(leaves, self._table):
+      arr = np.asarray(leaf)
+      if list(arr.shape) != e["shape"]:
+        ctl[_SEQ] += 1
+        raise ValueError(
+            f"Leaf {e['path']} has shape {arr.shape}; the slot expects "
+            f"{tuple(e['shape'])}."
+        )
+      dst = data[e["offset"]:e["offset"] + e["nbytes"]].view(
+          _dtype_from_name(e["dtype"])).reshape(arr.shape)
+      np.copyto(dst, arr, casting="unsafe")
+    ctl[_SEQ] += 1  # Even: complete.
+    self._hdr[_H_LATEST] = b
+    self._hdr[_H_PUBLISHES] += 1
+    return time.perf_counter() - t0
+
+  # --- readers --------------------------------------------------------------
+
+  def latest_version(self) -> int:
+    """Version of the newest complete publish, or -1 before the first."""
+    latest = int(self._hdr[_H_LATEST])
+    return -1 if latest == _NONE else int(self._ctl[latest][_VERSION])
+
+  def read(self, timeout: float | None = 10.0) -> tuple[int, PyTree] | None:
+    """Copies the newest complete version: ``(version, tree)``; None if none yet.
+
+    Raises:
+      TimeoutError: the writer kept overwriting the buffer for ``timeout`` s.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = np.empty(self._data_bytes, np.uint8)
+    while True:
+      b = int(self._hdr[_H_LATEST])
+      if b == _NONE:
+        return None
+      ctl = self._ctl[b]
+      s1 = int(ctl[_SEQ])
+      if s1 % 2 == 0:
+        version = int(ctl[_VERSION])
+        out[:] = self._data[b]
+        if int(ctl[_SEQ]) == s1:
+          return version, self._unflatten(out)
+      self.retries += 1
+      if deadline is not None and time.monotonic() > deadline:
+        raise TimeoutError(
+            f"Weight slot {self.name}: no consistent copy within {timeout} s "
+            "(the publisher overwrites faster than this reader copies)."
+        )
+      time.sleep(0)
+
+  def _unflatten(self, out: np.ndarray) -> PyTree:
+    leaves = [
+        out[e["offset"]:e["offset"] + e["nbytes"]].view(
+            _dtype_from_name(e["dtype"])).reshape(e["shape"])
+        for e in self._table
+    ]
+    if self._treedef is None:
+      return {e["path"]: leaf for e, leaf in zip(self._table, leaves)}
+    return jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+  def close(self) -> None:
+    """Detaches; the creator also unlinks the segment."""
+    if self._shm is None:
+      return
+    self._hdr = self._ctl = self._data = None
+    segment.release(self._shm, unlink=self._owner)
+    self._shm = None
+
+  def __del__(self):
+    # Drop our NumPy views before SharedMemory.__del__ closes the mapping.
+    if getattr(self, "_shm", None) is not None:
+      self.close()
+
+  def __enter__(self) -> WeightSlot:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
