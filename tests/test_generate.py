@@ -1,0 +1,206 @@
+"""Tests for sao_jax.sampler.{sampling,generate} and sao_jax.models.logprobs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.logprobs import token_logprobs
+from sao_jax.models.transformer import positions_from_mask
+from sao_jax.models.transformer import Transformer
+from sao_jax.sampler import generate as gen_lib
+from sao_jax.sampler import sampling
+
+_CFG = ModelConfig.tiny(vocab_size=96)
+
+
+def _params(seed: int, scale: float = 8.0):
+  """Random params, scaled so next-token distributions are far from uniform."""
+  x = jnp.zeros((1, 4), jnp.int32)
+  params = Transformer(_CFG).init(
+      jax.random.PRNGKey(seed), x, x, x > -1)["params"]
+  params = jax.tree.map(lambda a: a, params)
+  import flax.linen as nn
+  params = nn.unbox(params)
+  return jax.tree.map(lambda a: a * scale if a.ndim > 1 else a, params)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return _params(0)
+
+
+def _prompts(rng: np.random.Generator, lengths):
+  return [list(rng.integers(4, _CFG.vocab_size, size=n)) for n in lengths]
+
+
+def _check_logprobs(params, histories, action_masks, logps, temperature):
+  """Full-forward log-probs of right-padded histories vs recorded ones."""
+  t = max(len(h) for h in histories)
+  toks = np.zeros((len(histories), t), np.int32)
+  mask = np.zeros((len(histories), t), bool)
+  for i, h in enumerate(histories):
+    toks[i, :len(h)], mask[i, :len(h)] = h, True
+  ref = np.asarray(token_logprobs(params, _CFG, jnp.asarray(toks),
+                                  jnp.asarray(mask), temperature))
+  n_checked = 0
+  for i, h in enumerate(histories):
+    am = np.asarray(action_masks[i], bool)
+    got = np.asarray(logps[i])[am]
+    want = ref[i, :len(h)][am]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    n_checked += am.sum()
+  return n_checked
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_full_forward_single_turn(params, temperature):
+  rng = np.random.default_rng(1)
+  prompts = _prompts(rng, [3, 9, 5, 1])
+  segs = gen_lib.generate(
+      params, _CFG, prompts, jax.random.PRNGKey(7), max_new_tokens=12,
+      sampling=sampling.SamplingParams(temperature=temperature))
+  histories, masks, logps = [], [], []
+  for p, s in zip(prompts, segs):
+    assert len(s.tokens) == 12 and not s.stopped
+    histories.append(p + list(s.tokens))
+    masks.append([0] * len(p) + [1] * len(s.tokens))
+    logps.append(np.concatenate([np.zeros(len(p)), s.logprobs]))
+  assert _check_logprobs(params, histories, masks, logps, temperature) == 48
+  # The check is not vacuous: distributions are far from uniform.
+  all_lp = np.concatenate([s.logprobs for s in segs])
+  assert all_lp.std() > 0.3 and all_lp.max() > -np.log(_CFG.vocab_size) + 1
+
+
+def test_logprobs_match_full_forward_multi_turn_with_weight_swap(params):
+  rng = np.random.default_rng(2)
+  b = 3
+  stop = [[5, 6], [7], [5, 8, 9]]  # Several stop tokens, per row.
+  # Small max_len forces a cache compaction (rebuild) mid-episode.
+  g = gen_lib.Generator(_CFG, params, b, max_len=96,
+                        sampling=sampling.SamplingParams(temperature=0.7),
+                        rng=jax.random.PRNGKey(3))
+  prompts = _prompts(rng, [4, 11, 2])
+  g.append(prompts)
+  masks = [[0] * len(p) for p in prompts]
+  logps = [[0.0] * len(p) for p in prompts]
+  cur_params = params
+  for turn in range(4):
+    if turn == 2:
+      cur_params = _params(5)  # New policy version between turns.
+      g.set_params(cur_params)
+    segs = g.generate(stop, [6, 9, 4])
+    for i, s in enumerate(segs):
+      masks[i] += [1] * len(s.tokens)
+      logps[i] += list(s.logprobs)
+      if s.stopped:
+        assert int(s.tokens[-1]) in stop[i]
+        assert not set(int(t) for t in s.tokens[:-1]) & set(stop[i])
+      else:
+        assert len(s.tokens) == [6, 9, 4][i]
+    obs = _prompts(rng, [3, 0, 6])  # Row 1 gets no observation this turn.
+    g.append(obs)
+    for i, o in enumerate(obs):
+      masks[i] += [0] * len(o)
+      logps[i] += [0.0] * len(o)
+    if turn == 1:
+      # Pre-swap tokens are scored under the old weights.
+      assert _check_logprobs(params, g.histories, masks, logps, 0.7) > 0
+      pre = [list(m) for m in masks]
+  hist = g.histories
+  post = [np.asarray(m) * (np.arange(len(m)) >= len(p0))
+          for m, p0 in zip(masks, pre)]
+  assert _check_logprobs(cur_params, hist, post, logps, 0.7) > 0
+  assert all(len(h) == len(m) for h, m in zip(hist, masks))
+
+
+def test_greedy_equals_stepwise_argmax(params):
+  rng = np.random.default_rng(3)
+  prompts = _prompts(rng, [6, 2, 8])
+  segs = gen_lib.generate(params, _CFG, prompts, jax.random.PRNGKey(0),
+                          max_new_tokens=10,
+                          sampling=sampling.SamplingParams(greedy=True))
+  model = Transformer(_CFG)
+  for p, s in zip(prompts, segs):
+    seq = list(p)
+    for _ in range(10):
+      x = jnp.asarray([seq], jnp.int32)
+      m = jnp.ones_like(x, bool)
+      logits, _ = model.apply({"params": params}, x, positions_from_mask(m), m)
+      seq.append(int(jnp.argmax(logits[0, -1])))
+    assert list(s.tokens) == seq[len(p):]
+
+
+def test_sampling_is_reproducible(params):
+  prompts = _prompts(np.random.default_rng(4), [5, 7])
+  run = lambda k: gen_lib.generate(params, _CFG, prompts, jax.random.PRNGKey(k),
+                                   max_new_tokens=16)
+  a, b, c = run(1), run(1), run(2)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x.tokens, y.tokens)
+    np.testing.assert_array_equal(x.logprobs, y.logprobs)
+  assert any(not np.array_equal(x.tokens, z.tokens) for x, z in zip(a, c))
+
+
+def test_stops_early_when_all_rows_done(params):
+  prompts = _prompts(np.random.default_rng(5), [3, 3])
+  greedy = sampling.SamplingParams(greedy=True)
+  ref = gen_lib.generate(params, _CFG, prompts, jax.random.PRNGKey(0),
+                         max_new_tokens=8, sampling=greedy)
+  # Stop each row on its own 3rd greedy token.
+  stops = [[int(s.tokens[2])] for s in ref]
+  g = gen_lib.Generator(_CFG, params, 2, max_len=64, sampling=greedy)
+  g.append(prompts)
+  end0 = g._end
+  segs = g.generate(stops, 32)
+  first = [list(s.tokens).index(st[0]) + 1 for s, st in zip(ref, stops)]
+  assert [len(s.tokens) for s in segs] == first
+  assert all(s.stopped for s in segs)
+  assert g._end - end0 == max(first)  # The loop ran only until all stopped.
+
+
+def test_truncate_logits_matches_numpy():
+  rng = np.random.default_rng(6)
+  logits = rng.normal(size=(4, 20)).astype(np.float32) * 2
+  out = np.asarray(sampling.truncate_logits(jnp.asarray(logits), top_p=0.6,
+                                            top_k=5))
+  for row, got in zip(logits, out):
+    order = np.argsort(-row)
+    p = np.exp(row - row.max())
+    p /= p.sum()
+    cum_before = np.cumsum(p[order]) - p[order]
+    nucleus = set(order[cum_before < 0.6])
+    keep = nucleus & set(order[:5])
+    assert set(np.flatnonzero(np.isfinite(got))) == keep
+    np.testing.assert_array_equal(got[list(keep)], row[list(keep)])
+
+
+def test_sample_frequencies_and_truncated_logprob():
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.1, 0.06, 0.04]] * 20000))
+  params = sampling.SamplingParams(top_p=0.85, truncated_logprobs=True)
+  toks, lps = sampling.sample(jax.random.PRNGKey(0), logits, params)
+  freq = np.bincount(np.asarray(toks), minlength=5) / 20000
+  want = np.array([0.5, 0.3, 0.1, 0, 0]) / 0.9
+  np.testing.assert_allclose(freq, want, atol=0.015)
+  np.testing.assert_allclose(np.asarray(lps), np.log(want[np.asarray(toks)]),
+                             atol=1e-5)
+  full = sampling.SamplingParams(top_p=0.85)
+  _, lps_full = sampling.sample(jax.random.PRNGKey(0), logits, full)
+  np.testing.assert_allclose(
+      np.asarray(lps_full), np.log(np.array([0.5, 0.3, 0.1, .06, .04]))[
+          np.asarray(toks)], atol=1e-5)
+
+
+def test_rejects_bad_sampling_params():
+  with pytest.raises(ValueError, match="temperature"):
+    sampling.SamplingParams(temperature=0.0)
+  with pytest.raises(ValueError, match="top_p"):
+    sampling.SamplingParams(top_p=0.0)
+
+
+def test_cache_too_small_raises(params):
+  g = gen_lib.Generator(_CFG, params, 1, max_len=16)
+  g.append([[5] * 12])
+  with pytest.raises(ValueError, match="raise max_len"):
+    g.generate([], 16)
