@@ -1,0 +1,302 @@
+"""HF checkpoint import/export (Llama, Qwen2) as safetensors.
+
+`load_hf_checkpoint` streams a `config.json` + `*.safetensors` directory (single
+file or sharded with `model.safetensors.index.json`) tensor by tensor into the
+`Transformer` parameter tree (see `transformer.py` for the layout), placing each
+tensor on its sharding as it is read. `save_hf_checkpoint` writes the inverse,
+loadable by `transformers.AutoModelForCausalLM.from_pretrained`.
+
+HF stores `nn.Linear` weights as [out, in]; ours are [in, ...out] with heads
+split out, e.g. q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. RoPE uses the HF
+`rotate_half` layout, so no q/k permutation is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Iterator
+
+from absl import logging
+import flax.linen as nn
+import jax
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import UnsupportedConfigError
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Tensors some exporters add that carry no parameters.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+  """A HF checkpoint directory cannot be read or written as this model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """One HF tensor <-> one of our parameters."""
+
+  path: tuple[str, ...]  # Key path in our params dict.
+  hf_name: str
+  hf_shape: tuple[int, ...]
+  to_ours: Callable[[np.ndarray], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _layout(cfg: ModelConfig) -> list[_Entry]:
+  """The full HF <-> ours correspondence for `cfg`."""
+  d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  same = lambda x: x
+  t = lambda x: x.T
+
+  def split_heads(heads):  # [heads*Dh, D] -> [D, heads, Dh] and back.
+    return (lambda w: w.T.reshape(d, heads, dh),
+            lambda k: k.reshape(d, heads * dh).T)
+
+  def split_bias(heads):
+    return (lambda b: b.reshape(heads, dh), lambda b: b.reshape(heads * dh))
+
+  entries = [_Entry(("decoder", "embedder", "embedding"),
+                    "model.embed_tokens.weight", (cfg.vocab_size, d), same, same)]
+  for i in range(cfg.num_layers):
+    hf, ours = f"model.layers.{i}.", ("decoder", f"layers_{i}")
+    attn = ours + ("attn",)
+    for name, heads in (("q", cfg.num_heads), ("k", cfg.num_kv_heads),
+                        ("v", cfg.num_kv_heads)):
+      entries.append(_Entry(attn + (f"{name}_proj",),
+                            f"{hf}self_attn.{name}_proj.weight",
+                            (heads * dh, d), *split_heads(heads)))
+      if cfg.qkv_bias:
+        entries.append(_Entry(attn + (f"{name}_bias",),
+                              f"{hf}self_attn.{name}_proj.bias",
+                              (heads * dh,), *split_bias(heads)))
+    h = cfg.num_heads
+    entries += [
+        _Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight", (d, h * dh),
+               lambda w: w.T.reshape(h, dh, d),
+               lambda k: k.reshape(h * dh, d).T),
+        _Entry(ours + ("mlp", "gate_proj"), f"{hf}mlp.gate_proj.weight", (f, d),
+               t, t),
+        _Entry(ours + ("mlp", "up_proj"), f"{hf}mlp.up_proj.weight", (f, d), t,
+               t),
+        _Entry(ours + ("mlp", "down_proj"), f"{hf}mlp.down_proj.weight", (d, f),
+               t, t),
+        _Entry(ours + ("attn_norm", "scale"), f"{hf}input_layernorm.weight",
+               (d,), same, same),
+        _Entry(ours + ("mlp_norm", "scale"),
+               f"{hf}post_attention_layernorm.weight", (d,), same, same),
+    ]
+  entries.append(_Entry(("decoder", "final_norm", "scale"), "model.norm.weight",
+                        (d,), same, same))
+  if not cfg.tie_embeddings:
+    entries.append(_Entry(("lm_head",), "lm_head.weight", (cfg.vocab_size, d),
+                          t, t))
+  return entries
+
+
+def _read_config(path: str) -> tuple[dict[str, Any], ModelConfig]:
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise CheckpointError(
+        f"{config_path} not found: a HF checkpoint directory needs a "
+        f"{CONFIG_FILE} next to its *.safetensors files.")
+  with open(config_path) as f:
+    try:
+      hf_config = json.load(f)
+    except json.JSONDecodeError as e:
+      raise CheckpointError(f"{config_path} is not valid JSON: {e}") from e
+  try:
+    return hf_config, ModelConfig.from_hf_config(hf_config)
+  except UnsupportedConfigError as e:
+    raise CheckpointError(f"{config_path}: {e}") from e
+  except KeyError as e:
+    raise CheckpointError(f"{config_path} lacks required key {e}.") from e
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+  """HF tensor name -> safetensors file holding it."""
+  index_path = os.path.join(path, INDEX_FILE)
+  if os.path.isfile(index_path):
+    with open(index_path) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not weight_map:
+      raise CheckpointError(f"{index_path} has no 'weight_map'.")
+    out = {}
+    for name, file in weight_map.items():
+      full = os.path.join(path, file)
+      if not os.path.isfile(full):
+        raise CheckpointError(
+            f"{index_path} maps tensor {name!r} to {full}, which does not "
+            "exist (incomplete download?).")
+      out[name] = full
+    return out
+  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  if not files:
+    raise CheckpointError(
+        f"No *.safetensors files (and no {INDEX_FILE}) in {path}; only "
+        "safetensors checkpoints are supported (convert .bin/.pt first).")
+  out = {}
+  for file in files:
+    full = os.path.join(path, file)
+    with safetensors.safe_open(full, framework="numpy") as f:
+      for name in f.keys():
+        out[name] = full
+  return out
+
+
+def _get(tree: Any, path: tuple[str, ...]) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def load_hf_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    shardings: Any = None,
+    param_dtype: str = "float32",
+) -> tuple[ModelConfig, dict[str, Any]]:
+  """Reads a HF LlamaForCausalLM / Qwen2ForCausalLM safetensors checkpoint.
+
+  Tensors are read one at a time (memory-mapped by safetensors), converted to
+  our layout and `param_dtype`, and placed with `jax.device_put(x, sharding)`.
+
+  Args:
+    path: Directory with config.json and *.safetensors (optionally sharded with
+      model.safetensors.index.json).
+    shardings: None (default device), one `jax.sharding.Sharding` for every
+      tensor, or a pytree of shardings with the structure of the returned params
+      (e.g. from `nn.logical_to_mesh_sharding`).
+    param_dtype: dtype to store parameters in (bf16 checkpoints are upcast to
+      float32 by default).
+
+  Returns:
+    (config, params): params is the `Transformer` `variables['params']` dict,
+    with plain (unboxed) arrays.
+
+  Raises:
+    CheckpointError: missing config.json / safetensors files, unsupported
+      architecture, missing, unexpected or wrongly shaped tensors.
+  """
+  path = os.fspath(path)
+  _, config = _read_config(path)
+  config = dataclasses.replace(config, param_dtype=param_dtype)
+  files = _tensor_files(path)
+  entries = _layout(config)
+
+  expected = {e.hf_name for e in entries}
+  unexpected = sorted(
+      n for n in files if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+      and not (config.tie_embeddings and n == "lm_head.weight"))
+  if unexpected:
+    raise CheckpointError(
+        f"{path}: tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        f" (in {files[unexpected[0]]}) are not part of a {config.num_layers}-"
+        "layer model as described by config.json; is config.json from a "
+        "different model?")
+
+  if isinstance(shardings, dict) and "params" in shardings and (
+      "decoder" not in shardings):
+    shardings = shardings["params"]
+  dtype = config.params_dtype
+  params: dict[str, Any] = {}
+  with contextlib.ExitStack() as stack:
+    handles = {}
+    for e in entries:
+      if e.hf_name not in files:
+        raise CheckpointError(
+            f"Tensor {e.hf_name!r} is missing from the checkpoint in {path} "
+            f"(files: {sorted(set(map(os.path.basename, files.values())))}).")
+      file = files[e.hf_name]
+      if file not in handles:
+        handles[file] = stack.enter_context(
+            safetensors.safe_open(file, framework="numpy"))
+      shape = tuple(handles[file].get_slice(e.hf_name).get_shape())
+      if shape != e.hf_shape:
+        raise CheckpointError(
+            f"Tensor {e.hf_name!r} in {file} has shape {shape}, expected "
+            f"{e.hf_shape} from config.json.")
+      x = e.to_ours(handles[file].get_tensor(e.hf_name)).astype(dtype)
+      if shardings is None:
+        sharding = None
+      elif isinstance(shardings, jax.sharding.Sharding):
+        sharding = shardings
+      else:
+        try:
+          sharding = _get(shardings, e.path)
+        except (KeyError, TypeError) as err:
+          raise CheckpointError(
+              f"`shardings` has no entry for parameter {'/'.join(e.path)} "
+              f"(tensor {e.hf_name!r}).") from err
+      _set(params, e.path, jax.device_put(np.ascontiguousarray(x), sharding))
+  logging.info("Loaded %d tensors (%s params) from %s.", len(entries),
+               f"{config.num_params():,}", path)
+  return config, params
+
+
+def _iter_hf_tensors(config: ModelConfig,
+                     params: Any) -> Iterator[tuple[str, np.ndarray]]:
+  if "params" in params and "decoder" not in params:
+    params = params["params"]
+  params = nn.unbox(params)
+  for e in _layout(config):
+    try:
+      x = _get(params, e.path)
+    except KeyError as err:
+      raise CheckpointError(
+          f"params lack {'/'.join(e.path)} (for HF tensor {e.hf_name!r}); do "
+          "they belong to this config?") from err
+    x = np.ascontiguousarray(e.to_hf(np.asarray(jax.device_get(x))))
+    if x.shape != e.hf_shape:
+      raise CheckpointError(
+          f"Parameter {'/'.join(e.path)} gives {e.hf_name!r} of shape "
+          f"{x.shape}, expected {e.hf_shape}.")
+    yield e.hf_name, x
+
+
+def save_hf_checkpoint(
+    config: ModelConfig,
+    params: Any,
+    path: str | os.PathLike[str],
+    arch: str = "LlamaForCausalLM",
+) -> None:
+  """Writes config.json + model.safetensors loadable by transformers.
+
+  Args:
+    config: the model config.
+    params: `Transformer` params (`variables['params']` or the whole variables
+      dict; boxed or plain; any sharding: gathered to host per tensor).
+    path: output directory (created).
+    arch: 'LlamaForCausalLM' or 'Qwen2ForCausalLM' (the latter needs
+      qkv_bias=True, the former qkv_bias=False).
+  """
+  path = os.fspath(path)
+  try:
+    hf_config = config.to_hf_config(arch)
+  except UnsupportedConfigError as e:
+    raise CheckpointError(str(e)) from e
+  tensors = dict(_iter_hf_tensors(config, params))
+  dtypes = {str(x.dtype) for x in tensors.values()}
+  if len(dtypes) == 1:
+    hf_config["dtype"] = hf_config["torch_dtype"] = dtypes.pop()
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, CONFIG_FILE), "w") as f:
+    json.dump(hf_config, f, indent=2)
+  safetensors.numpy.save_file(tensors, os.path.join(path, WEIGHTS_FILE),
+                              metadata={"format": "pt"})
+  logging.info("Wrote %s checkpoint (%d tensors) to %s.", arch, len(tensors),
+               path)
