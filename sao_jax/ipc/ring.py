@@ -169,6 +169,7 @@ class _Segment:
 
   def __init__(self, shm, owner: bool):
     self.shm = shm
+    self.name = shm.name
     self.owner = owner
     buf = shm.buf
     self.glob = np.frombuffer(buf, np.uint64, count=8, offset=0)
@@ -297,7 +298,7 @@ class RingReader:
 
   @property
   def name(self) -> str:
-    return self._seg.shm.name
+    return self._seg.name
 
   @property
   def num_lanes(self) -> int:
@@ -637,12 +638,12 @@ class RingWriter:
       while cap - (head - int(ctl[_TAIL])) < want:
         if int(glob[_G_CLOSED]):
           raise RingClosedError(
-              f"Ring {self._seg.shm.name} was closed by its consumer; stop "
+              f"Ring {self._seg.name} was closed by its consumer; stop "
               "producing."
           )
         if deadline is not None and time.monotonic() >= deadline:
           raise RingFullError(
-              f"Lane {self._lane} of ring {self._seg.shm.name} stayed full for "
+              f"Lane {self._lane} of ring {self._seg.name} stayed full for "
               f"{timeout:.3g} s ({head - int(ctl[_TAIL])}/{cap} bytes used, "
               f"need {want}); the consumer is not reading. Check the trainer "
               "or raise lane_bytes/timeout."

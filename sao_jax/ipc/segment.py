@@ -156,9 +156,14 @@ def release(shm: shared_memory.SharedMemory, *, unlink: bool) -> None:
   try:
     shm.close()
   except BufferError:
-    # NumPy views of the buffer are still alive somewhere; the mapping is freed
-    # when they go. The name is already unlinked, so nothing leaks.
-    logging.warning(
-        "Segment %s closed with live views; mapping freed when they are "
-        "garbage-collected.", shm.name
-    )
+    # NumPy views of the mapping are still alive (e.g. held by a traceback).
+    # Drop our references instead: the mapping is unmapped when the last view
+    # goes, and SharedMemory.__del__ has nothing left to close noisily.
+    shm._buf = None  # pylint: disable=protected-access
+    shm._mmap = None  # pylint: disable=protected-access
+    fd = getattr(shm, "_fd", -1)
+    if fd >= 0:
+      os.close(fd)
+      shm._fd = -1  # pylint: disable=protected-access
+    logging.info("Segment %s detached with live views; unmapped when they go.",
+                 shm.name)

@@ -82,6 +82,7 @@ class WeightSlot:
 
   def __init__(self, shm, owner: bool, template: PyTree | None):
     self._shm = shm
+    self._name = shm.name
     self._owner = owner
     self._hdr = np.frombuffer(shm.buf, np.int64, count=8)
     if int(self._hdr[_H_MAGIC]) != _MAGIC:
@@ -153,7 +154,7 @@ class WeightSlot:
 
   @property
   def name(self) -> str:
-    return self._shm.name
+    return self._name
 
   @property
   def nbytes(self) -> int:
@@ -169,7 +170,7 @@ class WeightSlot:
       diff = next(((g, w) for g, w in zip(got, want) if g != w),
                   (len(got), len(want)))
       raise ValueError(
-          f"Template does not match weight slot {self._shm.name}: first "
+          f"Template does not match weight slot {self._name}: first "
           f"difference (template, slot) = {diff}. Pass a pytree with the "
           "publisher's structure and shapes."
       )

@@ -1,0 +1,357 @@
+"""Tests of the shared-memory trajectory ring (sao_jax/ipc/ring.py, codec.py)."""
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import stat
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from sao_jax.ipc import codec
+from sao_jax.ipc import ring
+from sao_jax.ipc import segment
+from sao_jax.trajectory import FinishReason
+from sao_jax.trajectory import Trajectory
+
+_SPAWN = mp.get_context("spawn")
+
+
+def _exists(name: str) -> bool:
+  return os.path.exists(segment.shm_path(name))
+
+
+# --- in-process behaviour ------------------------------------------------------
+
+
+def test_raw_records_round_trip_in_order_across_wraps():
+  rng = np.random.default_rng(0)
+  sent, got, fulls = [], [], 0
+  with ring.RingReader.create(num_lanes=1, lane_bytes=4096) as r:
+    with ring.RingWriter(r.name, lane=0, timeout=0.0) as w:
+      for i in range(300):  # 0..1.5 KiB each: wraps the 4 KiB lane often.
+        payload = rng.integers(0, 256, int(rng.integers(0, 1500)), np.uint8)
+        while True:
+          try:
+            assert w.write(payload) == i
+            break
+          except ring.RingFullError:  # Full: the consumer makes room.
+            fulls += 1
+            got.append(r.read(timeout=0.0))
+        sent.append(payload.tobytes())
+      while len(got) < len(sent):
+        got.append(r.read(timeout=0.0))
+      stats = r.stats()
+  assert [x.seq for x in got] == list(range(300))
+  assert [x.data.tobytes() for x in got] == sent
+  assert fulls > 50  # The lane really was full (and wrapped) many times.
+  assert stats["records_read"] == 300
+  assert stats["lanes"][0]["full_waits"] == fulls
+  assert stats["lanes"][0]["bytes_written"] == sum(map(len, sent))
+
+
+def test_gathered_buffers_form_one_record():
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12) as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      a = np.arange(10, dtype=np.int32)
+      b = np.linspace(0, 1, 7, dtype=np.float64)[::2]  # Non-contiguous view.
+      w.write(b"hdr", a, b, memoryview(b"tail"))
+      rec = r.read(timeout=1.0)
+  expected = b"hdr" + a.tobytes() + np.ascontiguousarray(b).tobytes() + b"tail"
+  assert rec.data.tobytes() == expected
+  assert (rec.lane, rec.seq) == (0, 0)
+
+
+def test_trajectory_codec_round_trips_through_ring():
+  rng = np.random.default_rng(1)
+  n = 37
+  traj = Trajectory(
+      prompt_id=2**40 + 3, tokens=rng.integers(0, 50000, n),
+      action_mask=rng.integers(0, 2, n), rollout_logp=rng.normal(size=n),
+      policy_version=rng.integers(-1, 9, n), rewards=rng.normal(size=n),
+      task="gsm8k/ü", finish_reason=FinishReason.ERROR, group_id=5,
+      error="tool raised ValueError",
+  )
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12) as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      w.write(*codec.encode(traj))
+      data = r.read(timeout=1.0).data
+  assert data.nbytes == codec.encoded_size(n, traj.task, traj.error)
+  assert data.tobytes() == codec.encode_bytes(traj)
+  back = codec.decode(data)
+  for f in ("tokens", "action_mask", "rollout_logp", "policy_version",
+            "rewards"):
+    np.testing.assert_array_equal(getattr(back, f), getattr(traj, f))
+    assert getattr(back, f).dtype == getattr(traj, f).dtype
+  assert np.shares_memory(back.tokens, data)  # Views, not copies.
+  assert (back.prompt_id, back.task, back.finish_reason, back.group_id,
+          back.error) == (traj.prompt_id, traj.task, FinishReason.ERROR, 5,
+                          traj.error)
+  with pytest.raises(ValueError, match="truncated or corrupted"):
+    codec.decode(data[:-1])
+  with pytest.raises(ValueError, match="Not a trajectory record"):
+    codec.decode(b"x" * 64)
+
+
+def test_oversize_full_empty_and_drained():
+  with ring.RingReader.create(num_lanes=2, lane_bytes=1024) as r:
+    w = ring.RingWriter(r.name, lane=1, timeout=0.05)
+    with pytest.raises(ValueError, match="does not fit in a lane of 1024"):
+      w.write(b"x" * (1024 - ring.HEADER_BYTES + 1))
+    w.write(b"y" * (1024 - ring.HEADER_BYTES))  # Exactly a full lane.
+    with pytest.raises(ring.RingFullError, match="stayed full"):
+      w.write(b"z")
+    assert r.stats()["lanes"][1]["occupancy"] == 1.0
+    assert r.stats()["lanes"][1]["full_waits"] == 1
+    assert r.stats()["lanes"][1]["full_wait_s"] >= 0.05
+    assert r.read(timeout=0.1).data.tobytes() == b"y" * 992
+    with pytest.raises(ring.RingEmptyError, match="no record for"):
+      r.read(timeout=0.05)
+    assert r.stats()["empty_waits"] == 1
+    w.close()
+    with pytest.raises(ring.RingEmptyError):  # Lane 0 never closed.
+      r.read(timeout=0.3)
+    w0 = ring.RingWriter(r.name, lane=0)
+    w0.write(b"last")
+    w0.close()
+    assert r.read(timeout=1.0).data.tobytes() == b"last"
+    with pytest.raises(ring.RingDrained):
+      r.read(timeout=1.0)
+
+
+def test_lane_claims_are_exclusive_and_checked():
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1024) as r:
+    with pytest.raises(ValueError, match="out of range"):
+      ring.RingWriter(r.name, lane=1)
+    w = ring.RingWriter(r.name, lane=0)
+    # A second live producer in another process may not take the lane; our own
+    # pid may (re-attach), which is what this process can test in-process.
+    ctl = np.frombuffer(r._seg.buf, np.int64, count=32, offset=4096)
+    ctl[5] = os.getppid()  # Pretend the parent holds the lane.
+    ctl[6] = ring._proc_start_time(os.getppid())
+    with pytest.raises(ring.RingError, match="held by live producer"):
+      ring.RingWriter(r.name, lane=0)
+    del ctl
+    w.close()
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    ring.RingWriter(r.name, lane=0)
+
+
+def test_closed_consumer_stops_blocked_producer():
+  r = ring.RingReader.create(num_lanes=1, lane_bytes=256)
+  w = ring.RingWriter(r.name, lane=0, timeout=5.0)
+  w.write(b"a" * 200)
+  r._seg.glob[ring._G_CLOSED] = 1  # What close() signals before unmapping.
+  t0 = time.monotonic()
+  with pytest.raises(ring.RingClosedError, match="closed by its consumer"):
+    w.write(b"b" * 200)
+  assert time.monotonic() - t0 < 1.0
+  w.close()
+  r.close()
+
+
+# --- segment hygiene -----------------------------------------------------------
+
+
+def test_segment_is_private_and_unlinked_on_close():
+  r = ring.RingReader.create(num_lanes=1, lane_bytes=1024)
+  mode = os.stat(segment.shm_path(r.name)).st_mode
+  assert stat.S_IMODE(mode) == 0o600
+  name = r.name
+  r.close()
+  assert not _exists(name)
+
+
+def test_segment_unlinked_when_with_block_raises():
+  with pytest.raises(KeyError):
+    with ring.RingReader.create(num_lanes=1, lane_bytes=1024) as r:
+      name = r.name
+      assert _exists(name)
+      raise KeyError("boom")
+  assert not _exists(name)
+
+
+def _create_and_wait(q, install_handler: bool):
+  if install_handler:
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(7))
+  r = ring.RingReader.create(num_lanes=1, lane_bytes=1024)
+  q.put(r.name)
+  time.sleep(60)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("install_handler,exitcode",
+                         [(False, -signal.SIGTERM), (True, 7)])
+def test_segment_unlinked_when_creator_gets_sigterm(install_handler, exitcode):
+  q = _SPAWN.Queue()
+  p = _SPAWN.Process(target=_create_and_wait, args=(q, install_handler))
+  p.start()
+  try:
+    name = q.get(timeout=60)
+    assert _exists(name)
+    os.kill(p.pid, signal.SIGTERM)
+    p.join(timeout=30)
+    # The previous handler still runs: default death, or the user's exit(7).
+    assert p.exitcode == exitcode
+    assert not _exists(name)
+  finally:
+    if p.is_alive():
+      p.kill()
+      p.join()
+
+
+def _attach_and_exit(name, q):
+  w = ring.RingWriter(name, lane=0)
+  w.write(b"from child")
+  q.put(os.getpid())  # Exits without close(): the lane stays 'active'.
+
+
+@pytest.mark.multiprocess
+def test_attaching_process_exit_does_not_unlink():
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1024) as r:
+    q = _SPAWN.Queue()
+    p = _SPAWN.Process(target=_attach_and_exit, args=(r.name, q))
+    p.start()
+    pid = q.get(timeout=60)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    assert _exists(r.name)
+    assert r.read(timeout=1.0).data.tobytes() == b"from child"
+    assert r.dead_producers() == {0: pid}  # Exited without closing its lane.
+    with pytest.raises(ring.RingDrained):
+      r.read(timeout=1.0)
+
+
+# --- many records, several processes -------------------------------------------
+
+_N_RECORDS = 20_000
+_POOL_BYTES = 2 << 20
+_REC_HDR = struct.Struct("<IIQ")  # producer, seq, size.
+
+
+def _pool() -> np.ndarray:
+  return np.random.default_rng(1234).integers(0, 256, _POOL_BYTES, np.uint8)
+
+
+def _sizes(producer: int, n: int) -> np.ndarray:
+  """100 B .. 1 MiB, skewed small (median ~180 B, 1% above ~700 KiB)."""
+  u = np.random.default_rng(producer).random(n)
+  return (100 * (10485.76 ** (u**4))).astype(np.int64)
+
+
+def _offset(producer: int, seq: int) -> int:
+  return (producer * 7919 + seq * 104729) % (1 << 20)
+
+
+def _produce(name, lane, n):
+  pool, sizes = _pool(), _sizes(lane, n)
+  with ring.RingWriter(name, lane, timeout=120.0) as w:
+    for seq in range(n):
+      size = int(sizes[seq])
+      off = _offset(lane, seq)
+      w.write(_REC_HDR.pack(lane, seq, size), pool[off:off + size - 16])
+
+
+@pytest.mark.multiprocess
+def test_two_producers_every_record_once_intact_in_order():
+  pool = _pool()
+  sizes = [_sizes(p, _N_RECORDS) for p in range(2)]
+  next_seq = [0, 0]
+  total = 0
+  with ring.RingReader.create(num_lanes=2, lane_bytes=4 << 20) as r:
+    procs = [_SPAWN.Process(target=_produce, args=(r.name, lane, _N_RECORDS))
+             for lane in range(2)]
+    for p in procs:
+      p.start()
+    try:
+      while True:
+        try:
+          rec = r.read(timeout=120.0)
+        except ring.RingDrained:
+          break
+        producer, seq, size = _REC_HDR.unpack_from(rec.data)
+        assert producer == rec.lane and seq == rec.seq
+        assert seq == next_seq[producer], "lost, duplicated or reordered"
+        assert size == rec.data.nbytes == sizes[producer][seq]
+        off = _offset(producer, seq)
+        assert np.array_equal(rec.data[16:], pool[off:off + size - 16])
+        next_seq[producer] += 1
+        total += size
+      stats = r.stats()
+    finally:
+      for p in procs:
+        p.join(timeout=60)
+  assert [p.exitcode for p in procs] == [0, 0]
+  assert next_seq == [_N_RECORDS, _N_RECORDS]
+  assert total == sum(int(s.sum()) for s in sizes)
+  assert stats["records_read"] == 2 * _N_RECORDS
+  assert stats["dead_producers"] == []
+  assert all(l["occupancy_bytes"] == 0 for l in stats["lanes"])
+
+
+# --- producer killed mid-write -----------------------------------------------
+
+_BIG = 6 << 20
+
+
+def _produce_then_hang(name, lane, n_small, paused):
+  def hook(seq, nbytes):
+    if nbytes == _BIG:
+      paused.set()
+      time.sleep(120)
+
+  with ring.RingWriter(name, lane, _mid_write_hook=hook) as w:
+    for seq in range(n_small):
+      w.write(np.full(1000 + seq, seq % 251, np.uint8))
+    w.write(np.full(_BIG, 7, np.uint8))  # Pauses half-copied; then killed.
+
+
+def _produce_steady(name, lane, n, go):
+  go.wait(60)
+  with ring.RingWriter(name, lane) as w:
+    for seq in range(n):
+      w.write(np.full(500 + seq % 5000, seq % 253, np.uint8))
+
+
+@pytest.mark.multiprocess
+def test_producer_killed_mid_write_is_reported_and_never_torn():
+  n_small, n_steady = 50, 400
+  paused, go = _SPAWN.Event(), _SPAWN.Event()
+  with ring.RingReader.create(num_lanes=2, lane_bytes=16 << 20,
+                              liveness_interval_s=0.05) as r:
+    victim = _SPAWN.Process(target=_produce_then_hang,
+                            args=(r.name, 0, n_small, paused))
+    steady = _SPAWN.Process(target=_produce_steady,
+                            args=(r.name, 1, n_steady, go))
+    victim.start()
+    steady.start()
+    try:
+      assert paused.wait(60), "victim never reached the mid-write pause"
+      victim.kill()  # SIGKILL while the 6 MiB record is half written.
+      time.sleep(0.2)  # Not joined: the victim stays a zombie meanwhile.
+      go.set()
+      got = {0: [], 1: []}
+      for rec in r:  # Ends when lane 0 is dead and lane 1 closed, drained.
+        got[rec.lane].append(rec)
+      dead = r.dead_producers()
+      stats = r.stats()
+    finally:
+      for p in (victim, steady):
+        p.join(timeout=60)
+  assert victim.exitcode == -signal.SIGKILL and steady.exitcode == 0
+  assert dead == {0: victim.pid}
+  assert stats["producer_deaths"] == 1 and stats["dead_producers"] == [0]
+  assert [x.seq for x in got[0]] == list(range(n_small))  # No partial 51st.
+  for x in got[0]:
+    np.testing.assert_array_equal(
+        x.data, np.full(1000 + x.seq, x.seq % 251, np.uint8))
+  assert [x.seq for x in got[1]] == list(range(n_steady))
+  for x in got[1]:
+    np.testing.assert_array_equal(
+        x.data, np.full(500 + x.seq % 5000, x.seq % 253, np.uint8))
+  # The half-written bytes sit past the committed head, never delivered.
+  assert stats["lanes"][0]["records_written"] == n_small
+  assert stats["lanes"][0]["occupancy_bytes"] == 0
