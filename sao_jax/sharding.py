@@ -42,7 +42,8 @@ class MeshError(ValueError):
   """Mesh sizes or rules that do not fit the available devices."""
 
 
-def resolve_mesh_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
+def resolve_mesh_shape(sizes: Sequence[int],
+                       num_devices: int) -> tuple[int, ...]:
   """Replaces a single `-1` in `sizes` so that their product is `num_devices`.
 
   Raises:

@@ -13,7 +13,9 @@ Turn template (the only definition; envs, sampler and SFT data use these):
 An assistant turn may call a tool; the action then ends with the call and the
 environment appends the result as an observation before the policy continues:
 
-  ...<|assistant|>text<|tool_call|>EXPR<|/tool_call|><|tool_result|>VALUE<|/tool_result|>more text<|end|>
+  ...<|assistant|>text<|tool_call|>EXPR<|/tool_call|>        (action)
+  <|tool_result|>VALUE<|/tool_result|>                      (observation)
+  more text<|end|>                                          (action)
 """
 
 from __future__ import annotations

@@ -1,0 +1,181 @@
+r"""Base config: SAO on reasoning-gym arithmetic with a tiny CPU-sized model.
+
+Every experiment config starts from this one (big_vision style) and only sets
+keys that exist here; `sao_jax.config_validation.validate_config` rejects any
+other key. Run:
+
+  python -m sao_jax.main --config=configs/base.py --workdir=/tmp/sao \
+      --config.rl.eps_low=0.2 --config.train.mode=sync
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The default hyper-parameters (paper defaults where the paper gives one)."""
+  config = ml_collections.ConfigDict()
+
+  # ---------------------------------------------------------------- model ---
+  # Decoder LM (sao_jax.models.config.ModelConfig fields) shared by the policy
+  # and the value model (same backbone + scalar head).
+  config.model = ml_collections.ConfigDict()
+  config.model.name = "tiny"  # Label for logs / checkpoints.
+  # HF checkpoint dir (safetensors + config.json) or orbax dir to start from;
+  # '' = random init (then SFT, see train.sft_steps). When set, the
+  # architecture fields below must match the checkpoint.
+  config.model.init_from = ""
+  config.model.vocab_size = 512  # >= tokenizer.vocab_size.
+  config.model.hidden_size = 64  # Residual width ('embed').
+  config.model.intermediate_size = 128  # SwiGLU width ('mlp').
+  config.model.num_layers = 2  # Decoder blocks.
+  config.model.num_heads = 4  # Query heads ('heads').
+  config.model.num_kv_heads = 2  # GQA key/value heads; divides num_heads.
+  config.model.head_dim = 16  # Need not equal hidden_size // num_heads.
+  config.model.rope_theta = 10000.0  # RoPE base frequency.
+  config.model.rms_norm_eps = 1e-6  # RMSNorm epsilon.
+  config.model.qkv_bias = False  # Qwen2: True.
+  config.model.tie_embeddings = False  # Output proj = embedding^T.
+  config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
+  config.model.param_dtype = "float32"  # Parameter storage dtype.
+
+  # ------------------------------------------------------------ tokenizer ---
+  config.tokenizer = ml_collections.ConfigDict()
+  # SentencePiece .model file; '' = train one (settings below) into the
+  # workdir on first start.
+  config.tokenizer.path = ""
+  config.tokenizer.vocab_size = 512
+  config.tokenizer.seed = 0
+  # reasoning-gym datasets whose problems form the training corpus.
+  config.tokenizer.datasets = ("basic_arithmetic", "chain_sum",
+                               "leg_counting", "letter_counting")
+  config.tokenizer.corpus_size = 1000  # Problems per dataset.
+
+  # ------------------------------------------------------------------ env ---
+  config.env = ml_collections.ConfigDict()
+  # 'reasoning_gym' (single turn), 'tool' (multi-turn calculator tool use) or
+  # 'evolving' (online-learning simulation with a changing required style).
+  config.env.name = "reasoning_gym"
+  config.env.dataset = "basic_arithmetic"  # reasoning_gym.create_dataset name.
+  # Keyword arguments for reasoning_gym.create_dataset (free-form).
+  config.env.dataset_config = ml_collections.ConfigDict()
+  config.env.seed = 0  # Training problems' seed.
+  config.env.size = 100_000  # Number of training problems.
+  config.env.eval_seed = 12345  # Held-out problems: a different seed.
+  config.env.eval_size = 256  # Held-out problems per evaluation.
+  config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
+  config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
+  config.env.tool_timeout_s = 1.0  # Wall-clock limit of one tool call.
+  # Reward = r_quality * r_style in {0, 1}; the evolving env switches the
+  # required answer style at these policy versions (DESIGN §2, online).
+  config.env.styles = ("plain", "boxed", "tagged")
+  config.env.style_change_steps = (100, 200)
+
+  # -------------------------------------------------------------- sampler ---
+  config.sampler = ml_collections.ConfigDict()
+  config.sampler.temperature = 1.0
+  config.sampler.top_p = 1.0  # 1 disables nucleus truncation.
+  config.sampler.top_k = 0  # 0 disables top-k truncation.
+  config.sampler.max_new_tokens = 64  # Per assistant turn.
+  config.sampler.max_total_tokens = 256  # Whole trajectory, prompt included.
+  config.sampler.min_prompt_bucket = 16  # Prompts padded to powers of two >=.
+  config.sampler.batch_size = 16  # Episodes decoded together.
+  config.sampler.n_rollouts = 1  # SAO: one rollout per prompt (>1: groups).
+  # CPU cores / local devices the sampler process uses ('' = JAX default).
+  config.sampler.devices = ""
+
+  # ------------------------------------------------------------------- rl ---
+  config.rl = ml_collections.ConfigDict()
+  config.rl.loss = "sao"  # Name in sao_jax.rl.registry.
+  config.rl.eps_low = 0.3  # DIS band 1 - eps_low < r (Eqs. 1-3).
+  config.rl.eps_high = 5.0  # DIS band r < 1 + eps_high.
+  config.rl.kl_coef = 0.0  # k3 KL to the reference policy (PPO/GRPO).
+  # Extra per-algorithm hyper-parameters; None = the registry's default.
+  config.rl.dual_clip = config_dict.placeholder(float)
+  config.rl.cap = config_dict.placeholder(float)
+  config.rl.mismatch_low = config_dict.placeholder(float)
+  config.rl.mismatch_high = config_dict.placeholder(float)
+  config.rl.behav_weight_cap = config_dict.placeholder(float)
+  config.rl.constant = config_dict.placeholder(float)
+  # Advantage estimator (sao_jax.rl.advantages): 'decoupled_gae' (SAO:
+  # skip-observation GAE, lam_critic for targets, length-adaptive policy
+  # lambda), 'gae' (one lambda = lam_critic), 'vapo_gae', 'group_zscore',
+  # 'group_mean', 'rloo', 'batch_whiten', 'running_mean'.
+  config.rl.advantage = "decoupled_gae"
+  config.rl.gamma = 1.0
+  config.rl.lam_critic = 1.0  # lambda for value targets.
+  # Policy lambda = 1 - 1 / (alpha * l), l = action tokens (length-adaptive).
+  config.rl.lam_policy_alpha = 1.5
+  config.rl.running_mean_k = 8  # Rewards kept per prompt (running_mean).
+  config.rl.critic_warmup_steps = 10  # Critic-only steps before the policy.
+  config.rl.critic_updates_per_step = 2  # Critic steps per policy step.
+  config.rl.critic_frozen_attention = True  # Train only MLP + head.
+  config.rl.value_clip = config_dict.placeholder(float)  # None: plain MSE.
+  config.rl.log_entropy = True  # Token entropy of the policy (costs a pass).
+
+  # ---------------------------------------------------------------- optim ---
+  config.optim = ml_collections.ConfigDict()
+  config.optim.actor_lr = 1e-6
+  config.optim.critic_lr = 5e-6
+  config.optim.warmup_steps = 0
+  config.optim.schedule = "constant"  # 'constant' | 'cosine'.
+  config.optim.weight_decay = 0.0  # Decoupled (AdamW) weight decay.
+  config.optim.b1 = 0.9  # Adam beta1.
+  config.optim.b2 = 0.999  # Adam beta2.
+  config.optim.eps = 1e-8  # Adam epsilon.
+  config.optim.grad_clip = 1.0  # Global norm; <= 0 disables.
+
+  # ---------------------------------------------------------------- train ---
+  config.train = ml_collections.ConfigDict()
+  # 'async' (SAO), 'sync' (generate then train, staleness 0) or 'group'
+  # (sync with n_rollouts > 1 for group baselines).
+  config.train.mode = "async"
+  config.train.num_steps = 200  # Policy optimizer steps.
+  config.train.batch_size = 16  # Trajectories per step (global).
+  config.train.max_seq_len = 256  # Padded length of a training row.
+  config.train.max_staleness = 4  # eta: policy versions a trajectory may lag.
+  config.train.publish_every = 1  # Publish weights to the sampler every n.
+  config.train.eval_every = 50  # Policy steps between evals; 0 = never.
+  config.train.checkpoint_every = 100  # Steps between checkpoints; 0 = never.
+  config.train.log_every = 10  # Steps between TensorBoard writes.
+  config.train.seed = 0  # Init and sampling PRNG seed.
+  # Supervised warm start on task solutions before RL (0 = none).
+  config.train.sft_steps = 0
+  config.train.sft_batch_size = 64
+  config.train.sft_lr = 3e-3
+  config.train.sft_max_len = 64
+
+  # ----------------------------------------------------------------- mesh ---
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = 1  # Data-parallel replicas.
+  config.mesh.fsdp = -1  # FSDP shards; -1: all remaining devices.
+  config.mesh.tensor = 1  # Tensor (Megatron) parallel size.
+  # Logical axis -> mesh axes (None = replicate), highest priority first.
+  config.mesh.rules = (
+      ("batch", ("data", "fsdp")),
+      ("vocab", "tensor"),
+      ("embed", "fsdp"),
+      ("mlp", "tensor"),
+      ("heads", "tensor"),
+      ("kv_heads", "tensor"),
+      ("head_dim", None),
+      ("length", None),
+  )
+
+  # ----------------------------------------------------------------- ring ---
+  config.ring = ml_collections.ConfigDict()
+  config.ring.capacity_bytes = 64 * 2**20  # Trajectory ring shared memory.
+  config.ring.put_timeout_s = 60.0  # Sampler waits this long for free space.
+  config.ring.get_timeout_s = 600.0  # Trainer waits this long for a batch.
+
+  # ---------------------------------------------------------- distributed ---
+  # Multi-host: one trainer + one sampler per host. None = from the
+  # environment (JAX_COORDINATOR_ADDRESS, ...); one process = no-op.
+  config.distributed = ml_collections.ConfigDict()
+  config.distributed.coordinator_address = config_dict.placeholder(str)
+  config.distributed.num_processes = config_dict.placeholder(int)
+  config.distributed.process_id = config_dict.placeholder(int)
+  config.distributed.cpu_collectives = "gloo"  # CPU cross-process backend.
+  config.distributed.auto_detect = False  # Let JAX find TPU pod / SLURM.
+
+  return config

@@ -1,0 +1,395 @@
+"""Checks an experiment config before any compute starts.
+
+The reference is `configs/base.py`: a config may only hold keys that exist
+there (the free-form sections in `FREE_FORM` excepted), of the same types, with
+values in range and consistent with each other. Every failure raises
+`ConfigError` whose message is one line naming the key, e.g.
+
+  config.rl.eps_low: expected float in (0, 1), got 1.5
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import pathlib
+from typing import Any, Callable, Iterator
+
+import ml_collections
+
+# Sections whose keys are passed through unchecked (e.g. kwargs of
+# reasoning_gym.create_dataset).
+FREE_FORM = ("env.dataset_config",)
+TRAIN_MODES = ("async", "sync", "group")
+SCHEDULES = ("constant", "cosine")
+ENV_NAMES = ("reasoning_gym", "tool", "evolving")
+DTYPES = ("float32", "bfloat16", "float16")
+# Estimators beyond those the loss registry names (sao_jax.rl.advantages).
+_EXTRA_ADVANTAGES = ("rloo", "running_mean")
+
+_BASE_CONFIG = (pathlib.Path(__file__).resolve().parents[1] / "configs" /
+                "base.py")
+
+
+class ConfigError(ValueError):
+  """A config key is unknown, mistyped, out of range or inconsistent."""
+
+
+def base_config(path: str | os.PathLike[str] | None = None
+                ) -> ml_collections.ConfigDict:
+  """Loads `get_config()` of `configs/base.py` (the reference key tree)."""
+  path = pathlib.Path(path or _BASE_CONFIG)
+  if not path.is_file():
+    raise FileNotFoundError(
+        f"base config {path} not found; run from a sao_jax checkout or pass "
+        "its path.")
+  spec = importlib.util.spec_from_file_location("sao_jax_base_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _leaf_paths(cfg: Any, prefix: str = "") -> Iterator[str]:
+  for key, value in cfg.items():
+    path = f"{prefix}{key}"
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      yield from _leaf_paths(value, path + ".")
+    else:
+      yield path
+
+
+def _unknown_key_error(path: str, siblings: list[str],
+                       base: Any) -> ConfigError:
+  parent, _, key = path.rpartition(".")
+  close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
+  if close:
+    hint = f"; did you mean config.{parent + '.' if parent else ''}{close[0]}?"
+  else:
+    elsewhere = [p for p in _leaf_paths(base) if p.rpartition(".")[2] == key]
+    if elsewhere:
+      hint = f"; did you mean config.{elsewhere[0]}?"
+    else:
+      known = ", ".join(sorted(siblings))
+      hint = f"; known keys here: {known}"
+  return ConfigError(f"config.{path}: unknown key{hint}")
+
+
+def check_key_path(path: str, base: ml_collections.ConfigDict | None = None
+                   ) -> None:
+  """Raises ConfigError if the dotted `path` (e.g. 'rl.eps_low') is unknown."""
+  base = base_config() if base is None else base
+  node, done = base, []
+  for part in path.split("."):
+    if ".".join(done) in FREE_FORM:
+      return
+    if not isinstance(node, (ml_collections.ConfigDict, dict)):
+      raise ConfigError(
+          f"config.{'.'.join(done)}: is a {type(node).__name__} value, it has "
+          f"no key {part!r}")
+    if part not in node:
+      raise _unknown_key_error(".".join(done + [part]), list(node.keys()), base)
+    node = node[part]
+    done.append(part)
+
+
+def _type_name(t: type) -> str:
+  return {ml_collections.ConfigDict: "config section"}.get(t, t.__name__)
+
+
+def _check_type(path: str, value: Any, base_parent: Any, key: str) -> None:
+  """`value` must have the type of the base field (int allowed for float)."""
+  ref = base_parent.get_ref(key) if hasattr(base_parent, "get_ref") else None
+  want = ref.get_type() if ref is not None else type(base_parent[key])
+  base_value = base_parent[key]
+  if value is None:
+    if base_value is None:
+      return  # Optional (placeholder) field.
+    raise ConfigError(f"config.{path}: expected {_type_name(want)}, got None")
+  ok = {
+      float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+      int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+      tuple: lambda v: isinstance(v, (tuple, list)),
+      list: lambda v: isinstance(v, (tuple, list)),
+  }.get(want, lambda v: isinstance(v, want))
+  if not ok(value):
+    raise ConfigError(
+        f"config.{path}: expected {_type_name(want)}, got "
+        f"{type(value).__name__} {value!r}")
+  # Homogeneous tuples of scalars (dataset names, step lists) keep their
+  # element type.
+  if want is tuple and base_value:
+    elem = {type(x) for x in base_value}
+    if len(elem) == 1 and next(iter(elem)) in (int, float, str):
+      (etype,) = elem
+      for i, x in enumerate(value):
+        if not isinstance(x, etype) or isinstance(x, bool):
+          raise ConfigError(
+              f"config.{path}[{i}]: expected {etype.__name__}, got "
+              f"{type(x).__name__} {x!r}")
+
+
+def check_keys_and_types(config: Any, base: Any, prefix: str = "",
+                         root: Any = None) -> None:
+  """Every key of `config` exists in `base` with a compatible type.
+
+  Args:
+    config: (a section of) the config to check.
+    base: the matching section of the reference config.
+    prefix: dotted path of the section, '' at the top.
+    root: the whole reference config (for suggestions across sections).
+  """
+  root = base if root is None else root
+  for key, value in config.items():
+    path = f"{prefix}{key}"
+    if key not in base:
+      raise _unknown_key_error(path, list(base.keys()), root)
+    base_value = base[key]
+    if isinstance(base_value, ml_collections.ConfigDict):
+      if not isinstance(value, (ml_collections.ConfigDict, dict)):
+        raise ConfigError(
+            f"config.{path}: expected a config section, got "
+            f"{type(value).__name__} {value!r}")
+      if path not in FREE_FORM:
+        check_keys_and_types(value, base_value, path + ".", root)
+    else:
+      _check_type(path, value, base, key)
+
+
+# ------------------------------------------------------------ value checks ---
+
+
+def _fail(path: str, expected: str, value: Any) -> ConfigError:
+  return ConfigError(f"config.{path}: expected {expected}, got {value!r}")
+
+
+def _check(config: Any, path: str, pred: Callable[[Any], bool],
+           expected: str) -> None:
+  value = config
+  for part in path.split("."):
+    value = value[part]
+  if not pred(value):
+    raise _fail(path, expected, value)
+
+
+def _pos_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _nonneg(v) -> bool:
+  return v >= 0
+
+
+def _known_losses() -> tuple[str, ...] | None:
+  try:
+    from sao_jax.rl import registry  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return registry.known_losses()
+
+
+def _known_advantages() -> tuple[str, ...] | None:
+  try:
+    from sao_jax.rl import registry  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  names = {registry.get_spec(n).advantage for n in registry.known_losses()}
+  return tuple(sorted(names | set(_EXTRA_ADVANTAGES)))
+
+
+def _check_model(c: Any) -> None:
+  for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+              "num_heads", "num_kv_heads", "head_dim"):
+    _check(c, f"model.{key}", _pos_int, "a positive int")
+  m = c.model
+  if m.num_heads % m.num_kv_heads:
+    raise ConfigError(
+        f"config.model.num_heads: expected a multiple of model.num_kv_heads="
+        f"{m.num_kv_heads} (grouped-query attention), got {m.num_heads}")
+  _check(c, "model.rope_theta", lambda v: v > 0, "float > 0")
+  _check(c, "model.rms_norm_eps", lambda v: v > 0, "float > 0")
+  for key in ("dtype", "param_dtype"):
+    _check(c, f"model.{key}", lambda v: v in DTYPES, f"one of {DTYPES}")
+
+
+def _check_tokenizer(c: Any) -> None:
+  from sao_jax import tokenizer  # pylint: disable=g-import-not-at-top
+
+  t = c.tokenizer
+  if t.path:
+    return  # A given model file defines the vocabulary.
+  _check(c, "tokenizer.vocab_size",
+         lambda v: v >= tokenizer.MIN_VOCAB_SIZE,
+         f"int >= {tokenizer.MIN_VOCAB_SIZE} (256 byte pieces + control and "
+         "special tokens)")
+  _check(c, "tokenizer.corpus_size", _pos_int, "a positive int")
+  _check(c, "tokenizer.datasets", bool, "at least one dataset name")
+  if c.model.vocab_size < t.vocab_size:
+    raise ConfigError(
+        f"config.model.vocab_size: expected >= tokenizer.vocab_size="
+        f"{t.vocab_size}, got {c.model.vocab_size}")
+
+
+def _check_env(c: Any) -> None:
+  _check(c, "env.name", lambda v: v in ENV_NAMES, f"one of {ENV_NAMES}")
+  _check(c, "env.dataset", bool, "a reasoning_gym dataset name")
+  _check(c, "env.size", _pos_int, "a positive int")
+  _check(c, "env.eval_size", _nonneg, "int >= 0")
+  _check(c, "env.max_turns", _pos_int, "a positive int")
+  _check(c, "env.max_tool_calls", _nonneg, "int >= 0")
+  _check(c, "env.tool_timeout_s", lambda v: v > 0, "float > 0")
+  _check(c, "env.styles", bool, "at least one style")
+  _check(c, "env.style_change_steps",
+         lambda v: all(s >= 0 for s in v) and list(v) == sorted(v),
+         "non-decreasing steps >= 0")
+
+
+def _check_sampler(c: Any) -> None:
+  s = c.sampler
+  _check(c, "sampler.temperature", lambda v: v > 0, "float > 0")
+  _check(c, "sampler.top_p", lambda v: 0 < v <= 1, "float in (0, 1]")
+  _check(c, "sampler.top_k", _nonneg, "int >= 0 (0 disables top-k)")
+  _check(c, "sampler.max_new_tokens", _pos_int, "a positive int")
+  _check(c, "sampler.max_total_tokens", lambda v: v >= s.max_new_tokens,
+         f"int >= sampler.max_new_tokens={s.max_new_tokens}")
+  _check(c, "sampler.min_prompt_bucket", _pos_int, "a positive int")
+  _check(c, "sampler.batch_size", _pos_int, "a positive int")
+  _check(c, "sampler.n_rollouts", _pos_int, "a positive int")
+
+
+def _check_rl(c: Any) -> None:
+  losses = _known_losses()
+  if losses is not None:
+    _check(c, "rl.loss", lambda v: v in losses, f"a registered loss {losses}")
+  advantages = _known_advantages()
+  if advantages is not None:
+    _check(c, "rl.advantage", lambda v: v in advantages,
+           f"one of {advantages}")
+  _check(c, "rl.eps_low", lambda v: 0 < v < 1, "float in (0, 1)")
+  _check(c, "rl.eps_high", lambda v: v > 0, "float > 0")
+  _check(c, "rl.kl_coef", _nonneg, "float >= 0")
+  _check(c, "rl.gamma", lambda v: 0 <= v <= 1, "float in [0, 1]")
+  _check(c, "rl.lam_critic", lambda v: 0 <= v <= 1, "float in [0, 1]")
+  _check(c, "rl.lam_policy_alpha", lambda v: v > 0, "float > 0")
+  _check(c, "rl.running_mean_k", _pos_int, "a positive int")
+  _check(c, "rl.critic_warmup_steps", _nonneg, "int >= 0")
+  _check(c, "rl.critic_updates_per_step", _pos_int, "a positive int")
+  _check(c, "rl.value_clip", lambda v: v is None or v > 0,
+         "None or float > 0")
+
+
+def _check_optim(c: Any) -> None:
+  _check(c, "optim.actor_lr", lambda v: v > 0, "float > 0")
+  _check(c, "optim.critic_lr", lambda v: v > 0, "float > 0")
+  _check(c, "optim.warmup_steps", _nonneg, "int >= 0")
+  _check(c, "optim.schedule", lambda v: v in SCHEDULES, f"one of {SCHEDULES}")
+  _check(c, "optim.weight_decay", _nonneg, "float >= 0")
+  _check(c, "optim.b1", lambda v: 0 <= v < 1, "float in [0, 1)")
+  _check(c, "optim.b2", lambda v: 0 <= v < 1, "float in [0, 1)")
+  _check(c, "optim.eps", lambda v: v > 0, "float > 0")
+
+
+def _check_train(c: Any) -> None:
+  t = c.train
+  _check(c, "train.mode", lambda v: v in TRAIN_MODES, f"one of {TRAIN_MODES}")
+  for key in ("num_steps", "batch_size", "max_seq_len", "publish_every",
+              "log_every", "sft_batch_size", "sft_max_len"):
+    _check(c, f"train.{key}", _pos_int, "a positive int")
+  for key in ("max_staleness", "eval_every", "checkpoint_every", "sft_steps"):
+    _check(c, f"train.{key}", _nonneg, "int >= 0")
+  _check(c, "train.sft_lr", lambda v: v > 0, "float > 0")
+  _check(c, "train.max_seq_len", lambda v: v >= c.sampler.max_total_tokens,
+         f"int >= sampler.max_total_tokens={c.sampler.max_total_tokens}")
+  n = c.sampler.n_rollouts
+  if t.mode == "group" and n < 2:
+    raise ConfigError(
+        f"config.sampler.n_rollouts: expected >= 2 for train.mode='group', "
+        f"got {n}")
+  if t.batch_size % n:
+    raise ConfigError(
+        f"config.train.batch_size: expected a multiple of sampler.n_rollouts="
+        f"{n} (whole groups), got {t.batch_size}")
+
+
+def _check_mesh(c: Any) -> None:
+  from sao_jax import sharding  # pylint: disable=g-import-not-at-top
+
+  sizes = [c.mesh[a] for a in sharding.MESH_AXES]
+  for axis, size in zip(sharding.MESH_AXES, sizes):
+    if size == 0 or size < -1:
+      raise _fail(f"mesh.{axis}", "a positive int or -1 (fill)", size)
+  if sizes.count(-1) > 1:
+    raise ConfigError(
+        f"config.mesh: expected at most one of data/fsdp/tensor = -1, got "
+        f"{dict(zip(sharding.MESH_AXES, sizes))}")
+  try:
+    sharding.normalize_rules(c.mesh.rules)
+  except sharding.MeshError as e:
+    raise ConfigError(f"config.mesh.rules: {e}") from None
+  if c.mesh.data > 0 and c.mesh.fsdp > 0:
+    _check_batch_divisible(c, c.mesh.data * c.mesh.fsdp)
+
+
+def _check_batch_divisible(c: Any, shards: int) -> None:
+  if c.train.batch_size % shards:
+    raise ConfigError(
+        f"config.train.batch_size: expected a multiple of mesh data*fsdp="
+        f"{shards}, got {c.train.batch_size}")
+
+
+def _check_ring_and_distributed(c: Any) -> None:
+  _check(c, "ring.capacity_bytes", _pos_int, "a positive int")
+  _check(c, "ring.put_timeout_s", lambda v: v > 0, "float > 0")
+  _check(c, "ring.get_timeout_s", lambda v: v > 0, "float > 0")
+  d = c.distributed
+  _check(c, "distributed.num_processes", lambda v: v is None or v >= 1,
+         "None or int >= 1")
+  if d.process_id is not None and d.num_processes is not None:
+    _check(c, "distributed.process_id", lambda v: 0 <= v < d.num_processes,
+           f"int in [0, distributed.num_processes={d.num_processes})")
+
+
+def validate_config(config: Any,
+                    base: ml_collections.ConfigDict | None = None) -> None:
+  """Raises `ConfigError` (one line, naming the key) if `config` is invalid.
+
+  Args:
+    config: the experiment config (ConfigDict / FrozenConfigDict).
+    base: the reference config; default `configs/base.py`.
+  """
+  base = base_config() if base is None else base
+  check_keys_and_types(config, base)
+  missing = [p for p in _leaf_paths(base) if not _has_path(config, p)
+             and not any(p.startswith(f + ".") for f in FREE_FORM)]
+  if missing:
+    raise ConfigError(
+        f"config.{missing[0]}: missing (start the config from configs/base.py"
+        f" get_config())")
+  for check in (_check_model, _check_tokenizer, _check_env, _check_sampler,
+                _check_rl, _check_optim, _check_train, _check_mesh,
+                _check_ring_and_distributed):
+    check(config)
+
+
+def validate_mesh(config: Any, num_devices: int) -> tuple[int, ...]:
+  """Resolves the mesh for `num_devices`; checks the batch divides over it."""
+  from sao_jax import sharding  # pylint: disable=g-import-not-at-top
+
+  try:
+    shape = sharding.resolve_mesh_shape(
+        [config.mesh[a] for a in sharding.MESH_AXES], num_devices)
+  except sharding.MeshError as e:
+    raise ConfigError(f"config.mesh: {e}") from None
+  _check_batch_divisible(config, shape[0] * shape[1])
+  return shape
+
+
+def _has_path(config: Any, path: str) -> bool:
+  node = config
+  for part in path.split("."):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or (
+        part not in node):
+      return False
+    node = node[part]
+  return True
+

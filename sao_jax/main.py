@@ -1,0 +1,86 @@
+r"""Entry point: validate an experiment config, then train.
+
+  python -m sao_jax.main --config=configs/base.py --workdir=/tmp/sao \
+      --config.rl.eps_low=0.2 --config.train.mode=sync
+
+A bad config (unknown key, wrong type, out of range, inconsistent) stops the
+run before any compute with a one-line message naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from sao_jax import config_validation
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (e.g. configs/base.py).",
+    lock_config=False, accept_new_attributes=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None,
+    "Directory for checkpoints, TensorBoard events and the tokenizer.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+_OVERRIDE_PREFIX = "--config."
+
+
+def _override_paths(argv: Sequence[str]) -> list[str]:
+  """Dotted keys of the `--config.a.b=v` / `--config.a.b v` overrides."""
+  paths = []
+  for arg in argv[1:]:
+    if arg == "--":
+      break
+    if arg.startswith(_OVERRIDE_PREFIX):
+      paths.append(arg[len(_OVERRIDE_PREFIX):].split("=", 1)[0])
+  return paths
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl flag parsing that reports config problems in one line and exits.
+
+  Overridden keys are checked against `configs/base.py` first: config_flags
+  accepts new keys (so free-form sections such as `env.dataset_config` can be
+  extended from the command line) and would take a typo as a new key.
+  config_flags finds the overrides in `sys.argv`, which `app.run` passes here.
+  """
+  try:
+    base = config_validation.base_config()
+    for path in _override_paths(argv):
+      config_validation.check_key_path(path, base)
+    return flags.FLAGS(argv)
+  except config_validation.ConfigError as e:
+    sys.exit(str(e))
+  except flags.Error as e:  # E.g. a value that does not parse as the type.
+    sys.exit(f"{e}".splitlines()[0])
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  try:
+    config_validation.validate_config(config)
+  except config_validation.ConfigError as e:
+    sys.exit(str(e))
+  config.lock()  # Later typos (config.x = ...) fail instead of adding keys.
+  logging.info("Config:\n%s", config)
+  try:
+    loop = importlib.import_module("sao_jax.train.loop")
+  except ModuleNotFoundError as e:
+    if e.name not in ("sao_jax.train.loop", "sao_jax.train"):
+      raise
+    sys.exit("The trainer is not available: sao_jax.train.loop (with "
+             "train_and_evaluate(config, workdir)) is missing from this "
+             "installation.")
+  loop.train_and_evaluate(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)
