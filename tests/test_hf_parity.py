@@ -100,7 +100,8 @@ def test_export_reloads_in_transformers(reference, tmp_path):
   hf.save_hf_checkpoint(config, params, tmp_path, arch=arch)
   # Tensor-for-tensor equal to what HF saved (round-tripped bytes).
   theirs = safetensors_numpy.load_file(os.path.join(path, "model.safetensors"))
-  ours = safetensors_numpy.load_file(os.path.join(tmp_path, "model.safetensors"))
+  ours = safetensors_numpy.load_file(
+      os.path.join(tmp_path, "model.safetensors"))
   assert sorted(ours) == sorted(theirs)
   for name in theirs:
     np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
@@ -189,7 +190,8 @@ def test_malformed_checkpoints(reference, tmp_path):
 
   no_config = _copy(path, tmp_path / "no_config")
   os.remove(no_config / "config.json")
-  with pytest.raises(hf.CheckpointError, match=r"no_config/config\.json not found"):
+  with pytest.raises(hf.CheckpointError,
+                     match=r"no_config/config\.json not found"):
     hf.load_hf_checkpoint(no_config)
 
   no_weights = _copy(path, tmp_path / "no_weights")

@@ -1,4 +1,4 @@
-"""Tests for sao_jax.models: KV cache consistency, padding, value model, axes."""
+"""Tests for sao_jax.models: KV cache, padding, value model, logical axes."""
 
 import flax.linen as nn
 import jax
@@ -8,6 +8,7 @@ import pytest
 
 from sao_jax.models import transformer as tm
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import UnsupportedConfigError
 
 B, T = 3, 12
 
@@ -69,9 +70,10 @@ def test_prefill_then_token_by_token_decode_equals_full_forward(setup):
 def test_multi_token_chunk_mid_sequence_equals_full_forward(setup):
   cfg, model, _, params, tokens, mask, positions, full = setup
   cache = tm.init_cache(cfg, B, T)  # Exactly full at the end.
+  apply = jax.jit(model.apply)
   outs = []
   for lo, hi in [(0, 4), (4, 9), (9, 10), (10, T)]:  # Chunks with end>0, T>1.
-    logits, cache = model.apply(params, tokens[:, lo:hi], positions[:, lo:hi],
+    logits, cache = apply(params, tokens[:, lo:hi], positions[:, lo:hi],
                                 mask[:, lo:hi], cache)
     outs.append(logits)
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5,
@@ -203,3 +205,22 @@ def test_jit_with_donated_cache_and_bf16_compute(setup):
   logits16, _ = jax.jit(bf16.apply)(params, tokens, positions, mask)
   assert logits16.dtype == jnp.float32
   _close_on_real(logits16, full, mask, 0.1)
+
+
+def test_hf_config_round_trip_and_unsupported_features():
+  for arch, bias in (("LlamaForCausalLM", False), ("Qwen2ForCausalLM", True)):
+    cfg = ModelConfig.tiny(qkv_bias=bias, rope_theta=1e6, tie_embeddings=bias)
+    assert ModelConfig.from_hf_config(cfg.to_hf_config(arch)) == cfg
+  # transformers 4 layout: top-level rope_theta, rope_scaling null.
+  v4 = {"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+        "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "rope_theta": 5e5, "rope_scaling": None}
+  cfg = ModelConfig.from_hf_config(v4)
+  assert (cfg.rope_theta, cfg.num_kv_heads, cfg.head_dim) == (5e5, 2, 4)
+  bad = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+  with pytest.raises(UnsupportedConfigError, match="llama3"):
+    ModelConfig.from_hf_config(v4 | bad)
+  with pytest.raises(UnsupportedConfigError, match="GPT2LMHeadModel"):
+    ModelConfig.from_hf_config(v4 | {"architectures": ["GPT2LMHeadModel"]})
+  with pytest.raises(UnsupportedConfigError, match="Qwen2ForCausalLM instead"):
+    ModelConfig.tiny(qkv_bias=True).to_hf_config("LlamaForCausalLM")

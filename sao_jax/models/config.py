@@ -116,7 +116,8 @@ class ModelConfig:
 
     act = hf.get("hidden_act", "silu")
     if act != "silu":
-      raise UnsupportedConfigError(f"hidden_act={act!r}; only 'silu' is supported.")
+      raise UnsupportedConfigError(
+          f"hidden_act={act!r}; only 'silu' is supported.")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
@@ -183,7 +184,8 @@ class ModelConfig:
         "hidden_act": "silu",
         "rms_norm_eps": self.rms_norm_eps,
         "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+        "rope_parameters": {"rope_type": "default",
+                            "rope_theta": self.rope_theta},
         "tie_word_embeddings": self.tie_embeddings,
         "torch_dtype": self.param_dtype,
         "dtype": self.param_dtype,

@@ -65,7 +65,8 @@ def _layout(cfg: ModelConfig) -> list[_Entry]:
     return (lambda b: b.reshape(heads, dh), lambda b: b.reshape(heads * dh))
 
   entries = [_Entry(("decoder", "embedder", "embedding"),
-                    "model.embed_tokens.weight", (cfg.vocab_size, d), same, same)]
+                    "model.embed_tokens.weight", (cfg.vocab_size, d), same,
+                    same)]
   for i in range(cfg.num_layers):
     hf, ours = f"model.layers.{i}.", ("decoder", f"layers_{i}")
     attn = ours + ("attn",)
@@ -200,11 +201,13 @@ def load_hf_checkpoint(
 
   expected = {e.hf_name for e in entries}
   unexpected = sorted(
-      n for n in files if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+      n for n in files
+      if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
       and not (config.tie_embeddings and n == "lm_head.weight"))
   if unexpected:
+    more = "..." if len(unexpected) > 5 else ""
     raise CheckpointError(
-        f"{path}: tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        f"{path}: tensors {unexpected[:5]}{more}"
         f" (in {files[unexpected[0]]}) are not part of a {config.num_layers}-"
         "layer model as described by config.json; is config.json from a "
         "different model?")

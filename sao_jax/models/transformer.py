@@ -1,22 +1,24 @@
 """Decoder-only transformer (Llama / Qwen2 family), KV cache and value model.
 
-One Flax Linen family: RMSNorm, rotary embeddings (HF `rotate_half` layout, so HF
-weights load without permutation), grouped-query attention, SwiGLU MLP, optional
-q/k/v bias (Qwen2), tied or untied output embedding. Parameters carry logical axis
-names ('vocab', 'embed', 'mlp', 'heads', 'kv_heads', 'head_dim') for sharding.
+One Flax Linen family: RMSNorm, rotary embeddings (HF `rotate_half` layout, so
+HF weights load without permutation), grouped-query attention, SwiGLU MLP,
+optional q/k/v bias (Qwen2), tied or untied output embedding. Parameters carry
+logical axis names ('vocab', 'embed', 'mlp', 'heads', 'kv_heads', 'head_dim')
+for sharding; activations are constrained to ('batch', 'length', ...).
 
 Parameter tree (`variables['params']`) of `Transformer`:
   decoder/embedder/embedding              [vocab, embed]
   decoder/layers_{i}/attn_norm/scale      [embed]
   decoder/layers_{i}/attn/{q,k,v}_proj    [embed, (kv_)heads, head_dim]
-  decoder/layers_{i}/attn/{q,k,v}_bias    [(kv_)heads, head_dim]  (qkv_bias only)
+  decoder/layers_{i}/attn/{q,k,v}_bias    [(kv_)heads, head_dim]  (qkv_bias)
   decoder/layers_{i}/attn/o_proj          [heads, head_dim, embed]
   decoder/layers_{i}/mlp_norm/scale       [embed]
   decoder/layers_{i}/mlp/{gate,up}_proj   [embed, mlp]
   decoder/layers_{i}/mlp/down_proj        [mlp, embed]
   decoder/final_norm/scale                [embed]
   lm_head                                 [embed, vocab]  (untied only)
-`ValueModel` shares `decoder/...` and adds `value_head/{kernel [embed, 1], bias [1]}`.
+`ValueModel` shares `decoder/...` and adds
+  value_head/kernel [embed, 1], value_head/bias [1].
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ class Attention(nn.Module):
     Returns (out [B,T,D], updated (k_all, v_all) or None).
     """
     cfg = self.config
-    h, hkv, dh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    h, hkv, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    d = cfg.hidden_size
     init = nn.initializers.normal(_INIT_STD)
 
     def proj(name, heads, head_axis):
@@ -166,8 +169,10 @@ class Attention(nn.Module):
     if kv is not None:
       k_all, v_all, layer, end = kv
       start = (layer, 0, end, 0, 0)
-      k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
-      v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
+      k_all = jax.lax.dynamic_update_slice(
+          k_all, k[None].astype(k_all.dtype), start)
+      v_all = jax.lax.dynamic_update_slice(
+          v_all, v[None].astype(v_all.dtype), start)
       new_kv = (k_all, v_all)
       k, v = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
 
@@ -213,7 +218,8 @@ class DecoderLayer(nn.Module):
     y, new_kv = Attention(self.config, name="attn")(
         RMSNorm(self.config, name="attn_norm")(x), positions, mask, kv)
     x = x + y
-    x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="mlp_norm")(x))
+    y = RMSNorm(self.config, name="mlp_norm")(x)
+    x = x + MLP(self.config, name="mlp")(y)
     return nn.with_logical_constraint(x, ("batch", "length", "embed")), new_kv
 
 
@@ -257,9 +263,8 @@ class Decoder(nn.Module):
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     kv = None if cache is None else (cache.k, cache.v)
     for i, layer in enumerate(self.layers):
-      x, new_kv = layer(
-          x, positions, mask, None if kv is None else (*kv, i, cache.end))
-      kv = new_kv if kv is not None else None
+      x, kv = layer(x, positions, mask,
+                    None if cache is None else (*kv, i, cache.end))
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=kv[0], v=kv[1], valid=valid,
@@ -325,7 +330,8 @@ class ValueModel(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, attention_mask) -> Array:
-    x, _ = Decoder(self.config, name="decoder")(tokens, positions, attention_mask)
+    x, _ = Decoder(self.config, name="decoder")(
+        tokens, positions, attention_mask)
     return ValueHead(self.config, name="value_head")(x)
 
 
@@ -343,9 +349,10 @@ def value_params_from_policy(policy_params: Any, config: ModelConfig,
   wrapped = "params" in policy_params and "decoder" not in policy_params
   params = policy_params["params"] if wrapped else policy_params
   head = ValueHead(config).init(
-      rng, jnp.zeros((1, 1, config.hidden_size), config.compute_dtype))["params"]
-  boxed = any(isinstance(l, nn.LogicallyPartitioned) for l in jax.tree.leaves(
-      params["decoder"], is_leaf=lambda l: isinstance(l, nn.LogicallyPartitioned)))
+      rng, jnp.zeros((1, 1, config.hidden_size), config.compute_dtype)
+  )["params"]
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
+  boxed = any(map(is_box, jax.tree.leaves(params["decoder"], is_leaf=is_box)))
   if not boxed:
     head = nn.unbox(head)
   # A real copy: the trainer may donate the policy buffers.
