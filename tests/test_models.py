@@ -224,3 +224,16 @@ def test_hf_config_round_trip_and_unsupported_features():
     ModelConfig.from_hf_config(v4 | {"architectures": ["GPT2LMHeadModel"]})
   with pytest.raises(UnsupportedConfigError, match="Qwen2ForCausalLM instead"):
     ModelConfig.tiny(qkv_bias=True).to_hf_config("LlamaForCausalLM")
+
+
+def test_num_params_matches_published_model_sizes():
+  qwen25_05b = ModelConfig(
+      vocab_size=151936, hidden_size=896, intermediate_size=4864,
+      num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, qkv_bias=True,
+      tie_embeddings=True)
+  assert qwen25_05b.num_params() == 494_032_768  # HF model card / safetensors.
+  llama32_1b = ModelConfig(
+      vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+      num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
+      tie_embeddings=True)
+  assert llama32_1b.num_params() == 1_235_814_400
