@@ -122,6 +122,41 @@ def test_oversize_full_empty_and_drained():
       r.read(timeout=1.0)
 
 
+@pytest.mark.parametrize("checksum", ["sum64", "crc32"])
+def test_checksum_catches_a_corrupted_committed_record(checksum):
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12,
+                              checksum=checksum) as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      for size in (0, 1, 7, 8, 9, 1001):  # Word-sum tails of every length.
+        payload = np.arange(size, dtype=np.uint8) * 3
+        w.write(payload)
+        np.testing.assert_array_equal(r.read(timeout=1.0).data, payload)
+      w.write(b"a" * 100)
+      w.write(b"b" * 100)
+      data = r._seg.data[0]
+      start = int(r._seg.ctl[0][ring._TAIL]) % r.lane_bytes + ring.HEADER_BYTES
+      data[start + 50] ^= 0x10  # One bit flipped inside the committed record.
+      with pytest.raises(ring.CorruptRecordError, match=f"{checksum} mismatch"):
+        r.read(timeout=1.0)
+      assert r.stats()["checksum_retries"] == 5
+      del data
+
+
+def test_unchecked_ring_still_validates_headers():
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12,
+                              checksum="none") as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      w.write(b"x" * 10)
+      assert r.read(timeout=1.0).data.tobytes() == b"x" * 10
+      w.write(b"y" * 10)
+      off = int(r._seg.ctl[0][ring._TAIL]) % r.lane_bytes
+      r._seg.data[0][off + 16] = 99  # Sequence number field.
+      with pytest.raises(ring.CorruptRecordError, match="seq 99 expected 1"):
+        r.read(timeout=1.0)
+  with pytest.raises(ValueError, match="checksum must be one of"):
+    ring.RingReader.create(num_lanes=1, lane_bytes=1024, checksum="md5")
+
+
 def test_lane_claims_are_exclusive_and_checked():
   with ring.RingReader.create(num_lanes=1, lane_bytes=1024) as r:
     with pytest.raises(ValueError, match="out of range"):

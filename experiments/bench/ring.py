@@ -1,0 +1,164 @@
+r"""Throughput of the shared-memory ring vs multiprocessing.Queue vs memcpy.
+
+Producer and consumer run in separate processes (spawn). For each record size
+the producer sends the same NumPy payload ``count`` times; the consumer gets a
+private copy of every record. Figures:
+
+* ``ring``          RingWriter.write -> RingReader.read (default sum64 checksum)
+* ``ring_crc32``    the same with ``checksum="crc32"``
+* ``ring_nocheck``  the same with ``checksum="none"``
+* ``queue``        multiprocessing.Queue.put(ndarray) -> get()
+* ``memcpy``       same-process ``np.copyto`` of the same bytes
+
+Both sides first move untimed warm-up records (the ring: one pass over the
+lane, so first-touch page faults are not timed). Timing starts when the producer is ready to send and ends when the consumer
+holds the last record. The implementations alternate within each repetition
+so that their ratios are measured side by side; each figure is the median
+over ``--repeats`` runs. One JSON line per (impl, size); the last line holds
+``ratio_vs_queue`` and ``fraction_of_memcpy`` at 1 MiB.
+
+  .venv/bin/python experiments/bench/ring.py --repeats 3
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import time
+
+import numpy as np
+
+from sao_jax.ipc import ring
+
+_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+_CTX = mp.get_context("spawn")
+
+
+def _count(size: int, total_bytes: int) -> int:
+  return max(8, min(20_000, total_bytes // size))
+
+
+def _lane_bytes(size: int) -> int:
+  """A lane of >= 4 records and >= 8 MiB (fits the 32 MiB L3 when it can)."""
+  return max(8 << 20, 4 * (size + 4096))
+
+
+def _warm(size: int) -> int:
+  """Untimed records that touch every page of the lane once (first-touch)."""
+  return _lane_bytes(size) // size + 1
+
+
+def _ring_producer(name, size, count, ready, go):
+  payload = np.random.default_rng(0).integers(0, 256, size, np.uint8)
+  with ring.RingWriter(name, lane=0, timeout=120.0) as w:
+    for _ in range(_warm(size)):
+      w.write(payload)
+    ready.set()
+    go.wait()
+    for _ in range(count):
+      w.write(payload)
+
+
+def _queue_producer(q, size, count, ready, go):
+  payload = np.random.default_rng(0).integers(0, 256, size, np.uint8)
+  for _ in range(min(64, _warm(size))):
+    q.put(payload)
+  ready.set()
+  go.wait()
+  for _ in range(count):
+    q.put(payload)
+
+
+def run_ring(size: int, count: int, checksum: str) -> float:
+  with ring.RingReader.create(1, _lane_bytes(size), checksum=checksum) as r:
+    ready, go = _CTX.Event(), _CTX.Event()
+    p = _CTX.Process(target=_ring_producer,
+                     args=(r.name, size, count, ready, go))
+    p.start()
+    for _ in range(_warm(size)):
+      r.read(timeout=120.0)
+    ready.wait(120)
+    t0 = time.perf_counter()
+    go.set()
+    for _ in range(count):
+      rec = r.read(timeout=120.0)
+    dt = time.perf_counter() - t0
+    assert rec.data.nbytes == size
+    p.join(60)
+  return size * count / dt / 1e9
+
+
+def run_queue(size: int, count: int) -> float:
+  q = _CTX.Queue(maxsize=max(2, _lane_bytes(size) // size))
+  ready, go = _CTX.Event(), _CTX.Event()
+  p = _CTX.Process(target=_queue_producer, args=(q, size, count, ready, go))
+  p.start()
+  for _ in range(min(64, _warm(size))):
+    q.get(timeout=120.0)
+  ready.wait(120)
+  t0 = time.perf_counter()
+  go.set()
+  for _ in range(count):
+    arr = q.get(timeout=120.0)
+  dt = time.perf_counter() - t0
+  assert arr.nbytes == size
+  p.join(60)
+  return size * count / dt / 1e9
+
+
+def run_memcpy(size: int, count: int) -> float:
+  src = np.random.default_rng(0).integers(0, 256, size, np.uint8)
+  dst = np.empty_like(src)
+  t0 = time.perf_counter()
+  for _ in range(count):
+    np.copyto(dst, src)
+  dt = time.perf_counter() - t0
+  return size * count / dt / 1e9
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--total_mib", type=int, default=256,
+                      help="bytes moved per run (4 KiB runs cap at 20k records)")
+  parser.add_argument("--sizes", type=int, nargs="*", default=_SIZES)
+  args = parser.parse_args()
+  impls = {
+      "ring": lambda s, n: run_ring(s, n, checksum="sum64"),
+      "ring_crc32": lambda s, n: run_ring(s, n, checksum="crc32"),
+      "ring_nocheck": lambda s, n: run_ring(s, n, checksum="none"),
+      "queue": run_queue,
+      "memcpy": run_memcpy,
+  }
+  medians = {}
+  for size in args.sizes:
+    count = _count(size, args.total_mib << 20)
+    runs = {k: [] for k in impls}
+    for _ in range(args.repeats):
+      for name, fn in impls.items():
+        runs[name].append(fn(size, count))
+    for name, vals in runs.items():
+      medians[(name, size)] = med = statistics.median(vals)
+      print(json.dumps({
+          "bench": "ring_throughput", "impl": name, "record_bytes": size,
+          "records": count, "gb_per_s": round(med, 3),
+          "runs": [round(v, 3) for v in vals],
+          "ratio_vs_queue": round(med / statistics.median(runs["queue"]), 2),
+          "fraction_of_memcpy": round(
+              med / statistics.median(runs["memcpy"]), 3),
+      }), flush=True)
+  ref = 1 << 20 if (1 << 20) in args.sizes else args.sizes[-1]
+  print(json.dumps({
+      "bench": "ring_summary", "record_bytes": ref,
+      "ratio_vs_queue": round(medians[("ring", ref)] / medians[("queue", ref)], 2),
+      "fraction_of_memcpy": round(
+          medians[("ring", ref)] / medians[("memcpy", ref)], 3),
+      "fraction_of_memcpy_crc32": round(
+          medians[("ring_crc32", ref)] / medians[("memcpy", ref)], 3),
+      "fraction_of_memcpy_nocheck": round(
+          medians[("ring_nocheck", ref)] / medians[("memcpy", ref)], 3),
+  }), flush=True)
+
+
+if __name__ == "__main__":
+  main()
