@@ -1,5 +1,6 @@
 """Tests for sao_jax.sampler.{sampling,generate} and sao_jax.models.logprobs."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,11 +19,8 @@ _CFG = ModelConfig.tiny(vocab_size=96)
 def _params(seed: int, scale: float = 8.0):
   """Random params, scaled so next-token distributions are far from uniform."""
   x = jnp.zeros((1, 4), jnp.int32)
-  params = Transformer(_CFG).init(
-      jax.random.PRNGKey(seed), x, x, x > -1)["params"]
-  params = jax.tree.map(lambda a: a, params)
-  import flax.linen as nn
-  params = nn.unbox(params)
+  init = jax.jit(lambda k: Transformer(_CFG).init(k, x, x, x > -1)["params"])
+  params = nn.unbox(init(jax.random.PRNGKey(seed)))
   return jax.tree.map(lambda a: a * scale if a.ndim > 1 else a, params)
 
 
@@ -121,15 +119,20 @@ def test_greedy_equals_stepwise_argmax(params):
   segs = gen_lib.generate(params, _CFG, prompts, jax.random.PRNGKey(0),
                           max_new_tokens=10,
                           sampling=sampling.SamplingParams(greedy=True))
-  model = Transformer(_CFG)
+
+  @jax.jit
+  def next_token(x, n):  # Full forward (no cache) over right-padded x[:n].
+    m = jnp.arange(x.shape[1])[None] < n
+    logits, _ = Transformer(_CFG).apply(
+        {"params": params}, x, positions_from_mask(m), m)
+    return jnp.argmax(logits[0, n - 1])
+
   for p, s in zip(prompts, segs):
-    seq = list(p)
-    for _ in range(10):
-      x = jnp.asarray([seq], jnp.int32)
-      m = jnp.ones_like(x, bool)
-      logits, _ = model.apply({"params": params}, x, positions_from_mask(m), m)
-      seq.append(int(jnp.argmax(logits[0, -1])))
-    assert list(s.tokens) == seq[len(p):]
+    seq = np.zeros((1, 32), np.int32)
+    seq[0, :len(p)] = p
+    for n in range(len(p), len(p) + 10):
+      seq[0, n] = int(next_token(jnp.asarray(seq), n))
+    assert list(s.tokens) == list(seq[0, len(p):len(p) + 10])
 
 
 def test_sampling_is_reproducible(params):
