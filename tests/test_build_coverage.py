@@ -1,0 +1,164 @@
+"""Checks that the top-level BUILD file matches the Python files of the repo.
+
+Every `.py` file under sao_jax/, configs/, experiments/ and tests/ must be named
+in BUILD (so Bazel builds and tests it), BUILD must name only files that exist,
+and each test file's Bazel tags must equal the pytest markers it uses (so
+`bazel test //:fast_tests` skips exactly the slow/multiprocess files).
+
+Runs both under plain pytest (against the checkout) and under Bazel (against the
+files the `:build_tree` target declares, i.e. the glob of the same folders).
+"""
+
+import ast
+import io
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tokenize
+
+import pytest
+
+import pytest_main
+
+_COVERED_DIRS = ("configs", "experiments", "sao_jax", "tests")
+_MARKERS = ("multiprocess", "ref", "slow")
+# A quoted string in BUILD that names a file of the repo (not a label, glob or tag).
+_FILE_PATH = re.compile(r"^[\w.\-]+(/[\w.\-]+)*\.(py|ini|txt|json|model|bzl)$")
+
+
+def _under_bazel() -> bool:
+  return "TEST_SRCDIR" in os.environ and "TEST_WORKSPACE" in os.environ
+
+
+def _repo_root() -> pathlib.Path:
+  """The checkout, or under Bazel the runfiles tree of this test."""
+  if _under_bazel():
+    return pathlib.Path(os.environ["TEST_SRCDIR"]) / os.environ["TEST_WORKSPACE"]
+  return pathlib.Path(__file__).absolute().parents[1]
+
+
+def _build_text() -> str:
+  return (_repo_root() / "BUILD").read_text()
+
+
+def _quoted_paths(build_text: str) -> set[str]:
+  """Returns the string literals of BUILD (comments excluded) naming files."""
+  paths = set()
+  for tok in tokenize.generate_tokens(io.StringIO(build_text).readline):
+    if tok.type == tokenize.STRING:
+      value = ast.literal_eval(tok.string)
+      if _FILE_PATH.match(value):
+        paths.add(value)
+  return paths
+
+
+def _python_files(root: pathlib.Path) -> set[str]:
+  files = set()
+  for top in _COVERED_DIRS:
+    for path in (root / top).rglob("*.py"):
+      files.add(path.relative_to(root).as_posix())
+  return files
+
+
+def _assigned_literal(build_text: str, name: str) -> object:
+  """Returns the literal value assigned to the top-level variable `name`."""
+  for node in ast.parse(build_text).body:
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and
+        isinstance(node.targets[0], ast.Name) and node.targets[0].id == name):
+      return ast.literal_eval(node.value)
+  raise AssertionError(f"BUILD defines no top-level {name} = [...]")
+
+
+def _markers_used(test_file: pathlib.Path) -> set[str]:
+  text = test_file.read_text()
+  return {m for m in _MARKERS if re.search(rf"\bpytest\.mark\.{m}\b", text)}
+
+
+def test_quoted_paths_finds_file_strings_only():
+  text = ('x = ["sao_jax/a.py", ":lib", "cpu:2", "sao_jax/**/*.py", "BUILD"]\n'
+          '# "tests/commented_out.py"\n'
+          'y = "pytest.ini" + "tests/"\n')
+  assert _quoted_paths(text) == {"sao_jax/a.py", "pytest.ini"}
+
+
+def test_every_python_file_is_in_build():
+  root = _repo_root()
+  found = _python_files(root)
+  assert "tests/test_build_coverage.py" in found, f"scanned the wrong tree: {root}"
+  missing = sorted(found - _quoted_paths(_build_text()))
+  assert not missing, (
+      "Python files not named in any BUILD target: " + ", ".join(missing) +
+      ". Add each to its folder's py_library srcs (a test file: one line in "
+      "PYTEST_FILES; an experiment: EXPERIMENT_SCRIPTS; a config: CONFIG_FILES).")
+
+
+def test_build_names_only_existing_files():
+  root = _repo_root()
+  absent = sorted(p for p in _quoted_paths(_build_text())
+                  if not (root / p).is_file())
+  assert not absent, (
+      "BUILD names files that do not exist: " + ", ".join(absent) +
+      ". Remove or rename them in BUILD.")
+
+
+def test_every_test_file_has_a_test_target():
+  listed = {entry[0] for entry in _assigned_literal(_build_text(),
+                                                    "PYTEST_FILES")}
+  test_files = {p for p in _python_files(_repo_root())
+                if re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", p)}
+  unlisted = sorted(test_files - listed)
+  assert not unlisted, (
+      "Test files without a py_test (one line in PYTEST_FILES of BUILD): " +
+      ", ".join(unlisted))
+
+
+def test_test_tags_equal_pytest_markers():
+  root = _repo_root()
+  wrong = []
+  for test_file, _, markers in _assigned_literal(_build_text(), "PYTEST_FILES"):
+    if not (root / test_file).is_file():
+      continue  # Reported by test_build_names_only_existing_files.
+    used = _markers_used(root / test_file)
+    if used != set(markers):
+      wrong.append(f"{test_file}: BUILD says {sorted(markers)}, "
+                   f"the file uses {sorted(used)}")
+  assert not wrong, ("Fix the markers column of PYTEST_FILES in BUILD: " +
+                     "; ".join(wrong))
+
+
+def test_pytest_args_follow_bazel_test_env():
+  args = pytest_main.pytest_args(
+      ["tests/test_x.py"],
+      {"XML_OUTPUT_FILE": "/tmp/out/test.xml", "TESTBRIDGE_TEST_ONLY": "gae"})
+  assert args[-1] == "tests/test_x.py"
+  assert args[args.index("--junitxml") + 1] == "/tmp/out/test.xml"
+  assert args[args.index("-k") + 1] == "gae"
+  assert "--junitxml" not in pytest_main.pytest_args(["tests/test_x.py"], {})
+
+
+def test_runner_fails_when_no_test_is_collected(tmp_path: pathlib.Path):
+  empty = tmp_path / "test_empty.py"
+  empty.write_text('"""No tests here."""\n')
+  proc = subprocess.run(
+      [sys.executable, "tests/pytest_main.py", str(empty)],
+      cwd=_repo_root(), capture_output=True, text=True, timeout=120,
+      check=False)
+  assert proc.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, proc.stderr
+  assert "collected no tests" in proc.stderr
+
+
+@pytest.mark.skipif(not _under_bazel(), reason="checks the Bazel test env")
+def test_bazel_runs_the_project_venv():
+  """`.bazelrc` + .ci/run must select the venv's Python, not another one."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import sao_jax  # pylint: disable=g-import-not-at-top
+  assert jax.__version__
+  # The package comes from the runfiles tree, not the venv's editable install.
+  assert pathlib.Path(sao_jax.__file__).parent == _repo_root() / "sao_jax"
+  assert sys.prefix != sys.base_prefix, f"not a venv: {sys.executable}"
+  first_on_path = os.environ["PATH"].split(os.pathsep)
+  first_on_path = [p for p in first_on_path if p not in ("", ".")][0]
+  assert pathlib.Path(sys.executable).parent == pathlib.Path(first_on_path), (
+      f"{sys.executable} is not the venv on PATH ({os.environ['PATH']})")
