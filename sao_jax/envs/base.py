@@ -1,0 +1,68 @@
+"""The environment interface (DESIGN §3) and the one answer-extraction rule.
+
+An `Environment` runs one episode at a time:
+
+  obs = env.reset(task)                      # the prompt, as text (or token ids)
+  obs, reward, done, info = env.step(action)  # action = the policy's text
+
+Observations are appended verbatim to the context (action mask 0); the prompt
+observation already carries the chat template (`tokenizer.format_prompt`).
+`set_policy_version` tells the environment which policy version produced the
+next action (the evolving environment's reward depends on it).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, NamedTuple, Sequence
+
+from sao_jax import tokenizer as tok_lib
+
+Observation = str | Sequence[int]
+
+
+class StepResult(NamedTuple):
+  """What `Environment.step` returns; unpacks as (obs, reward, done, info)."""
+
+  observation: Observation
+  reward: float
+  done: bool
+  info: dict[str, Any]
+
+
+class Environment(abc.ABC):
+  """One episode at a time; instances are not shared between batch rows.
+
+  Attributes:
+    name: Task/environment name recorded in trajectories.
+    prompt_id: Stable id of the current task (set by `reset`).
+  """
+
+  name: str = "env"
+  prompt_id: int = -1
+
+  @abc.abstractmethod
+  def reset(self, task: Any) -> Observation:
+    """Starts an episode on `task`; returns the prompt observation."""
+
+  @abc.abstractmethod
+  def step(self, action_text: str) -> StepResult:
+    """Consumes one action segment; returns (observation, reward, done, info)."""
+
+  def set_policy_version(self, version: int) -> None:
+    """Version of the policy that produced the next action (default: unused)."""
+    del version
+
+
+def final_answer(action_text: str) -> str:
+  """The answer in an assistant's final action -- the only extraction rule.
+
+  The answer is the text after the last tool result (if the text holds one),
+  with the end-of-turn marker `<|end|>` and anything after it removed, and
+  surrounding whitespace stripped. Answer wrappers (`\\boxed{}`,
+  `<answer></answer>`) are the evolving environment's business (evolving.py),
+  not part of this rule.
+  """
+  text = action_text.rsplit(tok_lib.TOOL_RESULT_END, 1)[-1]
+  text = text.split(tok_lib.END, 1)[0]
+  return text.strip()

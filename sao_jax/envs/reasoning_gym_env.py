@@ -1,0 +1,123 @@
+"""Reasoning-gym tasks as single-turn environments, scored by reasoning-gym.
+
+`ReasoningGymTasks` wraps `reasoning_gym.create_dataset(name, seed=, size=,
+**config)`. Item `i` is generated from the seed `seed + i` (reasoning-gym's
+rule), so that is its `prompt_id`. `train_eval_split` builds a training and a
+held-out evaluation set and raises if their item seeds overlap.
+
+`ReasoningGymEnv` asks the question once and scores the reply with the
+dataset's own `score_answer(answer, entry)`, the answer being
+`envs.base.final_answer(action_text)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from sao_jax import tokenizer as tok_lib
+from sao_jax.envs.base import Environment
+from sao_jax.envs.base import final_answer
+from sao_jax.envs.base import StepResult
+
+
+class ReasoningGymTasks:
+  """A seeded reasoning-gym dataset: entries, prompt ids and its scorer."""
+
+  def __init__(self, name: str, config: Mapping[str, Any] | None = None, *,
+               seed: int, size: int):
+    import reasoning_gym  # Heavy import, only where needed.
+
+    self.name = name
+    self.seed = int(seed)
+    self.size = int(size)
+    try:
+      self.dataset = reasoning_gym.create_dataset(
+          name, seed=self.seed, size=self.size, **dict(config or {}))
+    except (ValueError, TypeError) as e:
+      raise ValueError(
+          f"Cannot create reasoning-gym dataset {name!r} with config "
+          f"{dict(config or {})}: {e}. Check the name against "
+          "reasoning_gym.factory.DATASETS and the config fields of its "
+          "Config class.") from e
+    self._cache: dict[int, dict[str, Any]] = {}
+
+  def __len__(self) -> int:
+    return self.size
+
+  def item_seeds(self) -> range:
+    """The per-item generator seeds (reasoning-gym uses seed + index)."""
+    return range(self.seed, self.seed + self.size)
+
+  def entry(self, index: int) -> dict[str, Any]:
+    if not 0 <= index < self.size:
+      raise IndexError(f"task index {index} not in [0, {self.size}).")
+    if index not in self._cache:
+      self._cache[index] = self.dataset[index]
+    return self._cache[index]
+
+  def prompt_id(self, index: int) -> int:
+    return self.seed + int(index)
+
+  def score(self, answer: str, index: int) -> float:
+    """reasoning-gym's own `score_answer(answer, entry)`."""
+    return float(self.dataset.score_answer(answer, self.entry(index)))
+
+
+def check_disjoint(train: ReasoningGymTasks, evaluation: ReasoningGymTasks):
+  """Raises ValueError if held-out items could repeat training items."""
+  a, b = train.item_seeds(), evaluation.item_seeds()
+  lo, hi = max(a.start, b.start), min(a.stop, b.stop)
+  if train.name == evaluation.name and lo < hi:
+    raise ValueError(
+        f"Evaluation seeds [{b.start}, {b.stop}) overlap training seeds "
+        f"[{a.start}, {a.stop}) of {train.name!r} on [{lo}, {hi}); choose an "
+        "eval_seed >= train_seed + train_size (or below train_seed - "
+        "eval_size).")
+
+
+def train_eval_split(name: str, config: Mapping[str, Any] | None, *,
+                     train_seed: int, train_size: int, eval_seed: int,
+                     eval_size: int) -> tuple[ReasoningGymTasks,
+                                              ReasoningGymTasks]:
+  """Training and held-out evaluation tasks with disjoint item seeds."""
+  train = ReasoningGymTasks(name, config, seed=train_seed, size=train_size)
+  evaluation = ReasoningGymTasks(name, config, seed=eval_seed, size=eval_size)
+  check_disjoint(train, evaluation)
+  return train, evaluation
+
+
+class ReasoningGymEnv(Environment):
+  """Single turn: question -> one answer -> reasoning-gym score, done."""
+
+  def __init__(self, tasks: ReasoningGymTasks, instruction: str = ""):
+    """Args:
+      tasks: the task set.
+      instruction: text appended to every question (e.g. the answer format).
+    """
+    self.tasks = tasks
+    self.name = tasks.name
+    self.instruction = instruction
+    self._index: int | None = None
+
+  def question(self, index: int) -> str:
+    return self.tasks.entry(index)["question"] + self.instruction
+
+  def reset(self, task: int) -> str:
+    self._index = int(task)
+    self.prompt_id = self.tasks.prompt_id(self._index)
+    return tok_lib.format_prompt(self.question(self._index))
+
+  def _require_episode(self) -> int:
+    if self._index is None:
+      raise RuntimeError(f"{type(self).__name__}.step called before reset.")
+    return self._index
+
+  def score(self, answer: str) -> float:
+    return self.tasks.score(answer, self._require_episode())
+
+  def step(self, action_text: str) -> StepResult:
+    index = self._require_episode()
+    answer = final_answer(action_text)
+    reward = self.score(answer)
+    self._index = None
+    return StepResult("", reward, True, {"answer": answer, "task_index": index})

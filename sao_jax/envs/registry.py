@@ -1,0 +1,39 @@
+"""Environment factories by name (configs pick environments by string)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from sao_jax.envs.base import Environment
+from sao_jax.envs.evolving import EvolvingEnv
+from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
+from sao_jax.envs.tool_env import ToolEnv
+
+EnvFactory = Callable[..., Environment]
+_REGISTRY: dict[str, EnvFactory] = {
+    "reasoning_gym": ReasoningGymEnv,
+    "tool": ToolEnv,
+    "evolving": EvolvingEnv,
+}
+
+
+def register_env(name: str, factory: EnvFactory) -> None:
+  """Adds `factory` under `name`; refuses to silently replace one."""
+  if name in _REGISTRY:
+    raise ValueError(f"Environment {name!r} is already registered.")
+  _REGISTRY[name] = factory
+
+
+def available_envs() -> tuple[str, ...]:
+  return tuple(sorted(_REGISTRY))
+
+
+def make_env(name: str, *args: Any, **kwargs: Any) -> Environment:
+  """A new environment instance, e.g. make_env('tool', tasks, max_tool_calls=2)."""
+  try:
+    factory = _REGISTRY[name]
+  except KeyError:
+    raise KeyError(
+        f"Unknown environment {name!r}; registered: {available_envs()}."
+    ) from None
+  return factory(*args, **kwargs)

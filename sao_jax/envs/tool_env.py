@@ -1,0 +1,122 @@
+"""Tool use: the policy may call a calculator before answering.
+
+An action ending in `<|tool_call|>EXPR<|/tool_call|>` is a tool call: the
+environment evaluates EXPR with `calculate` (a whitelist over Python's `ast`,
+never `eval`) and answers `<|tool_result|>VALUE<|/tool_result|>` (or
+`<|tool_result|>error: ...<|/tool_result|>` for a bad expression; that is the
+policy's mistake, not an environment error). Any other action is the final
+answer, scored by the task's scorer (reasoning-gym's `score_answer`).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+
+from sao_jax import tokenizer as tok_lib
+from sao_jax.envs.base import StepResult
+from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
+from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
+
+MAX_EXPR_CHARS = 256
+MAX_EXPONENT = 64
+MAX_ABS_VALUE = 10**64
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+class CalculatorError(ValueError):
+  """The expression is not allowed or cannot be evaluated."""
+
+
+def _check(value: int | float) -> int | float:
+  if not isinstance(value, (int, float)):  # e.g. complex from (-8) ** 0.5.
+    raise CalculatorError(f"result {value!r} is not a real number")
+  if isinstance(value, float) and not math.isfinite(value):
+    raise CalculatorError("result is not finite")
+  if abs(value) > MAX_ABS_VALUE:
+    raise CalculatorError(f"|value| exceeds {MAX_ABS_VALUE:.0e}")
+  return value
+
+
+def _eval(node: ast.AST) -> int | float:
+  if isinstance(node, ast.Expression):
+    return _eval(node.body)
+  if isinstance(node, ast.Constant):
+    if type(node.value) in (int, float):  # Not bool, complex or str.
+      return _check(node.value)
+    raise CalculatorError(f"literal {node.value!r} is not a number")
+  if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+    return _check(_UNARY[type(node.op)](_eval(node.operand)))
+  if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+    left, right = _eval(node.left), _eval(node.right)
+    if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+      raise CalculatorError(f"exponent {right} exceeds {MAX_EXPONENT}")
+    try:
+      return _check(_BINOPS[type(node.op)](left, right))
+    except ZeroDivisionError:
+      raise CalculatorError("division by zero") from None
+    except OverflowError:
+      raise CalculatorError("overflow") from None
+  raise CalculatorError(f"{type(node).__name__} is not allowed")
+
+
+def calculate(expr: str) -> int | float:
+  """Evaluates numeric literals with + - * / // % ** (|exponent| <= 64), unary
+  +/- and parentheses. Raises CalculatorError for anything else."""
+  if len(expr) > MAX_EXPR_CHARS:
+    raise CalculatorError(f"expression longer than {MAX_EXPR_CHARS} chars")
+  try:
+    tree = ast.parse(expr.strip(), mode="eval")
+  except (SyntaxError, ValueError) as e:
+    raise CalculatorError(f"cannot parse: {e.msg if hasattr(e, 'msg') else e}"
+                          ) from None
+  return _eval(tree)
+
+
+def format_number(value: int | float) -> str:
+  """Integers exactly; floats with 12 significant digits, integral ones as ints."""
+  if isinstance(value, float):
+    if value.is_integer() and abs(value) < 1e15:
+      return str(int(value))
+    return format(value, ".12g")
+  return str(value)
+
+
+class ToolEnv(ReasoningGymEnv):
+  """Multi-turn: calculator calls (at most `max_tool_calls`), then an answer."""
+
+  name_suffix = "+calc"
+
+  def __init__(self, tasks: ReasoningGymTasks, instruction: str = "",
+               max_tool_calls: int = 4):
+    super().__init__(tasks, instruction)
+    self.name = tasks.name + self.name_suffix
+    self.max_tool_calls = max_tool_calls
+    self._calls = 0
+
+  def reset(self, task: int) -> str:
+    self._calls = 0
+    return super().reset(task)
+
+  def step(self, action_text: str) -> StepResult:
+    self._require_episode()
+    expr = tok_lib.parse_tool_call(action_text)
+    if expr is None or not action_text.rstrip().endswith(tok_lib.TOOL_CALL_END):
+      return super().step(action_text)  # Final answer.
+    self._calls += 1
+    if self._calls > self.max_tool_calls:
+      value = f"error: more than {self.max_tool_calls} tool calls"
+    else:
+      try:
+        value = format_number(calculate(expr))
+      except CalculatorError as e:
+        value = f"error: {e}"
+    return StepResult(tok_lib.format_tool_result(value), 0.0, False,
+                      {"tool_call": expr, "tool_result": value})

@@ -1,0 +1,171 @@
+"""Tests for sao_jax.envs: calculator, reasoning-gym adapter, tool env, evolving env."""
+
+import operator
+
+import hypothesis
+from hypothesis import strategies as st
+import pytest
+import reasoning_gym
+
+from sao_jax import tokenizer as tok_lib
+from sao_jax.envs import base
+from sao_jax.envs import evolving
+from sao_jax.envs import reasoning_gym_env as rg_env
+from sao_jax.envs import registry
+from sao_jax.envs import tool_env
+
+
+@pytest.fixture(scope="module")
+def tasks():
+  return rg_env.ReasoningGymTasks("basic_arithmetic", {"max_terms": 4},
+                                  seed=10, size=8)
+
+
+@pytest.mark.parametrize("expr,value", [
+    ("3*(4+5)", 27), ("-2**3", -8), ("7//2", 3), ("7 % 3", 1), ("1/4", 0.25),
+    ("-(2 - 10) * +3", 24), ("2**-1", 0.5), ("1.5e3 + 1", 1501.0),
+    ("2 ** 64", 2**64),
+])
+def test_calculate_values(expr, value):
+  got = tool_env.calculate(expr)
+  assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("expr,msg", [
+    ("__import__('os').system('x')", "Call"), ("a + 1", "Name"),
+    ("2 ** 65", "exponent"), ("1 / 0", "division by zero"),
+    ("5 % 0", "division by zero"), ("True + 1", "not a number"),
+    ("'a' * 3", "not a number"), ("(-8) ** 0.5", "not a real number"),
+    ("10**60 * 10**10", "exceeds"), ("(1).real", "Attribute"),
+    ("[1, 2]", "List"), ("1 if 1 else 2", "IfExp"), ("3 +", "cannot parse"),
+    ("1+" * 200 + "1", "longer than"), ("2 < 3", "Compare"),
+    ("1e999", "not finite"), ("1e300", "exceeds"),
+])
+def test_calculate_rejects(expr, msg):
+  with pytest.raises(tool_env.CalculatorError, match=msg):
+    tool_env.calculate(expr)
+
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+@st.composite
+def _expr(draw, depth=0):
+  """(text, value) of a random integer expression."""
+  if depth >= 3 or draw(st.booleans()):
+    v = draw(st.integers(-999, 999))
+    return (f"({v})" if v < 0 else str(v)), v
+  op = draw(st.sampled_from(sorted(_OPS)))
+  (lt, lv), (rt, rv) = draw(_expr(depth + 1)), draw(_expr(depth + 1))
+  return f"({lt} {op} {rt})", _OPS[op](lv, rv)
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(_expr())
+def test_calculate_matches_python_arithmetic(case):
+  text, value = case
+  assert tool_env.calculate(text) == value
+
+
+def test_format_number():
+  assert tool_env.format_number(27) == "27"
+  assert tool_env.format_number(4.0) == "4"
+  assert tool_env.format_number(0.1 + 0.2) == "0.3"
+  assert tool_env.format_number(1 / 3) == "0.333333333333"
+
+
+def test_final_answer_rule():
+  r = tok_lib.TOOL_RESULT + "27" + tok_lib.TOOL_RESULT_END
+  assert base.final_answer(" 42 " + tok_lib.END) == "42"
+  assert base.final_answer("a" + r + " 27\n" + tok_lib.END + "junk") == "27"
+  assert base.final_answer("plain") == "plain"
+
+
+def test_reasoning_gym_env_scores_with_dataset(tasks):
+  env = registry.make_env("reasoning_gym", tasks)
+  ref = reasoning_gym.create_dataset("basic_arithmetic", seed=10, size=8,
+                                     max_terms=4)
+  for i in (0, 3):
+    entry = ref[i]
+    prompt = env.reset(i)
+    assert prompt == tok_lib.format_prompt(entry["question"])
+    assert env.prompt_id == 10 + i
+    obs, reward, done, info = env.step(entry["answer"] + tok_lib.END)
+    assert (obs, reward, done, info["answer"]) == ("", 1.0, True,
+                                                   entry["answer"])
+    env.reset(i)
+    wrong = "x" + entry["answer"]  # reasoning-gym gives partial credit here.
+    _, reward, _, _ = env.step(wrong)
+    assert reward == pytest.approx(ref.score_answer(wrong, entry))
+    assert 0 < reward < 1
+  with pytest.raises(RuntimeError, match="before reset"):
+    env.step("1")
+
+
+def test_train_eval_split_disjoint():
+  train, ev = rg_env.train_eval_split(
+      "chain_sum", None, train_seed=0, train_size=100, eval_seed=100,
+      eval_size=20)
+  assert set(train.item_seeds()).isdisjoint(ev.item_seeds())
+  assert ev.entry(0) == reasoning_gym.create_dataset(
+      "chain_sum", seed=100, size=1)[0]
+  with pytest.raises(ValueError, match="overlap"):
+    rg_env.train_eval_split("chain_sum", None, train_seed=0, train_size=100,
+                            eval_seed=99, eval_size=20)
+  with pytest.raises(ValueError, match="overlap"):
+    rg_env.train_eval_split("chain_sum", None, train_seed=50, train_size=10,
+                            eval_seed=40, eval_size=11)
+  with pytest.raises(ValueError, match="Cannot create"):
+    rg_env.ReasoningGymTasks("no_such_dataset", None, seed=0, size=1)
+
+
+def test_tool_env_calculator_then_answer(tasks):
+  env = registry.make_env("tool", tasks, max_tool_calls=2)
+  assert env.name == "basic_arithmetic+calc"
+  entry = tasks.entry(2)
+  env.reset(2)
+  call = "Let me compute. " + tok_lib.format_tool_call(
+      entry["metadata"]["expression"])
+  obs, reward, done, info = env.step(call)
+  assert not done and reward == 0.0
+  assert obs == tok_lib.format_tool_result(entry["answer"])
+  obs, _, done, _ = env.step(tok_lib.format_tool_call("1/0"))
+  assert obs == tok_lib.format_tool_result("error: division by zero")
+  obs, _, _, _ = env.step(tok_lib.format_tool_call("1+1"))
+  assert "more than 2 tool calls" in obs
+  _, reward, done, _ = env.step(entry["answer"] + tok_lib.END)
+  assert done and reward == 1.0
+
+
+def test_evolving_reward_flips_at_switch_boundaries(tasks):
+  env = registry.make_env("evolving", tasks,
+                          styles=("boxed", "answer_tag", "plain"),
+                          switch_at=(100, 200))
+  ans = tasks.entry(1)["answer"]
+  forms = {"boxed": "\\boxed{%s}" % ans, "answer_tag": f"<answer>{ans}</answer>",
+           "plain": ans}
+  expected_style = {0: "boxed", 99: "boxed", 100: "answer_tag",
+                    199: "answer_tag", 200: "plain", 10**6: "plain"}
+  for version, want in expected_style.items():
+    for style, text in forms.items():
+      env.reset(1)
+      env.set_policy_version(version)
+      _, reward, done, info = env.step(text + tok_lib.END)
+      assert done and info["required_style"] == want
+      assert reward == (1.0 if style == want else 0.0), (version, style)
+  env.reset(1)
+  env.set_policy_version(150)
+  _, reward, _, info = env.step("<answer>%s9</answer>" % ans)  # Wrong value.
+  assert reward == 0.0 and info["r_style"] == 1.0 and info["r_quality"] == 0.0
+  with pytest.raises(ValueError, match="switch points"):
+    evolving.EvolvingEnv(tasks, styles=("boxed", "plain"), switch_at=(1, 2))
+  with pytest.raises(ValueError, match="Unknown styles"):
+    evolving.EvolvingEnv(tasks, styles=("bold",), switch_at=())
+
+
+def test_registry():
+  assert set(registry.available_envs()) >= {"reasoning_gym", "tool", "evolving"}
+  with pytest.raises(KeyError, match="registered"):
+    registry.make_env("nope")
+  with pytest.raises(ValueError, match="already registered"):
+    registry.register_env("tool", tool_env.ToolEnv)
