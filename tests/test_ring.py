@@ -1,4 +1,4 @@
-"""Tests of the shared-memory trajectory ring (sao_jax/ipc/ring.py, codec.py)."""
+"""Tests of the shared-memory trajectory ring (sao_jax/ipc ring and codec)."""
 
 import multiprocessing as mp
 import os
@@ -24,7 +24,7 @@ def _exists(name: str) -> bool:
   return os.path.exists(segment.shm_path(name))
 
 
-# --- in-process behaviour ------------------------------------------------------
+# --- in-process behaviour ---------------------------------------------------
 
 
 def test_raw_records_round_trip_in_order_across_wraps():
@@ -63,6 +63,26 @@ def test_gathered_buffers_form_one_record():
   expected = b"hdr" + a.tobytes() + np.ascontiguousarray(b).tobytes() + b"tail"
   assert rec.data.tobytes() == expected
   assert (rec.lane, rec.seq) == (0, 0)
+
+
+def test_zero_copy_read_holds_space_until_released():
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1024) as r:
+    with ring.RingWriter(r.name, lane=0, timeout=0.0) as w:
+      w.write(b"a" * 400)
+      w.write(b"b" * 400)
+      rec = r.read(timeout=1.0, copy=False)
+      assert rec.data.tobytes() == b"a" * 400 and not rec.data.flags.writeable
+      assert np.shares_memory(rec.data, r._seg.data[0])
+      assert r.stats()["lanes"][0]["occupancy_bytes"] == 2 * 448
+      with pytest.raises(ring.RingFullError):  # 'a' is still held.
+        w.write(b"c" * 400)
+      r.release()
+      assert r.stats()["lanes"][0]["records_read"] == 1
+      w.write(b"c" * 400)
+      assert r.read(timeout=1.0, copy=False).data.tobytes() == b"b" * 400
+      assert r.read(timeout=1.0).data.tobytes() == b"c" * 400  # Frees 'b'.
+      assert r.stats()["lanes"][0]["occupancy_bytes"] == 0
+      del rec
 
 
 def test_trajectory_codec_round_trips_through_ring():
@@ -188,7 +208,7 @@ def test_closed_consumer_stops_blocked_producer():
   r.close()
 
 
-# --- segment hygiene -----------------------------------------------------------
+# --- segment hygiene --------------------------------------------------------
 
 
 def test_segment_is_private_and_unlinked_on_close():
@@ -260,7 +280,7 @@ def test_attaching_process_exit_does_not_unlink():
       r.read(timeout=1.0)
 
 
-# --- many records, several processes -------------------------------------------
+# --- many records, several processes ----------------------------------------
 
 _N_RECORDS = 20_000
 _POOL_BYTES = 2 << 20

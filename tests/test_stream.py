@@ -57,7 +57,8 @@ def test_batches_padding_staleness_filter_and_counters():
   assert (c["records_read"], c["dropped_stale"], c["dropped_overlong"],
           c["admitted"], c["truncated"]) == (9, 2, 1, 7, 0)
   assert c["multi_version"] == 1
-  assert c["staleness_max"] == 3 and c["staleness_sum"] == 1 + 3 + 2 + 0 + 2 + 1 + 3
+  assert c["staleness_max"] == 3
+  assert c["staleness_sum"] == 1 + 3 + 2 + 0 + 2 + 1 + 3
   b = np.concatenate([x["prompt_id"] for x in batches])
   np.testing.assert_array_equal(b, [100 + i for i in admitted])
   for batch in batches:
@@ -139,7 +140,8 @@ def test_cross_process_batches_feed_make_array_from_process_local_data():
   np.testing.assert_array_equal(
       np.concatenate([b["prompt_id"] for b in batches]), 100 + np.arange(n))
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  sharding = jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("data"))
   arr = jax.make_array_from_process_local_data(sharding, batches[0]["tokens"])
   assert arr.shape == (batch_size, 16)
   np.testing.assert_array_equal(np.asarray(arr), batches[0]["tokens"])

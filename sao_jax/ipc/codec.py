@@ -39,7 +39,7 @@ _ARRAYS = (
 
 
 def encode(traj: Trajectory) -> list:
-  """Buffers whose concatenation is the record (pass to ``RingWriter.write``)."""
+  """Buffers whose concatenation is the record (for ``RingWriter.write``)."""
   task = traj.task.encode("utf-8")
   error = traj.error.encode("utf-8")
   header = _HEADER.pack(
@@ -79,8 +79,8 @@ def decode(buf) -> Trajectory:
   )
   if magic != _MAGIC or version != _VERSION:
     raise ValueError(
-        f"Not a trajectory record (magic {magic!r}, version {version}; expected "
-        f"{_MAGIC!r} v{_VERSION}): the ring carries raw payloads or another "
+        f"Not a trajectory record (magic {magic!r}, version {version}; "
+        f"expected {_MAGIC!r} v{_VERSION}): the ring carries raw payloads or another "
         "codec version."
     )
   expected = HEADER_BYTES + _PAD + 17 * length + n_task + n_err

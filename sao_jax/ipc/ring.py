@@ -1,14 +1,15 @@
-"""A multi-producer, single-consumer shared-memory ring of variable-length records.
+"""A multi-producer, single-consumer shared-memory ring of variable-size records.
 
 The sampler processes publish trajectories here; the trainer reads them
 (DESIGN.md §1). One segment holds one SPSC *lane* per producer:
 
-    [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1 data]...
+    [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1]...
 
 Each lane is a byte ring with monotonic 64-bit ``head`` (written only by its
 producer) and ``tail`` (written only by the consumer) counters; offsets are
 ``counter % lane_bytes``. A record is a 32-byte header (magic, length,
-sequence number, checksum) followed by the payload, padded to 64 bytes, and never split:
+sequence number, checksum) followed by the payload, padded to 64 bytes, and
+never split:
 when it does not fit before the end of the lane the producer writes a *wrap*
 marker and continues at offset 0.
 
@@ -17,8 +18,8 @@ header, and only then advances ``head`` with one aligned 8-byte store. The
 consumer never reads past ``head``, so a producer killed mid-write leaves
 nothing visible. Every record also carries its per-lane sequence number and an
 a checksum of the payload which the consumer verifies on its private copy:
-``"sum64"`` (default: the sum of the payload's 64-bit words, one vectorised NumPy
-pass, several times faster than crc32), ``"crc32"`` (zlib; stronger against
+``"sum64"`` (default: the sum of the payload's 64-bit words, one vectorised
+NumPy pass, several times faster than crc32), ``"crc32"`` (zlib; stronger against
 bit flips, slower than memcpy) or ``"none"``. See BENCHMARKS.md for the costs.
 
 Backpressure: a producer waits (polling with exponential backoff up to 1 ms)
@@ -122,7 +123,7 @@ def _align(n: int) -> int:
 
 
 def _proc_start_time(pid: int) -> int:
-  """Process start time (clock ticks since boot) from /proc, 0 if unavailable."""
+  """Process start time (clock ticks since boot) from /proc; 0 if unknown."""
   try:
     with open(f"/proc/{pid}/stat", "rb") as f:
       fields = f.read().rsplit(b")", 1)[1].split()
@@ -132,7 +133,7 @@ def _proc_start_time(pid: int) -> int:
 
 
 def pid_alive(pid: int, start_time: int = 0) -> bool:
-  """Whether ``pid`` runs (not a zombie) and, if given, started at start_time."""
+  """Whether ``pid`` runs (not a zombie) and, if given, started then."""
   if pid <= 0:
     return False
   try:
@@ -187,7 +188,8 @@ class _Segment:
     if int(self.glob[_G_VERSION]) != _LAYOUT_VERSION:
       raise RingError(
           f"Ring {shm.name!r} has layout version {int(self.glob[_G_VERSION])}, "
-          f"this code reads {_LAYOUT_VERSION}; run both sides from one checkout."
+          f"this code reads {_LAYOUT_VERSION}; run both sides from one "
+          "checkout."
       )
     self.num_lanes = int(self.glob[_G_LANES])
     self.lane_bytes = int(self.glob[_G_LANE_BYTES])
@@ -199,7 +201,8 @@ class _Segment:
     ]
     self.check = _CHECK_FNS[self.checksum]
     data_off = _data_offset(self.num_lanes)
-    self.starts = [data_off + i * self.lane_bytes for i in range(self.num_lanes)]
+    self.starts = [data_off + i * self.lane_bytes
+                   for i in range(self.num_lanes)]
     self.data = [
         np.frombuffer(buf, np.uint8, count=self.lane_bytes,
                       offset=data_off + i * self.lane_bytes)
@@ -254,6 +257,7 @@ class RingReader:
     self._empty_wait_ns = 0
     self._bytes_read = 0
     self._checksum_retries = 0
+    self._pending = None  # (ctl, records_read, tail) of a read(copy=False).
 
   @classmethod
   def create(
@@ -277,7 +281,8 @@ class RingReader:
     if num_lanes < 1:
       raise ValueError(f"num_lanes must be >= 1, got {num_lanes}.")
     if checksum not in CHECKSUMS:
-      raise ValueError(f"checksum must be one of {CHECKSUMS}, got {checksum!r}.")
+      raise ValueError(
+          f"checksum must be one of {CHECKSUMS}, got {checksum!r}.")
     if lane_bytes < 4 * _ALIGN or lane_bytes % _ALIGN:
       raise ValueError(
           f"lane_bytes must be a multiple of {_ALIGN} and >= {4 * _ALIGN}, got "
@@ -327,20 +332,24 @@ class RingReader:
 
   # --- reading --------------------------------------------------------------
 
-  def read(self, timeout: float | None = None) -> Record:
+  def read(self, timeout: float | None = None, *, copy: bool = True) -> Record:
     """Returns the next committed record of some lane (round-robin).
 
     Args:
       timeout: Seconds to wait while every lane is empty; None waits forever.
+      copy: If False, ``data`` is a read-only view into the ring (no copy),
+        valid only until the next ``read`` or ``release()``, which free its
+        space for the producer. Decode/copy what you need before then.
 
     Raises:
       RingEmptyError: nothing arrived within ``timeout``.
       RingDrained: every lane's producer closed or died, all records read.
       CorruptRecordError: a committed record failed validation.
     """
+    self.release()
     if time.monotonic() - self._last_liveness >= self._liveness_interval:
       self._check_liveness()
-    rec = self._try_read()
+    rec = self._try_read(copy)
     if rec is not None:
       return rec
     t0 = time.monotonic_ns()
@@ -349,7 +358,7 @@ class RingReader:
     self._empty_waits += 1
     try:
       while True:
-        rec = self._try_read()
+        rec = self._try_read(copy)
         if rec is not None:
           return rec
         now = time.monotonic()
@@ -378,18 +387,26 @@ class RingReader:
       except RingDrained:
         return
 
-  def _try_read(self) -> Record | None:
+  def release(self) -> None:
+    """Frees the record last returned by ``read(copy=False)``."""
+    if self._pending is not None:
+      ctl, records_read, tail = self._pending
+      self._pending = None
+      ctl[_RECORDS_READ] = records_read
+      ctl[_TAIL] = tail
+
+  def _try_read(self, copy: bool) -> Record | None:
     seg = self._seg
     n = seg.num_lanes
     for k in range(n):
       lane = (self._next_lane + k) % n
-      rec = self._take(lane)
+      rec = self._take(lane, copy)
       if rec is not None:
         self._next_lane = (lane + 1) % n
         return rec
     return None
 
-  def _take(self, lane: int) -> Record | None:
+  def _take(self, lane: int, copy: bool) -> Record | None:
     seg = self._seg
     ctl, data, cap = seg.ctl[lane], seg.data[lane], seg.lane_bytes
     while True:
@@ -407,33 +424,43 @@ class RingReader:
       if (magic != _REC_MAGIC or seq != expected_seq
           or _align(HEADER_BYTES + length) > head - tail):
         raise CorruptRecordError(
-            f"Ring {self.name} lane {lane}: bad record header at counter {tail} "
-            f"(magic {magic:#x}, seq {seq} expected {expected_seq}, length "
+            f"Ring {self.name} lane {lane}: bad record header at counter "
+            f"{tail} (magic {magic:#x}, seq {seq} expected {expected_seq}, length "
             f"{length}, committed {head - tail}). The segment was overwritten "
             "by something else; recreate the ring."
         )
       start = off + HEADER_BYTES
-      out = np.empty(length, np.uint8)
-      out[:] = data[start:start + length]
+      new_tail = tail + _align(HEADER_BYTES + length)
+      if copy:
+        out = np.empty(length, np.uint8)
+        out[:] = data[start:start + length]
+      else:
+        out = data[start:start + length].view()
+        out.flags.writeable = False
       if seg.check(out) != check:
-        out = self._recheck(lane, data, start, length, check, tail)
-      ctl[_RECORDS_READ] = expected_seq + 1
-      ctl[_TAIL] = tail + _align(HEADER_BYTES + length)
+        out = self._recheck(lane, data, start, length, check, tail, copy)
       self._bytes_read += length
+      if copy:
+        ctl[_RECORDS_READ] = expected_seq + 1
+        ctl[_TAIL] = new_tail
+      else:
+        self._pending = (ctl, expected_seq + 1, new_tail)
       return Record(lane, seq, out)
 
-  def _recheck(self, lane, data, start, length, check, tail) -> np.ndarray:
-    """Re-copies a record whose checksum mismatched (weak memory ordering guard)."""
-    out = np.empty(length, np.uint8)
+  def _recheck(self, lane, data, start, length, check, tail,
+               copy) -> np.ndarray:
+    """Re-reads a record whose checksum mismatched (weak memory ordering)."""
+    out = np.empty(length, np.uint8) if copy else data[start:start + length]
     for _ in range(5):
       self._checksum_retries += 1
       time.sleep(1e-3)
-      out[:] = data[start:start + length]
+      if copy:
+        out[:] = data[start:start + length]
       if self._seg.check(out) == check:
         return out
     raise CorruptRecordError(
-        f"Ring {self.name} lane {lane}: {self._seg.checksum} mismatch on the committed record "
-        f"at counter {tail} ({length} bytes). Shared memory was corrupted or "
+        f"Ring {self.name} lane {lane}: {self._seg.checksum} mismatch on the "
+        f"committed record at counter {tail} ({length} bytes). Shared memory was corrupted or "
         "written outside the ring API."
     )
 
@@ -509,9 +536,10 @@ class RingReader:
     }
 
   def close(self) -> None:
-    """Tells producers to stop; unlinks the segment if this reader created it."""
+    """Tells producers to stop; unlinks the segment if this reader made it."""
     if self._seg.shm is None:
       return
+    self._pending = None
     self._seg.glob[_G_CLOSED] = 1
     self._seg.close()
 
@@ -565,8 +593,8 @@ class RingWriter:
         and pid_alive(pid, int(ctl[_PID_START]))):
       self._seg.close()
       raise RingError(
-          f"Lane {lane} of ring {name} is held by live producer pid {pid}; give "
-          "each producer process its own lane."
+          f"Lane {lane} of ring {name} is held by live producer pid {pid}; "
+          "give each producer process its own lane."
       )
     self._lane = lane
     self._ctl = ctl

@@ -4,12 +4,12 @@ One concern: the lifetime of a ``multiprocessing.shared_memory`` segment.
 
 * The **creator** owns the segment. It is created with mode 0600 (private to the
   user) and unlinked on every exit path of the creator: ``close()``, leaving a
-  ``with`` block (also on exception), interpreter exit (``atexit``) and SIGTERM (a
-  handler that unlinks, then chains to the previous handler). SIGKILL cannot be
+  ``with`` block (also on exception), interpreter exit (``atexit``) and SIGTERM
+  (a handler that unlinks, then chains to the previous handler). SIGKILL cannot be
   caught; the creator's ``multiprocessing`` resource tracker then unlinks it.
 * **Attachers** never unlink and never register the segment with their resource
-  tracker. (Before Python 3.13 ``SharedMemory(create=False)`` registers it, so an
-  attaching process' tracker would unlink it when that process exits; with
+  tracker. (Before Python 3.13 ``SharedMemory(create=False)`` registers it, so
+  an attaching process' tracker would unlink it when that process exits; with
   ``spawn`` children sharing the parent's tracker, a later ``unregister`` would
   drop the *creator's* registration instead. We therefore suppress the
   registration while attaching.)
@@ -42,7 +42,7 @@ _prev_sigterm: Any = None
 
 
 def make_name(kind: str) -> str:
-  """A fresh segment name ``sao_<kind>_<pid>_<random>`` (short: macOS caps at 31)."""
+  """A fresh name ``sao_<kind>_<pid>_<random>`` (short: macOS caps at 31)."""
   return f"{PREFIX}{kind}_{os.getpid()}_{secrets.token_hex(4)}"
 
 
@@ -67,7 +67,7 @@ def _unlink_all_owned() -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
-  """Unlinks our segments, then behaves as the previous SIGTERM handler would."""
+  """Unlinks our segments, then acts as the previous SIGTERM handler would."""
   _unlink_all_owned()
   prev = _prev_sigterm
   if callable(prev):
@@ -137,7 +137,8 @@ def attach(name: str) -> shared_memory.SharedMemory:
   """Maps an existing segment without taking ownership (never unlinks it)."""
   try:
     if sys.version_info >= (3, 13):
-      return shared_memory.SharedMemory(name=name, track=False)  # pytype: disable=wrong-keyword-args
+      return shared_memory.SharedMemory(  # pytype: disable=wrong-keyword-args
+          name=name, track=False)
     with _untracked():
       return shared_memory.SharedMemory(name=name)
   except FileNotFoundError as e:

@@ -9,8 +9,8 @@ The trainer ``publish``es a parameter pytree with its policy version; samplers
 ``publish`` writes the buffer that is not ``latest``: makes its sequence word
 odd, copies the leaves (optionally cast to bfloat16 via ml_dtypes), makes it
 even again and flips ``latest``. It never waits for readers. A reader copies
-the ``latest`` buffer and accepts the copy only if the buffer's sequence word was
-even and unchanged across the copy, so it never returns a mix of two versions;
+the ``latest`` buffer and accepts the copy only if the buffer's sequence word
+was even and unchanged across the copy, so it never returns a mix of two versions;
 if the writer lapped it, it retries.
 
 Structure: the leaf table stores each leaf's key path, shape and dtype. A
@@ -216,7 +216,7 @@ class WeightSlot:
     return -1 if latest == _NONE else int(self._ctl[latest][_VERSION])
 
   def read(self, timeout: float | None = 10.0) -> tuple[int, PyTree] | None:
-    """Copies the newest complete version: ``(version, tree)``; None if none yet.
+    """Copies the newest complete version as ``(version, tree)``, or None.
 
     Raises:
       TimeoutError: the writer kept overwriting the buffer for ``timeout`` s.
