@@ -1,0 +1,286 @@
+"""Episode runner: multi-turn agentic trajectories over a batch of episodes.
+
+Per turn, every live row's policy generates until a stop token (a tool call
+`<|/tool_call|>`, the end of turn `<|end|>` or eos) or its budget; the action
+text goes to that row's environment; a non-final observation is appended to
+the context with action mask 0 and the row continues. Rows end with a
+`FinishReason`: STOP (env says done), LENGTH (token budget: the action did not
+stop within its budget, or the next observation would not fit
+`max_total_tokens`), TURNS (`max_turns` actions taken), ERROR (the env raised;
+the message is kept, the other rows go on).
+
+Policies are pluggable (`Policy`): `ModelPolicy` samples with
+`sampler.generate.Generator` and calls `params_provider() -> (params,
+version)` before every turn, switching to newer weights between turns (the
+cache is recomputed under them); `ScriptedPolicy` replays forced tokens for
+tests. Every action token records the version of the policy that sampled it.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from absl import logging
+import jax
+import numpy as np
+
+from sao_jax import tokenizer as tok_lib
+from sao_jax.envs.base import Environment
+from sao_jax.models.config import ModelConfig
+from sao_jax.sampler.generate import bucket_length
+from sao_jax.sampler.generate import Generator
+from sao_jax.sampler.generate import Segment
+from sao_jax.sampler.sampling import SamplingParams
+from sao_jax.trajectory import FinishReason
+from sao_jax.trajectory import NO_VERSION
+from sao_jax.trajectory import Trajectory
+
+ParamsProvider = Callable[[], tuple[Any, int]]
+
+
+class Policy(abc.ABC):
+  """Generates action segments for a batch of rows, turn by turn."""
+
+  @abc.abstractmethod
+  def start(self, prompts: Sequence[Sequence[int]]) -> None:
+    """Begins a batch; one prompt per row (empty for rows that are not live)."""
+
+  @abc.abstractmethod
+  def observe(self, chunks: Sequence[Sequence[int]]) -> None:
+    """Appends observation tokens per row (empty for most rows)."""
+
+  @abc.abstractmethod
+  def refresh(self) -> int:
+    """Called before each turn; returns the policy version for that turn."""
+
+  @abc.abstractmethod
+  def act(self, stop_ids: Sequence[int], budgets: np.ndarray,
+          active: np.ndarray) -> list[Segment]:
+    """One action segment per row (empty for inactive rows)."""
+
+
+class ModelPolicy(Policy):
+  """Samples from the `Transformer`; picks up new weights between turns."""
+
+  def __init__(self, config: ModelConfig, params_provider: ParamsProvider,
+               max_len: int, sampling: SamplingParams = SamplingParams(),
+               rng: jax.Array | None = None):
+    """Args:
+      config: model config.
+      params_provider: returns (params, version); called before every turn.
+      max_len: KV cache slots per row (`RolloutLimits.cache_len()` is safe).
+      sampling: sampling parameters (the trainer must use the same temperature).
+      rng: PRNG key.
+    """
+    self.config = config
+    self.params_provider = params_provider
+    self.max_len = max_len
+    self.sampling = sampling
+    self._rng = jax.random.PRNGKey(0) if rng is None else rng
+    self._gen: Generator | None = None
+    self.version = NO_VERSION
+
+  def start(self, prompts):
+    params, self.version = self.params_provider()
+    self._rng, key = jax.random.split(self._rng)
+    self._gen = Generator(self.config, params, len(prompts), self.max_len,
+                          self.sampling, key)
+    self._gen.append(prompts)
+
+  def observe(self, chunks):
+    self._gen.append(chunks)
+
+  def refresh(self) -> int:
+    params, version = self.params_provider()
+    if version != self.version:
+      logging.info("ModelPolicy: weights %d -> %d between turns.",
+                   self.version, version)
+      self._gen.set_params(params)
+      self.version = version
+    return self.version
+
+  def act(self, stop_ids, budgets, active):
+    return self._gen.generate(list(stop_ids), budgets, active)
+
+
+class ScriptedPolicy(Policy):
+  """Replays a fixed token script per row (tests, forced trajectories).
+
+  Each `act` emits the row's next script tokens up to and including the first
+  stop token, or `budget` tokens. Each token's recorded log-prob is
+  `logprob`; the version is `version` (settable between turns).
+  """
+
+  def __init__(self, scripts: Sequence[Sequence[int]], version: int = 0,
+               logprob: float = -1.0):
+    self.scripts = [list(s) for s in scripts]
+    self.version = version
+    self.logprob = logprob
+    self.contexts: list[list[int]] = []
+    self._cursor = [0] * len(self.scripts)
+
+  def start(self, prompts):
+    if len(prompts) != len(self.scripts):
+      raise ValueError(f"{len(prompts)} prompts for {len(self.scripts)} scripts.")
+    self.contexts = [list(p) for p in prompts]
+    self._cursor = [0] * len(self.scripts)
+
+  def observe(self, chunks):
+    for ctx, c in zip(self.contexts, chunks):
+      ctx.extend(c)
+
+  def refresh(self) -> int:
+    return self.version
+
+  def act(self, stop_ids, budgets, active):
+    out = []
+    for i, script in enumerate(self.scripts):
+      toks, stopped = [], False
+      while active[i] and len(toks) < budgets[i] and self._cursor[i] < len(script):
+        t = script[self._cursor[i]]
+        self._cursor[i] += 1
+        toks.append(t)
+        if t in stop_ids:
+          stopped = True
+          break
+      self.contexts[i].extend(toks)
+      out.append(Segment(np.asarray(toks, np.int32),
+                         np.full(len(toks), self.logprob, np.float32), stopped))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutLimits:
+  """Episode limits.
+
+  Attributes:
+    max_turns: Maximum action segments per episode.
+    max_total_tokens: Maximum trajectory length (prompt + actions + obs).
+    max_new_tokens_per_turn: Maximum tokens in one action segment.
+  """
+
+  max_turns: int = 4
+  max_total_tokens: int = 512
+  max_new_tokens_per_turn: int = 128
+
+  def cache_len(self) -> int:
+    """KV cache slots that always suffice for `ModelPolicy`."""
+    return bucket_length(self.max_total_tokens) + max(
+        bucket_length(self.max_total_tokens),
+        bucket_length(self.max_new_tokens_per_turn))
+
+
+def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
+  """End of turn, end of tool call, eos."""
+  return tuple(tokenizer.token_id(t) for t in tok_lib.ACTION_STOP_TOKENS) + (
+      tokenizer.eos_id,)
+
+
+@dataclasses.dataclass
+class _Row:
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  mask: list[int] = dataclasses.field(default_factory=list)
+  logp: list[float] = dataclasses.field(default_factory=list)
+  version: list[int] = dataclasses.field(default_factory=list)
+  rewards: list[float] = dataclasses.field(default_factory=list)
+  finish: FinishReason | None = None
+  error: str = ""
+
+  def add(self, toks, mask, logp=None, version=NO_VERSION):
+    n = len(toks)
+    self.tokens += [int(t) for t in toks]
+    self.mask += [mask] * n
+    self.logp += [0.0] * n if logp is None else [float(x) for x in logp]
+    self.version += [version] * n
+    self.rewards += [0.0] * n
+
+
+def _encode(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
+  return tokenizer.encode(obs) if isinstance(obs, str) else [int(t) for t in obs]
+
+
+def run_episodes(policy: Policy, envs: Sequence[Environment],
+                 tasks: Sequence[Any], tokenizer: tok_lib.Tokenizer,
+                 limits: RolloutLimits = RolloutLimits(),
+                 stop_ids: Sequence[int] | None = None) -> list[Trajectory]:
+  """Runs one episode per (env, task) row; returns one `Trajectory` per row.
+
+  Args:
+    policy: the policy (`ModelPolicy`, `ScriptedPolicy`, ...).
+    envs: one environment instance per row.
+    tasks: one task per row, passed to `env.reset`.
+    tokenizer: encodes observations and decodes actions.
+    limits: turn and token limits.
+    stop_ids: tokens that end an action segment (default `default_stop_ids`).
+  """
+  if len(envs) != len(tasks):
+    raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks; need one each.")
+  stop_ids = tuple(default_stop_ids(tokenizer) if stop_ids is None else stop_ids)
+  rows = [_Row() for _ in envs]
+
+  def fail(i: int, what: str, e: Exception) -> None:
+    rows[i].finish = FinishReason.ERROR
+    rows[i].error = f"{what}: {type(e).__name__}: {e}"
+    logging.warning("Episode %d (%s) failed in %s", i, envs[i].name,
+                    rows[i].error)
+
+  prompts = []
+  for i, (env, task) in enumerate(zip(envs, tasks)):
+    try:
+      prompt = _encode(env.reset(task), tokenizer)
+      if len(prompt) >= limits.max_total_tokens:
+        raise ValueError(f"prompt has {len(prompt)} tokens >= max_total_tokens="
+                         f"{limits.max_total_tokens}")
+      rows[i].add(prompt, 0)
+    except Exception as e:  # pylint: disable=broad-except
+      fail(i, "reset", e)
+    prompts.append(rows[i].tokens)
+  policy.start([list(p) for p in prompts])
+
+  for _ in range(limits.max_turns):
+    active = np.array([r.finish is None for r in rows])
+    if not active.any():
+      break
+    version = policy.refresh()
+    budgets = np.array([
+        min(limits.max_new_tokens_per_turn,
+            limits.max_total_tokens - len(r.tokens)) for r in rows], np.int32)
+    segments = policy.act(stop_ids, budgets, active)
+    chunks: list[list[int]] = [[] for _ in rows]
+    for i, (row, seg) in enumerate(zip(rows, segments)):
+      if not active[i]:
+        continue
+      row.add(seg.tokens, 1, seg.logprobs, version)
+      if not seg.stopped:
+        row.finish = FinishReason.LENGTH
+        continue
+      try:
+        envs[i].set_policy_version(version)
+        obs, reward, done, _ = envs[i].step(tokenizer.decode(seg.tokens))
+        obs_tokens = _encode(obs, tokenizer) if not done else []
+      except Exception as e:  # pylint: disable=broad-except
+        fail(i, "step", e)
+        continue
+      if len(seg.tokens):
+        row.rewards[-1] += float(reward)
+      if done:
+        row.finish = FinishReason.STOP
+      elif len(row.tokens) + len(obs_tokens) >= limits.max_total_tokens:
+        row.finish = FinishReason.LENGTH
+      else:
+        row.add(obs_tokens, 0)
+        chunks[i] = obs_tokens
+    if any(chunks):
+      policy.observe(chunks)
+
+  trajectories = []
+  for env, row in zip(envs, rows):
+    trajectories.append(Trajectory(
+        prompt_id=env.prompt_id, tokens=row.tokens, action_mask=row.mask,
+        rollout_logp=row.logp, policy_version=row.version,
+        rewards=row.rewards, task=env.name,
+        finish_reason=FinishReason.TURNS if row.finish is None else row.finish,
+        error=row.error))
+  return trajectories
