@@ -80,8 +80,8 @@ def decode(buf) -> Trajectory:
   if magic != _MAGIC or version != _VERSION:
     raise ValueError(
         f"Not a trajectory record (magic {magic!r}, version {version}; "
-        f"expected {_MAGIC!r} v{_VERSION}): the ring carries raw payloads or another "
-        "codec version."
+        f"expected {_MAGIC!r} v{_VERSION}): the ring carries raw payloads or "
+        "another codec version."
     )
   expected = HEADER_BYTES + _PAD + 17 * length + n_task + n_err
   if mv.nbytes != expected:

@@ -1,4 +1,4 @@
-"""A multi-producer, single-consumer shared-memory ring of variable-size records.
+"""A multi-producer single-consumer shared-memory ring of variable-size records.
 
 The sampler processes publish trajectories here; the trainer reads them
 (DESIGN.md §1). One segment holds one SPSC *lane* per producer:
@@ -19,8 +19,9 @@ consumer never reads past ``head``, so a producer killed mid-write leaves
 nothing visible. Every record also carries its per-lane sequence number and an
 a checksum of the payload which the consumer verifies on its private copy:
 ``"sum64"`` (default: the sum of the payload's 64-bit words, one vectorised
-NumPy pass, several times faster than crc32), ``"crc32"`` (zlib; stronger against
-bit flips, slower than memcpy) or ``"none"``. See BENCHMARKS.md for the costs.
+NumPy pass, several times faster than crc32), ``"crc32"`` (zlib; stronger
+against bit flips, slower than memcpy) or ``"none"``. BENCHMARKS.md has the
+costs.
 
 Backpressure: a producer waits (polling with exponential backoff up to 1 ms)
 while its lane is full, and raises ``RingFullError`` after ``timeout``; the
@@ -425,9 +426,9 @@ class RingReader:
           or _align(HEADER_BYTES + length) > head - tail):
         raise CorruptRecordError(
             f"Ring {self.name} lane {lane}: bad record header at counter "
-            f"{tail} (magic {magic:#x}, seq {seq} expected {expected_seq}, length "
-            f"{length}, committed {head - tail}). The segment was overwritten "
-            "by something else; recreate the ring."
+            f"{tail} (magic {magic:#x}, seq {seq} expected {expected_seq}, "
+            f"length {length}, committed {head - tail}). The segment was "
+            "overwritten by something else; recreate the ring."
         )
       start = off + HEADER_BYTES
       new_tail = tail + _align(HEADER_BYTES + length)
@@ -460,8 +461,8 @@ class RingReader:
         return out
     raise CorruptRecordError(
         f"Ring {self.name} lane {lane}: {self._seg.checksum} mismatch on the "
-        f"committed record at counter {tail} ({length} bytes). Shared memory was corrupted or "
-        "written outside the ring API."
+        f"committed record at counter {tail} ({length} bytes). Shared memory "
+        "was corrupted or written outside the ring API."
     )
 
   # --- producer liveness ----------------------------------------------------

@@ -5,8 +5,8 @@ One concern: the lifetime of a ``multiprocessing.shared_memory`` segment.
 * The **creator** owns the segment. It is created with mode 0600 (private to the
   user) and unlinked on every exit path of the creator: ``close()``, leaving a
   ``with`` block (also on exception), interpreter exit (``atexit``) and SIGTERM
-  (a handler that unlinks, then chains to the previous handler). SIGKILL cannot be
-  caught; the creator's ``multiprocessing`` resource tracker then unlinks it.
+  (a handler that unlinks, then chains to the previous handler). SIGKILL cannot
+  be caught; the creator's ``multiprocessing`` resource tracker then unlinks it.
 * **Attachers** never unlink and never register the segment with their resource
   tracker. (Before Python 3.13 ``SharedMemory(create=False)`` registers it, so
   an attaching process' tracker would unlink it when that process exits; with

@@ -10,8 +10,8 @@ The trainer ``publish``es a parameter pytree with its policy version; samplers
 odd, copies the leaves (optionally cast to bfloat16 via ml_dtypes), makes it
 even again and flips ``latest``. It never waits for readers. A reader copies
 the ``latest`` buffer and accepts the copy only if the buffer's sequence word
-was even and unchanged across the copy, so it never returns a mix of two versions;
-if the writer lapped it, it retries.
+was even and unchanged across the copy, so it never returns a mix of two
+versions; if the writer lapped it, it retries.
 
 Structure: the leaf table stores each leaf's key path, shape and dtype. A
 reader passes a template pytree (e.g. its own freshly initialised params or
