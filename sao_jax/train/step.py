@@ -1,0 +1,282 @@
+"""The SAO train step: critic updates, advantages, one policy update (DESIGN §2).
+
+Per batch of single-rollout trajectories ``[B, T]``:
+
+1. The critic (``ValueModel``) scores every token; the value of action token t
+   is the critic's output at position t−1 (the state before t was sampled).
+2. Advantages and value targets come from the configured estimator; SAO's is
+   decoupled skip-observation GAE (λ_critic for targets, λ_policy = 1 − 1/(α·l)
+   for advantages, Eqs. 4–5), computed once from the pre-update critic.
+3. ``critic_updates_per_step`` critic steps on the value loss ("faster value
+   update", §3.2), optionally with attention frozen (masked updates).
+4. Unless still in critic warm-up, one policy step on the registered loss
+   (SAO: DIS against the sampler's rollout log-probs, Eqs. 1–3), with the
+   trainer's log-probs computed at the sampler's temperature. Policy version
+   = number of policy optimizer steps.
+
+Losses that need π_old (PPO/GRPO family) get ``old_logp = sg(logp)``: one
+update per batch, π_old is the trainer's current policy, as in verl/OpenRLHF
+with a single mini-batch. Their staleness is therefore *not* corrected: that
+is the point of the GRPO-vs-DIS comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from sao_jax.models import logprobs as logprobs_lib
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.rl import advantages as adv_lib
+from sao_jax.rl import losses as loss_lib
+from sao_jax.rl import metrics as rl_metrics
+from sao_jax.rl import registry
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+
+CRITIC_ESTIMATORS = ("decoupled_gae", "gae", "vapo_gae")
+GROUP_ESTIMATORS = ("group_zscore", "group_mean", "rloo")
+ESTIMATORS = CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
+    "batch_whiten", "running_mean")
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything the step changes. ``step`` counts train steps (batches),
+
+  ``policy_version`` counts policy optimizer steps (DESIGN §4)."""
+
+  step: Array
+  policy_version: Array
+  policy_params: Any
+  value_params: Any
+  policy_opt_state: Any
+  value_opt_state: Any
+  running_mean: adv_lib.RunningMeanState | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """Static settings of the step (hashable: part of the jit cache key).
+
+  Attributes:
+    loss: Registered loss name (``sao_jax.rl.registry``).
+    loss_hparams: Sorted (key, value) pairs overriding the loss defaults.
+    advantage: Estimator name (one of ``ESTIMATORS``).
+    gamma: Discount.
+    lam_critic: λ for value targets (and for plain 'gae' advantages).
+    lam_policy_alpha: α of the length-adaptive λ_policy (decoupled_gae).
+    critic_updates_per_step: K critic steps per train step.
+    temperature: Sampling temperature (log-probs use logits / T).
+    value_clip: Optional clipped value loss range.
+    max_groups: Static bound on groups per batch (group estimators).
+  """
+
+  loss: str = "sao"
+  loss_hparams: tuple[tuple[str, Any], ...] = ()
+  advantage: str = "decoupled_gae"
+  gamma: float = 1.0
+  lam_critic: float = 1.0
+  lam_policy_alpha: float = adv_lib.SAO_ALPHA
+  critic_updates_per_step: int = 2
+  temperature: float = 1.0
+  value_clip: float | None = None
+  max_groups: int = 1
+
+  def __post_init__(self):
+    registry.get_spec(self.loss)  # Raises listing the known names.
+    if self.advantage not in ESTIMATORS:
+      raise ValueError(
+          f"Unknown advantage estimator {self.advantage!r}; known: "
+          f"{', '.join(ESTIMATORS)}.")
+
+  @property
+  def uses_critic(self) -> bool:
+    return self.advantage in CRITIC_ESTIMATORS
+
+
+def _aligned_values(critic: transformer.ValueModel, params: Any,
+                    batch: Batch) -> Array:
+  """V of the state before each token: critic output shifted right by one."""
+  positions = transformer.positions_from_mask(batch["attention_mask"])
+  v = critic.apply({"params": params}, batch["tokens"], positions,
+                   batch["attention_mask"])
+  return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+
+
+def _policy_logp(policy: transformer.Transformer, params: Any, batch: Batch,
+                 temperature: float) -> tuple[Array, Array]:
+  """Trainer log-probs of each token (at the sampler's temperature) and entropy."""
+  positions = transformer.positions_from_mask(batch["attention_mask"])
+  logits, _ = policy.apply({"params": params}, batch["tokens"], positions,
+                           batch["attention_mask"])
+  logp = logprobs_lib.logprobs_from_logits(logits, batch["tokens"], temperature)
+  scaled = jax.nn.log_softmax(
+      logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
+  ent = -(jnp.exp(scaled) * scaled).sum(-1)
+  return logp, jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
+                       running_mean: adv_lib.RunningMeanState | None
+                       ) -> tuple[Array, Array, Any]:
+  """(policy advantages, value targets, new running-mean state) per estimator."""
+  mask = batch["action_mask"].astype(jnp.float32)
+  rewards = batch["rewards"].astype(jnp.float32) * mask
+  seq_reward = rewards.sum(-1)
+  _, returns = adv_lib.gae(rewards, values, mask, gamma=cfg.gamma,
+                           lam=cfg.lam_critic)
+  if cfg.advantage == "decoupled_gae":
+    adv, returns = adv_lib.decoupled_gae(
+        rewards, values, mask, gamma=cfg.gamma, alpha=cfg.lam_policy_alpha,
+        lam_critic=cfg.lam_critic)
+  elif cfg.advantage == "vapo_gae":
+    adv, returns = adv_lib.decoupled_gae(
+        rewards, values, mask, gamma=cfg.gamma, alpha=adv_lib.VAPO_ALPHA,
+        lam_critic=cfg.lam_critic)
+  elif cfg.advantage == "gae":
+    adv, _ = adv_lib.gae(rewards, values, mask, gamma=cfg.gamma,
+                         lam=cfg.lam_critic)
+  elif cfg.advantage in GROUP_ESTIMATORS:
+    fn = getattr(adv_lib, cfg.advantage)
+    seq_adv = fn(seq_reward, batch["group_index"], cfg.max_groups)
+    adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
+  elif cfg.advantage == "batch_whiten":
+    adv = adv_lib.reinforce_pp_advantages(rewards, mask, gamma=cfg.gamma)
+  else:  # running_mean
+    if running_mean is None:
+      raise ValueError("advantage='running_mean' needs TrainState.running_mean "
+                       "(adv_lib.running_mean_init(num_prompts, k)).")
+    seq_adv, running_mean = adv_lib.running_mean_advantages(
+        running_mean, batch["prompt_id"], seq_reward)
+    adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
+  return adv, returns, running_mean
+
+
+def _critic_update(critic, tx, cfg: StepConfig, state: TrainState,
+                   batch: Batch, returns: Array, old_values: Array):
+  mask = batch["action_mask"]
+
+  def loss_fn(p):
+    values = _aligned_values(critic, p, batch)
+    loss, m = loss_lib.value_loss(values, returns, mask,
+                                  old_values=old_values, clip=cfg.value_clip)
+    return loss, m
+
+  (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state.value_params)
+  updates, opt_state = tx.update(grads, state.value_opt_state,
+                                 state.value_params)
+  state = state.replace(value_params=optax.apply_updates(state.value_params,
+                                                         updates),
+                        value_opt_state=opt_state)
+  metrics = {f"critic/{k}": v for k, v in m.items()}
+  metrics["critic/loss"] = loss
+  metrics["critic/grad_norm"] = optax.global_norm(grads)
+  return state, metrics
+
+
+def _policy_update(policy, tx, cfg: StepConfig, state: TrainState,
+                   batch: Batch, adv: Array):
+  loss_fn = registry.get_loss_fn(cfg.loss, dict(cfg.loss_hparams))
+  mask = batch["action_mask"]
+
+  def objective(p):
+    logp, ent = _policy_logp(policy, p, batch, cfg.temperature)
+    sg = jax.lax.stop_gradient(logp)
+    pb = registry.PolicyBatch(
+        rollout_logp=batch["rollout_logp"], advantages=adv, mask=mask,
+        old_logp=sg, prox_logp=sg)
+    loss, m = loss_fn(logp, pb)
+    m = dict(m)
+    m["entropy"] = rl_metrics.masked_mean(ent, mask)
+    return loss, m
+
+  (loss, m), grads = jax.value_and_grad(objective, has_aux=True)(
+      state.policy_params)
+  updates, opt_state = tx.update(grads, state.policy_opt_state,
+                                 state.policy_params)
+  state = state.replace(
+      policy_params=optax.apply_updates(state.policy_params, updates),
+      policy_opt_state=opt_state,
+      policy_version=state.policy_version + 1)
+  metrics = {f"policy/{k}": v for k, v in m.items()}
+  metrics["policy/loss"] = loss
+  metrics["policy/grad_norm"] = optax.global_norm(grads)
+  return state, metrics
+
+
+def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
+               cfg: StepConfig, policy_tx: optax.GradientTransformation,
+               value_tx: optax.GradientTransformation,
+               update_policy: bool) -> tuple[TrainState, dict[str, Array]]:
+  """One SAO step (see module docstring). Pure; jit it with ``make_step``."""
+  policy = transformer.Transformer(model_config)
+  critic = transformer.ValueModel(model_config)
+  mask = batch["action_mask"].astype(jnp.float32)
+  metrics: dict[str, Array] = {}
+  if cfg.uses_critic:
+    values = jax.lax.stop_gradient(
+        _aligned_values(critic, state.value_params, batch))
+  else:
+    values = jnp.zeros_like(mask)
+  adv, returns, running_mean = compute_advantages(cfg, batch, values,
+                                                 state.running_mean)
+  adv = jax.lax.stop_gradient(adv)
+  if cfg.uses_critic:
+    for _ in range(cfg.critic_updates_per_step):
+      state, metrics = _critic_update(critic, value_tx, cfg, state, batch,
+                                      returns, values)
+  if update_policy:
+    state, pm = _policy_update(policy, policy_tx, cfg, state, batch, adv)
+    metrics.update(pm)
+  state = state.replace(running_mean=running_mean)
+  metrics.update({
+      "reward/mean": (batch["rewards"] * mask).sum(-1).mean(),
+      "advantage/mean": rl_metrics.masked_mean(adv, mask),
+      "advantage/std": jnp.sqrt(rl_metrics.masked_var(adv, mask)),
+      "returns/mean": rl_metrics.masked_mean(returns, mask),
+      "tokens/action": mask.sum(),
+  })
+  return state.replace(step=state.step + 1), metrics
+
+
+def make_step(model_config: ModelConfig, cfg: StepConfig,
+              policy_tx: optax.GradientTransformation,
+              value_tx: optax.GradientTransformation, *,
+              update_policy: bool,
+              state_sharding: Any = None, batch_sharding: Any = None
+              ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+  """``jax.jit(train_step)`` with shardings and the state donated."""
+  fn = functools.partial(train_step, model_config=model_config, cfg=cfg,
+                         policy_tx=policy_tx, value_tx=value_tx,
+                         update_policy=update_policy)
+  kwargs = {}
+  if state_sharding is not None:
+    kwargs["in_shardings"] = (state_sharding, batch_sharding)
+    kwargs["out_shardings"] = (state_sharding, None)
+  return jax.jit(fn, donate_argnums=0, **kwargs)
+
+
+def create_train_state(policy_params: Any, value_params: Any,
+                       policy_tx: optax.GradientTransformation,
+                       value_tx: optax.GradientTransformation, *,
+                       running_mean: adv_lib.RunningMeanState | None = None
+                       ) -> TrainState:
+  """A fresh state at step 0, policy version 0 (params must be unboxed)."""
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      policy_version=jnp.zeros((), jnp.int32),
+      policy_params=policy_params,
+      value_params=value_params,
+      policy_opt_state=policy_tx.init(policy_params),
+      value_opt_state=value_tx.init(value_params),
+      running_mean=running_mean)
