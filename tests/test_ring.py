@@ -127,6 +127,8 @@ def test_oversize_full_empty_and_drained():
     assert r.stats()["lanes"][1]["occupancy"] == 1.0
     assert r.stats()["lanes"][1]["full_waits"] == 1
     assert r.stats()["lanes"][1]["full_wait_s"] >= 0.05
+    assert 0 <= r.stats()["lanes"][1]["heartbeat_age_s"] < 5.0
+    assert r.stats()["lanes"][0]["heartbeat_age_s"] is None  # No producer.
     assert r.read(timeout=0.1).data.tobytes() == b"y" * 992
     with pytest.raises(ring.RingEmptyError, match="no record for"):
       r.read(timeout=0.05)

@@ -523,6 +523,10 @@ class RingReader:
           "bytes_written": int(c[_BYTES_WRITTEN]),
           "full_waits": int(c[_FULL_WAITS]),
           "full_wait_s": int(c[_FULL_WAIT_NS]) / 1e9,
+          # Seconds since the producer last wrote or waited for space: a live
+          # but hung sampler shows here, not in dead_producers().
+          "heartbeat_age_s": (time.time_ns() - c[_HEARTBEAT_NS]) / 1e9
+                             if c[_PID] else None,
       })
     return {
         "records_read": sum(l["records_read"] for l in lanes),
@@ -654,6 +658,7 @@ class RingWriter:
                    check)
     ctl[_RECORDS_WRITTEN] = seq + 1
     ctl[_BYTES_WRITTEN] += n
+    ctl[_HEARTBEAT_NS] = time.time_ns()
     ctl[_HEAD] = head + need  # The commit.
     return seq
 
