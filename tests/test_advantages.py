@@ -382,3 +382,25 @@ def test_overlong_penalty_hand_computed():
                              [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0])
   with pytest.raises(ValueError, match="cache_len"):
     adv_lib.overlong_penalty(lengths, max_len=20, cache_len=30)
+
+
+def test_group_estimators_jit_match_numpy():
+  r = np.array([3.0, 1.0, 2.0, 2.0, 0.0], np.float32)
+  ids = np.array([1, 0, 1, 0, 1])
+  static = ("num_groups",)
+  z = jax.jit(adv_lib.group_zscore, static_argnames=static)(r, ids,
+                                                            num_groups=2)
+  g1 = np.array([3.0, 2.0, 0.0])
+  np.testing.assert_allclose(
+      np.asarray(z)[[0, 2, 4]], (g1 - g1.mean()) / (g1.std(ddof=1) + 1e-6),
+      rtol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(z)[[1, 3]], np.array([-0.5, 0.5]) / (np.sqrt(0.5) + 1e-6),
+      rtol=1e-5)
+  loo = jax.jit(adv_lib.rloo, static_argnames=static)(r, ids, num_groups=2)
+  np.testing.assert_allclose(np.asarray(loo), [2.0, -1.0, 0.5, 1.0, -2.5],
+                             rtol=1e-6)
+  keep = jax.jit(adv_lib.dynamic_sampling_keep, static_argnames=static)(
+      np.array([1.0, 1.0, 0.0, 1.0, 0.0]), ids, num_groups=2)
+  np.testing.assert_array_equal(np.asarray(keep), [True, False, True, False,
+                                                   True])

@@ -606,3 +606,20 @@ def test_dis_rejects_extreme_ratios_with_zero_gradient():
                             adv, mask))
   np.testing.assert_allclose(grad, [[0.0, 0.0, -np.exp(0.1) * 2 / 4, 0.0]],
                              rtol=1e-5)
+
+
+def test_value_loss_and_aggregate_jit_match_eager():
+  rng = np.random.default_rng(14)
+  v, ret, old = (rng.normal(size=(2, 5)).astype(np.float32) for _ in range(3))
+  m = np.array([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0]], np.float32)
+  f = functools.partial(losses.value_loss, clip=0.2)
+  eager, _ = f(v, ret, m, old_values=old)
+  jitted, metrics = jax.jit(f)(v, ret, m, old_values=old)
+  np.testing.assert_allclose(float(jitted), float(eager), rtol=1e-6)
+  vc = old + np.clip(v - old, -0.2, 0.2)
+  ref = np.maximum((v - ret) ** 2, (vc - ret) ** 2)[m > 0].mean()
+  np.testing.assert_allclose(float(jitted), ref, rtol=1e-5)
+  assert all(np.isfinite(float(x)) for x in metrics.values())
+  agg = jax.jit(losses.aggregate, static_argnames=("mode",))
+  np.testing.assert_allclose(float(agg(v, m, mode="seq_mean_token_mean")),
+                             v[0, [0, 1, 3]].mean(), rtol=1e-6)

@@ -312,7 +312,7 @@ def running_mean_advantages(state: RunningMeanState, prompt_ids: Array,
 
 def dynamic_sampling_keep(rewards: Array, group_ids: Optional[Array] = None,
                           num_groups: Optional[int] = None) -> Array:
-  """DAPO dynamic sampling (Yu 2025, Eq. 11): keep groups whose rewards differ.
+  """DAPO dynamic sampling (Yu 2025, §3.2): keep groups whose rewards differ.
 
   A group whose rewards are all equal (all correct / all wrong, or a singleton) has
   zero group-normalised advantage and is dropped. Returns a bool keep mask shaped
@@ -325,7 +325,7 @@ def dynamic_sampling_keep(rewards: Array, group_ids: Optional[Array] = None,
 
 
 def overlong_penalty(lengths: Array, *, max_len: int, cache_len: int) -> Array:
-  """DAPO soft overlong punishment (Yu 2025, Eq. 13), added to the reward.
+  """DAPO soft overlong punishment (Yu 2025, §3.4), added to the reward.
 
   0 if |y| ≤ L_max − L_cache; ((L_max − L_cache) − |y|)/L_cache inside the last
   ``cache_len`` tokens (linear from 0 to −1); −1 if |y| > L_max.

@@ -56,7 +56,8 @@ def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
 
   Modes:
     token_mean: Σ mask·x / Σ mask over the whole batch (DAPO Yu 2025 token-level
-      loss; SAO Eq. 3: every action token counts once, band-rejected ones included).
+      loss; SAO's DIS loss: every action token counts once, band-rejected ones
+      included).
     seq_mean_token_mean: mean over non-empty rows of (Σ_t mask·x / Σ_t mask)
       (GRPO, DeepSeekMath 2024: 1/G Σ_i 1/|o_i| Σ_t).
     seq_mean_token_sum: mean over non-empty rows of Σ_t mask·x.
@@ -167,11 +168,12 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
                     constant: Optional[float] = None) -> tuple[Array, Metrics]:
   """SAO direct double-sided importance sampling (SAO arXiv 2607.07508, Eqs. 1–3).
 
-  r_t = exp(logp_t − rollout_logp_t) (Eq. 1, against the *rollout* policy: staleness
-  and train/inference mismatch are one ratio); f(r) = r if 1−ε_l < r < 1+ε_h else 0
-  (Eq. 2, strict inequalities); L = − Σ_t mask_t · sg(f(r_t)·A_t) · logp_t / Σ_t mask_t
-  (Eq. 3). So ∂L/∂logp_t = −f(r_t)·A_t/N: tokens outside the band get exactly zero
-  gradient whatever the sign of A_t, and still count in N (token mean).
+  r_t = exp(logp_t − rollout_logp_t), against the *rollout* policy (staleness and
+  train/inference mismatch are one ratio; there is no π_old); f(r) = r if
+  1−ε_l < r < 1+ε_h else 0 (strict inequalities);
+  L = − Σ_t mask_t · sg(f(r_t)·A_t) · logp_t / Σ_t mask_t.
+  So ∂L/∂logp_t = −f(r_t)·A_t/N: tokens outside the band get exactly zero gradient
+  whatever the sign of A_t, and still count in N (token mean over all action tokens).
 
   Args:
     logp: [B, T] log π_θ (trainer, now).
@@ -180,7 +182,7 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
     mask: [B, T] 1 on action tokens.
     eps_low: ε_l, lower band 1−ε_l (paper: 0.3 reasoning, 0.8 coding).
     eps_high: ε_h, upper band 1+ε_h (paper: 5.0 reasoning, 3.0 coding).
-    aggregation: see ``aggregate``; Eq. 3 is ``token_mean``.
+    aggregation: see ``aggregate``; the paper's loss is ``token_mean``.
     constant: normaliser for ``token_sum_norm``.
 
   Returns:
@@ -301,8 +303,9 @@ def dapo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
               ) -> tuple[Array, Metrics]:
   """DAPO (Yu et al. 2025): clip-higher (ε 0.2/0.28) with a token-level mean.
 
-  Token-level policy-gradient loss (DAPO Eq. 8–10) over all action tokens of the batch;
-  dynamic sampling and overlong shaping live in ``advantages``.
+  Clip-higher (DAPO §3.1) and the token-level policy-gradient loss (§3.3) over all
+  action tokens of the batch; dynamic sampling (§3.2) and overlong shaping (§3.4)
+  live in ``advantages``.
   """
   return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
                        eps_high=eps_high, aggregation="token_mean")
@@ -313,8 +316,8 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
               ) -> tuple[Array, Metrics]:
   """GSPO (Zheng et al. 2025): sequence-level geometric-mean ratio, sequence clip.
 
-  s_i = exp(1/|y_i| Σ_t mask·(logp − old_logp)) (GSPO Eq. 7). Implemented as
-  GSPO-token (Eq. 13): s_{i,t} = sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)), whose value is s_i and
+  s_i = exp(1/|y_i| Σ_t mask·(logp − old_logp)), the length-normalised sequence
+  importance ratio. Implemented as the paper's GSPO-token variant: s_{i,t} = sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)), whose value is s_i and
   whose gradient is s_i·∇logp_t, aggregated 1/G Σ_i 1/|y_i| Σ_t min(s_{i,t}A_t,
   clip(s_{i,t})A_t). With a per-sequence advantage this is exactly GSPO; it also
   accepts token-level advantages. Defaults ε 3e-4/4e-4 as in the paper.
@@ -374,7 +377,7 @@ def areal_loss(logp: Array, prox_logp: Array, rollout_logp: Array,
                advantages: Array, mask: Array, *, eps_low: float = 0.2,
                eps_high: float = 0.2, behav_weight_cap: Optional[float] = None
                ) -> tuple[Array, Metrics]:
-  """AReaL decoupled PPO (Fu et al. 2025, Eq. 5): behaviour vs proximal policy.
+  """AReaL decoupled PPO objective (Fu et al. 2025): behaviour vs proximal policy.
 
   L = −agg_token_mean( w · min(u·A, clip(u, 1−ε_l, 1+ε_h)·A) ) with
   w = sg(π_prox/π_behav) = exp(prox_logp − rollout_logp) (optionally capped at
