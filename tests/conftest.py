@@ -4,12 +4,14 @@ import os
 
 import pytest
 
-from sao_jax.ipc import segment
+# sao_jax.ipc.segment.PREFIX, spelled out so that this conftest (part of every
+# test target) needs no dependency on the package.
+_PREFIX = "sao_"
 
 
 def _our_segments() -> set[str]:
   try:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(segment.PREFIX)}
+    return {n for n in os.listdir("/dev/shm") if n.startswith(_PREFIX)}
   except FileNotFoundError:  # Not Linux: nothing to check.
     return set()
 

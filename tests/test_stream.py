@@ -119,6 +119,33 @@ def test_staleness_uses_current_trainer_version_and_state_round_trips():
   assert s.counters.records_read == 2 and s.counters.dropped_stale == 0
 
 
+class _SamplerDied(RuntimeError):
+  pass
+
+
+def test_waiting_stream_polls_check_producers_and_times_out():
+  calls = []
+
+  def check():
+    calls.append(1)
+    if len(calls) == 2:
+      raise _SamplerDied("sampler exited with code 1")
+
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12) as r:
+    s = stream.TrajectoryStream(
+        r, batch_size=1, seq_len=4, trainer_version=lambda: 0,
+        max_staleness=None, read_timeout=30.0, check_producers=check)
+    with pytest.raises(_SamplerDied):
+      next(iter(s.dataset))
+    assert len(calls) == 2  # Once per second of waiting, not once at 30 s.
+    assert 1.5 < s.counters.read_wait_s < 10
+    quiet = stream.TrajectoryStream(
+        r, batch_size=1, seq_len=4, trainer_version=lambda: 0,
+        max_staleness=None, read_timeout=0.3, check_producers=lambda: None)
+    with pytest.raises(ring.RingEmptyError):
+      next(iter(quiet.dataset))
+
+
 def _produce_trajs(name, n):
   _fill(name, [_traj(i, 3 + i % 9, 4) for i in range(n)])
 

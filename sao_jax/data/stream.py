@@ -73,28 +73,51 @@ class RingDataset(grain.IterDataset):
       reader: ring_lib.RingReader,
       counters: StreamCounters,
       read_timeout: float | None = None,
+      check_producers: Callable[[], None] | None = None,
   ):
     super().__init__()
     self._reader = reader
     self._counters = counters
     self._timeout = read_timeout
+    self._check = check_producers
 
   def __iter__(self) -> grain.DatasetIterator:
-    return _RingIterator(self._reader, self._counters, self._timeout)
+    return _RingIterator(self._reader, self._counters, self._timeout,
+                         self._check)
 
 
 class _RingIterator(grain.DatasetIterator):
 
-  def __init__(self, reader, counters, timeout):
+  def __init__(self, reader, counters, timeout, check=None):
     super().__init__()
     self._reader = reader
     self._counters = counters
     self._timeout = timeout
+    self._check = check
+
+  def _read(self):
+    """Reads one record; while waiting, polls ``check`` once a second.
+
+    ``check`` raises when the producers are gone (e.g. the sampler process
+    died), so the trainer fails fast instead of waiting out the timeout.
+    """
+    if self._check is None:
+      return self._reader.read(timeout=self._timeout)
+    deadline = (None if self._timeout is None
+                else time.monotonic() + self._timeout)
+    while True:
+      wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+      try:
+        return self._reader.read(timeout=max(wait, 0.0))
+      except ring_lib.RingEmptyError:
+        if deadline is not None and time.monotonic() >= deadline:
+          raise
+        self._check()
 
   def __next__(self) -> Trajectory:
     t0 = time.perf_counter()
     try:
-      rec = self._reader.read(timeout=self._timeout)
+      rec = self._read()
     except ring_lib.RingDrained:
       raise StopIteration from None
     finally:
@@ -259,9 +282,26 @@ class TrajectoryStream:
       pad_id: int = 0,
       read_timeout: float | None = None,
       drop_remainder: bool = True,
+      check_producers: Callable[[], None] | None = None,
   ):
+    """See the module docstring for the pipeline.
+
+    Args:
+      reader: The ring's consumer.
+      batch_size: Rows per batch (process-local).
+      seq_len: T; shorter records are padded, longer ones see ``overlong``.
+      trainer_version: Returns the trainer's current policy version.
+      max_staleness: Drop records staler than this (DESIGN §4); None keeps all.
+      overlong: "drop" or "truncate" (see the module docstring).
+      pad_id: Token id of padding.
+      read_timeout: Seconds to wait for a record before ring.RingEmptyError;
+        None waits forever.
+      drop_remainder: Drop a last partial batch when the ring drains.
+      check_producers: Called about once a second while waiting for a record;
+        raise from it to abort (e.g. when the sampler process died).
+    """
     self.counters = StreamCounters()
-    ds = RingDataset(reader, self.counters, read_timeout)
+    ds = RingDataset(reader, self.counters, read_timeout, check_producers)
     ds = StalenessFilter(ds, trainer_version, max_staleness, self.counters)
     if overlong == "drop":
       ds = ds.filter(_OverlongFilter(seq_len, self.counters))
