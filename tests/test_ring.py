@@ -197,6 +197,26 @@ def test_lane_claims_are_exclusive_and_checked():
     ring.RingWriter(r.name, lane=0)
 
 
+def test_new_producer_on_a_lane_continues_the_sequence():
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1024) as r:
+    a = ring.RingWriter(r.name, lane=0)
+    for i in range(3):
+      a.write(bytes([i]) * 100)
+    assert r.read(timeout=1.0).seq == 0
+    # 'a' dies right after committing record 2, before its bookkeeping.
+    r._seg.ctl[0][ring._RECORDS_WRITTEN] = 2
+    b = ring.RingWriter(r.name, lane=0)
+    assert b.write(b"from b") == 3
+    got = [r.read(timeout=1.0) for _ in range(3)]
+    assert [x.seq for x in got] == [1, 2, 3]
+    assert got[-1].data.tobytes() == b"from b"
+    c = ring.RingWriter(r.name, lane=0)  # Nothing unread: the consumer's seq.
+    assert c.write(b"from c") == 4
+    assert r.read(timeout=1.0).data.tobytes() == b"from c"
+    for w in (a, b, c):
+      w.close()
+
+
 def test_closed_consumer_stops_blocked_producer():
   r = ring.RingReader.create(num_lanes=1, lane_bytes=256)
   w = ring.RingWriter(r.name, lane=0, timeout=5.0)

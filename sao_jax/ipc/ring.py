@@ -423,7 +423,7 @@ class RingReader:
         continue
       expected_seq = ctl[_RECORDS_READ]
       if (magic != _REC_MAGIC or seq != expected_seq
-          or _align(HEADER_BYTES + length) > head - tail):
+          or _align(HEADER_BYTES + length) > min(head - tail, cap - off)):
         raise CorruptRecordError(
             f"Ring {self.name} lane {lane}: bad record header at counter "
             f"{tail} (magic {magic:#x}, seq {seq} expected {expected_seq}, "
@@ -607,10 +607,41 @@ class RingWriter:
     self._base = _start(seg, lane)
     self._timeout = timeout
     self._hook = _mid_write_hook
+    self._seq = self._next_seq()
+    ctl[_RECORDS_WRITTEN] = self._seq
     ctl[_PID] = os.getpid()
     ctl[_PID_START] = _proc_start_time(os.getpid())
     ctl[_HEARTBEAT_NS] = time.time_ns()
     ctl[_STATE] = ACTIVE
+
+  def _next_seq(self) -> int:
+    """Sequence number of the next record, from the committed data itself.
+
+    A producer that took over the lane of a dead one cannot trust the dead
+    one's counters (it may have died between commit and bookkeeping), so it
+    walks the committed, unread records: the last one's seq + 1, or the
+    consumer's next expected seq when there are none.
+    """
+    ctl, cap, buf = self._ctl, self._seg.lane_bytes, self._seg.buf
+    head = ctl[_HEAD]
+    tail = ctl[_TAIL]
+    expected = ctl[_RECORDS_READ]  # Written by the consumer before _TAIL.
+    # [tail, head) stays intact while we walk it: only this (new) producer
+    # writes record bytes, and it has not started yet.
+    pos, last = tail, None
+    while pos < head:
+      off = pos % cap
+      magic, _, length, seq, _ = _HDR.unpack_from(buf, self._base + off)
+      if magic == _WRAP_MAGIC:
+        pos += cap - off
+        continue
+      if magic != _REC_MAGIC:
+        raise CorruptRecordError(
+            f"Lane {self._lane} of ring {self._seg.name}: bad committed "
+            f"record header at counter {pos}; recreate the ring.")
+      last = seq
+      pos += _align(HEADER_BYTES + length)
+    return expected if last is None else last + 1
 
   @property
   def lane(self) -> int:
@@ -650,16 +681,17 @@ class RingWriter:
     if off < 0:  # Wrapped: marker written, head moved to the lane start.
       head = int(ctl[_HEAD])
       off = self._reserve(head, need, timeout)
-    seq = int(ctl[_RECORDS_WRITTEN])
+    seq = self._seq
     start = off + HEADER_BYTES
     self._copy_in(start, arrays, n, seq)
     check = self._seg.check(self._data[start:start + n])
     _HDR.pack_into(self._seg.buf, self._base + off, _REC_MAGIC, 0, n, seq,
                    check)
-    ctl[_RECORDS_WRITTEN] = seq + 1
+    ctl[_HEAD] = head + need  # The commit.
+    self._seq = seq + 1
+    ctl[_RECORDS_WRITTEN] = seq + 1  # Bookkeeping for stats only.
     ctl[_BYTES_WRITTEN] += n
     ctl[_HEARTBEAT_NS] = time.time_ns()
-    ctl[_HEAD] = head + need  # The commit.
     return seq
 
   def _reserve(self, head: int, need: int, timeout: float | None) -> int:
