@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from absl import logging
 import flax.linen as nn
@@ -133,11 +133,11 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int],
     if axes is None or axes is P.UNCONSTRAINED:
       out.append(axes)
       continue
-    kept = (axes,) if isinstance(axes, str) else tuple(axes)
+    full = (axes,) if isinstance(axes, str) else tuple(axes)
+    kept = full
     while kept and size % math.prod(mesh.shape[a] for a in kept):
       kept = kept[:-1]
-    if len(kept) != (1 if isinstance(axes, str) else len(axes)):
-      full = (axes,) if isinstance(axes, str) else tuple(axes)
+    if kept != full:
       msg = (f"dim {dim} ({names[dim]!r}) of size {size} is not divisible by "
              f"mesh axes {full} of sizes {[mesh.shape[a] for a in full]}; "
              f"sharding it over {kept or 'nothing (replicated)'} instead.")
@@ -148,10 +148,8 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int],
           warned.add(msg)
     if not kept:
       out.append(None)
-    elif isinstance(axes, str):
-      out.append(kept[0])
     else:
-      out.append(kept)
+      out.append(axes if kept == full else kept)
   return P(*out)
 
 
@@ -194,8 +192,24 @@ def unbox(tree: Any) -> Any:
 
 
 def shard_params(params: Any, shardings: Any) -> Any:
-  """Places (boxed or plain) `params` on the mesh with `shardings`."""
-  return jax.device_put(unbox(params), shardings)
+  """Places (boxed or plain) host-replicated `params` on the mesh.
+
+  Every process must pass the same values (same seed or checkpoint); each
+  then keeps only the shards of its own devices. To create large parameters
+  directly in their shards use `sharded_init`.
+  """
+  def put(x, s):
+    if s.is_fully_addressable:
+      return jax.device_put(x, s)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, s, lambda idx: host[idx])
+
+  return jax.tree.map(put, unbox(params), shardings)
+
+
+def sharded_init(init_fn: Callable[[], Any], shardings: Any) -> Any:
+  """Runs `init_fn()` (returning boxed or plain params) straight into shards."""
+  return jax.jit(lambda: unbox(init_fn()), out_shardings=shardings)()
 
 
 def batch_axes(rules: Rules | None = None) -> MeshAxes:

@@ -9,6 +9,7 @@ model equals the single-device one.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -149,7 +150,8 @@ def test_initialize_distributed_single_process_is_noop(monkeypatch):
 
 
 # --------------------------------------------------------------------------
-# Acceptance: (2, 2, 2) mesh over 8 fake CPU devices == one device.
+# Acceptance: (2, 2, 2) mesh over 8 fake CPU devices == one device. The
+# subprocesses run this file's `__main__`.
 
 
 def _policy_loss(model, params, batch):
@@ -179,14 +181,11 @@ def _first_leaf(tree, key: str):
   raise KeyError(f"no parameter path contains {key!r}")
 
 
-def _acceptance_main() -> dict:
-  """Runs in the subprocess; returns the figures the test asserts on."""
-  import functools
-
+def _problem():
+  """Tiny model config and an [8, 16] left-padded batch (same on all hosts)."""
   from sao_jax.models import config as model_config
   from sao_jax.models import transformer
 
-  assert jax.device_count() == 8, jax.devices()
   cfg = model_config.ModelConfig(
       vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
       num_heads=4, num_kv_heads=2, head_dim=16)
@@ -194,46 +193,59 @@ def _acceptance_main() -> dict:
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32)
   lengths = rng.integers(t // 2, t + 1, (b,))
-  mask = np.arange(t)[None, :] >= (t - lengths)[:, None]  # Left padding.
+  mask = np.arange(t)[None, :] >= (t - lengths)[:, None]
   batch = dict(tokens=tokens, mask=mask,
                positions=np.asarray(transformer.positions_from_mask(mask)),
                targets=rng.normal(size=(b, t)).astype(np.float32))
+  models = (("policy", transformer.Transformer(cfg), _policy_loss),
+            ("value", transformer.ValueModel(cfg), _value_loss))
+  return cfg, batch, models
 
-  mesh = sharding.make_mesh(ml_collections.ConfigDict(
-      dict(data=2, fsdp=2, tensor=2)))
+
+def _compare(mesh, batch, local_batch, models) -> dict:
+  """Sharded vs one-device loss and gradients of each model."""
+  import functools
+
+  from jax.experimental import multihost_utils
+
   rules = sharding.DEFAULT_RULES
   out = {}
-  for name, model, loss_fn in (
-      ("policy", transformer.Transformer(cfg), _policy_loss),
-      ("value", transformer.ValueModel(cfg), _value_loss)):
+  for name, model, loss_fn in models:
     init = functools.partial(model.init, jax.random.key(1), batch["tokens"],
                              batch["positions"], batch["mask"])
     boxed = jax.eval_shape(init)["params"]
     shardings = sharding.param_shardings(boxed, mesh, rules)
-    params = sharding.unbox(jax.jit(init)()["params"])
     grad_fn = jax.value_and_grad(functools.partial(loss_fn, model))
 
-    # Reference: everything on one device.
-    dev0 = jax.devices()[0]
-    ref_loss, ref_grads = jax.jit(grad_fn)(
-        jax.device_put(params, dev0), jax.device_put(batch, dev0))
+    # Reference: everything on one local device.
+    dev0 = jax.local_devices()[0]
+    params = jax.device_put(sharding.unbox(jax.jit(init)()["params"]), dev0)
+    ref_loss, ref_grads = jax.jit(grad_fn)(params, jax.device_put(batch, dev0))
 
     with sharding.mesh_rules(mesh, rules):
       sharded_params = sharding.shard_params(params, shardings)
-      sharded_batch = sharding.make_global_batch(batch, mesh, rules)
+      direct = sharding.sharded_init(lambda: init()["params"], shardings)
+      sharded_batch = sharding.make_global_batch(local_batch, mesh, rules)
       step = jax.jit(
           grad_fn,
           in_shardings=(shardings, sharding.batch_sharding(mesh, rules)),
           out_shardings=(sharding.NamedSharding(mesh, P()), shardings))
       loss, grads = step(sharded_params, sharded_batch)
 
+    full_grads = multihost_utils.process_allgather(grads, tiled=True)
+    init_diff = jax.tree.map(
+        lambda a, r: float(np.max(np.abs(np.asarray(a) - np.asarray(r)))),
+        multihost_utils.process_allgather(direct, tiled=True), params)
     diffs = jax.tree.map(lambda a, r: float(np.max(np.abs(
-        np.asarray(a) - np.asarray(r)))), grads, ref_grads)
+        np.asarray(a) - np.asarray(r)))), full_grads, ref_grads)
     gate, ggate = _first_leaf(sharded_params, "gate_proj"), _first_leaf(
         grads, "gate_proj")
     out[name] = dict(
         loss=float(loss), ref_loss=float(ref_loss),
         max_grad_diff=max(jax.tree.leaves(diffs)),
+        max_init_diff=max(jax.tree.leaves(init_diff)),
+        init_spec_equal=all(jax.tree.leaves(jax.tree.map(
+            lambda a, s: a.sharding == s, direct, shardings))),
         max_grad_abs=max(float(np.max(np.abs(np.asarray(g))))
                          for g in jax.tree.leaves(ref_grads)),
         gate_spec=[str(a) for a in gate.sharding.spec],
@@ -241,42 +253,117 @@ def _acceptance_main() -> dict:
                                   for s in gate.addressable_shards}),
         gate_num_shards=len(gate.addressable_shards),
         gate_grad_spec=[str(a) for a in ggate.sharding.spec],
+        batch_shape=list(sharded_batch["tokens"].shape),
         batch_shard_shapes=sorted({tuple(s.data.shape) for s in
                                    sharded_batch["tokens"].addressable_shards}),
         num_params=sum(int(np.size(p)) for p in jax.tree.leaves(params)),
     )
-  out["policy"]["expected_num_params"] = cfg.num_params()
   return out
+
+
+def _single_process_main() -> dict:
+  """8 local devices; the whole batch is this process's."""
+  assert jax.device_count() == 8, jax.devices()
+  cfg, batch, models = _problem()
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(
+      dict(data=2, fsdp=2, tensor=2)))
+  out = _compare(mesh, batch, batch, models)
+  out["expected_num_params"] = cfg.num_params()
+  return out
+
+
+def _multi_process_main(process_id: int, port: int) -> dict:
+  """2 processes x 4 devices; each process feeds half of the batch rows."""
+  sharding.initialize_distributed(ml_collections.ConfigDict(dict(
+      coordinator_address=f"localhost:{port}", num_processes=2,
+      process_id=process_id, cpu_collectives="gloo")))
+  _, batch, models = _problem()
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(
+      dict(data=2, fsdp=2, tensor=2)))
+  rows = slice(4 * process_id, 4 * process_id + 4)
+  local = {k: v[rows] for k, v in batch.items()}
+  # The policy only: the value model shares the backbone (tested above).
+  out = _compare(mesh, batch, local, models[:1])
+  out["process"] = [jax.process_index(), jax.process_count(),
+                    jax.device_count(), jax.local_device_count()]
+  return out
+
+
+def _run_self(*args, devices: int) -> subprocess.Popen:
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      f" --xla_force_host_platform_device_count={devices}")
+  return subprocess.Popen([sys.executable, __file__, *map(str, args)],
+                          env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc, timeout=600) -> dict:
+  try:
+    stdout, stderr = proc.communicate(timeout=timeout)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0, stderr[-4000:]
+  return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _check_equal_to_single_device(r: dict) -> None:
+  assert abs(r["loss"] - r["ref_loss"]) <= 1e-5, r
+  assert r["max_grad_diff"] <= 1e-5, r
+  # Initialising straight into shards gives the same parameters.
+  assert r["max_init_diff"] == 0.0 and r["init_spec_equal"], r
+  assert r["max_grad_abs"] > 1e-4  # Gradients are not trivially zero.
+  # [embed=64, mlp=128] split fsdp x tensor: 8 shards of [32, 64].
+  assert r["gate_spec"] == ["fsdp", "tensor"]
+  assert r["gate_shard_shapes"] == [[32, 64]]
+  assert r["gate_grad_spec"] == ["fsdp", "tensor"]
+  # Global batch 8 over data x fsdp = 4: rows of 2 (replicated over tensor).
+  assert r["batch_shape"] == [8, 16]
+  assert r["batch_shard_shapes"] == [[2, 16]]
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_sharded_forward_backward_matches_single_device():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  proc = subprocess.run([sys.executable, __file__], env=env,
-                        capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  res = json.loads(proc.stdout.strip().splitlines()[-1])
+  res = _result(_run_self("single", devices=8))
   pol, val = res["policy"], res["value"]
-  assert pol["num_params"] == pol["expected_num_params"]
+  assert pol["num_params"] == res["expected_num_params"]
   for r in (pol, val):
-    assert abs(r["loss"] - r["ref_loss"]) <= 1e-5, r
-    assert r["max_grad_diff"] <= 1e-5, r
-    assert r["max_grad_abs"] > 1e-4  # Gradients are not trivially zero.
-    # [embed=64, mlp=128] split fsdp x tensor: 8 shards of [32, 64].
-    assert r["gate_spec"] == ["fsdp", "tensor"]
-    assert r["gate_shard_shapes"] == [[32, 64]]
+    _check_equal_to_single_device(r)
     assert r["gate_num_shards"] == 8
-    assert r["gate_grad_spec"] == ["fsdp", "tensor"]
-    # Batch 8 over data x fsdp = 4: rows of 2 (replicated over tensor).
-    assert r["batch_shard_shapes"] == [[2, 16]]
   # A policy NLL on random tokens near log(vocab); MSE to N(0,1) near 1.
   assert abs(pol["ref_loss"] - np.log(128)) < 0.5
   assert 0.3 < val["ref_loss"] < 3.0
 
 
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("localhost", 0))
+    return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_gloo_match_single_device():
+  port = _free_port()
+  procs = [_run_self("multi", i, port, devices=4) for i in range(2)]
+  try:
+    results = [_result(p) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for i, res in enumerate(results):
+    assert res["process"] == [i, 2, 8, 4]
+    _check_equal_to_single_device(res["policy"])
+    assert res["policy"]["gate_num_shards"] == 4  # This host's 4 devices.
+  # Both hosts saw the same global loss.
+  assert results[0]["policy"]["loss"] == results[1]["policy"]["loss"]
+
+
 if __name__ == "__main__":
-  print(json.dumps(_acceptance_main()))
+  if sys.argv[1] == "single":
+    print(json.dumps(_single_process_main()))
+  else:
+    print(json.dumps(_multi_process_main(int(sys.argv[2]), int(sys.argv[3]))))
