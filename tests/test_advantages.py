@@ -30,11 +30,12 @@ def np_skip_gae(rewards, values, mask, gamma, lam):
     for pos in reversed(range(len(actions))):
       j = actions[pos]
       nxt = actions[pos + 1] if pos + 1 < len(actions) else t
-      # Rewards on the non-action tokens after j (up to the next action) go to j.
+      # Rewards on non-action tokens after j (up to the next action) go to j.
       r = rewards[i, j] + rewards[i, j + 1:nxt].sum()
       v_next = values[i, nxt] if nxt < t else 0.0
       a_next = adv[i, nxt] if nxt < t else 0.0
-      adv[i, j] = r + gamma[i] * v_next - values[i, j] + gamma[i] * lam[i] * a_next
+      delta = r + gamma[i] * v_next - values[i, j]
+      adv[i, j] = delta + gamma[i] * lam[i] * a_next
   ret = np.where(mask > 0, adv + values, 0.0)
   return adv, ret
 
@@ -151,7 +152,7 @@ def test_observation_rewards_go_to_preceding_action_prompt_rewards_dropped():
   rewards = np.array([[5.0, 0.0, 1.0, 2.0, 0.5, 0.0, 3.0]], np.float32)
   values = np.zeros_like(rewards)
   a, r = adv_lib.gae(rewards, values, mask, gamma=1.0, lam=1.0)
-  # Effective rewards: t1: 0, t2: 1 + 2 + 0.5, t5: 0 + 3; prompt reward 5 dropped.
+  # Effective rewards: t1: 0, t2: 1+2+0.5, t5: 0+3; prompt reward 5 dropped.
   np.testing.assert_allclose(np.asarray(r), [[0, 6.5, 6.5, 0, 0, 3.0, 0]])
   np.testing.assert_allclose(np.asarray(a), np.asarray(r))
   # With γ = 0.5 the gap costs no discount: one step per action-token hop.
@@ -214,8 +215,9 @@ def test_length_adaptive_lambda_values():
   lam = adv_lib.length_adaptive_lambda(jnp.array([10, 20, 200]), alpha=0.05)
   np.testing.assert_allclose(np.asarray(lam), [0.0, 0.0, 0.9], rtol=1e-6,
                              atol=1e-7)
-  assert np.all(np.isfinite(np.asarray(jax.grad(
-      lambda l: adv_lib.length_adaptive_lambda(l).sum())(jnp.array([0.0, 3.0])))))
+  g = jax.grad(lambda l: adv_lib.length_adaptive_lambda(l).sum())(
+      jnp.array([0.0, 3.0]))
+  assert np.all(np.isfinite(np.asarray(g)))
 
 
 def test_decoupled_gae_policy_and_critic_lambdas():
@@ -290,8 +292,8 @@ def test_batch_whiten_and_reinforce_pp():
   mask[0, :2] = 1
   w = np.asarray(adv_lib.batch_whiten(a, mask))
   on = mask > 0
-  np.testing.assert_allclose(w[on], (a[on] - a[on].mean()) / (a[on].std() + 1e-8),
-                             rtol=1e-5, atol=1e-5)
+  ref = (a[on] - a[on].mean()) / (a[on].std() + 1e-8)
+  np.testing.assert_allclose(w[on], ref, rtol=1e-5, atol=1e-5)
   assert np.all(w[~on] == 0.0)
   np.testing.assert_allclose(w[on].mean(), 0.0, atol=1e-6)
   np.testing.assert_allclose(w[on].std(), 1.0, rtol=1e-5)
@@ -322,9 +324,9 @@ def test_running_mean_baseline_hand_computed():
   update = jax.jit(adv_lib.running_mean_update)
   # Prompt 0 gets 1, 2 in one batch (repeated id), prompt 2 gets 10.
   state = update(state, jnp.array([0, 0, 2]), jnp.array([1.0, 2.0, 10.0]))
-  np.testing.assert_allclose(
-      np.asarray(adv_lib.running_mean_baseline(state, jnp.array([0, 1, 2]),
-                                               default=-7.0)), [1.5, -7.0, 10.0])
+  base = adv_lib.running_mean_baseline(state, jnp.array([0, 1, 2]),
+                                       default=-7.0)
+  np.testing.assert_allclose(np.asarray(base), [1.5, -7.0, 10.0])
   # Prompt 0: 3, 4 -> the ring holds the last k=3 rewards {2, 3, 4}.
   state = update(state, jnp.array([0, 0]), jnp.array([3.0, 4.0]))
   np.testing.assert_allclose(

@@ -1,9 +1,10 @@
-"""Tests for sao_jax.rl.losses / registry against independent float64 NumPy references.
+"""Tests for sao_jax.rl.losses and registry against float64 NumPy references.
 
-Each reference below is written from the paper formula, not from the JAX code: the
-loss value in float64 and the analytic gradient w.r.t. logp (per-token aggregation
-weight × the derivative of the surrogate), checked on inputs that put tokens in every
-region (inside the band, below it, above it; A>0 and A<0; masked tokens).
+Each reference below is written from the paper formula, not from the JAX code:
+the loss value in float64 and the analytic gradient w.r.t. logp (per-token
+aggregation weight × the derivative of the surrogate), checked on inputs that
+put tokens in every region (inside the band, below it, above it; A>0 and A<0;
+masked tokens).
 """
 
 import functools
@@ -30,7 +31,7 @@ ATOL = 2e-6
 
 
 def np_agg_weights(m, mode, constant=None):
-  """Per-token weights w with aggregate(x) = Σ w·x (independent of the JAX code)."""
+  """Per-token weights w with aggregate(x) = Σ w·x (written independently)."""
   m = np.asarray(m, np.float64)
   b, t = m.shape
   if mode == "token_mean":
@@ -51,9 +52,10 @@ def np_agg_weights(m, mode, constant=None):
 
 def np_weighted_ppo(lp, old, adv, m, el, eh, *, weight=None, dual=None,
                     mode="token_mean", constant=None):
-  """−Σ w_agg·W·surr and its gradient; surr = PPO clip (optionally dual clip)."""
+  """−Σ w_agg·W·surr and its gradient; surr = PPO clip (optional dual clip)."""
   lp, old, adv = (np.asarray(a, np.float64) for a in (lp, old, adv))
-  weight = np.ones_like(lp) if weight is None else np.asarray(weight, np.float64)
+  weight = (np.ones_like(lp) if weight is None else
+            np.asarray(weight, np.float64))
   r = np.exp(lp - old)
   surr = np.minimum(r * adv, np.clip(r, 1 - el, 1 + eh) * adv)
   # The unclipped branch (gradient r·A) is active except where PPO clips.
@@ -150,7 +152,8 @@ def test_dis_value_and_gradient_against_numpy():
   assert np.all(g[outside] == 0.0)
   assert np.all(g[mask == 0] == 0.0)
 
-  np.testing.assert_allclose(metrics["accept_frac"], inside.sum() / n, rtol=1e-6)
+  np.testing.assert_allclose(metrics["accept_frac"], inside.sum() / n,
+                             rtol=1e-6)
   np.testing.assert_allclose(metrics["reject_low_frac"],
                              ((r <= 0.7) & (mask > 0)).sum() / n, rtol=1e-6)
   np.testing.assert_allclose(metrics["reject_high_frac"],
@@ -182,7 +185,7 @@ def test_dis_hand_computed_two_tokens():
 
 
 def test_ppo_and_dis_differ_exactly_where_the_paper_says():
-  """A>0, r<1−ε: PPO keeps gradient −r·A/N, DIS gives none; same for A<0, r>1+ε."""
+  """A>0, r<1−ε: PPO keeps gradient −r·A/N, DIS none; same for A<0, r>1+ε."""
   rollout = np.log(np.array([[0.5, 0.5, 0.5]], np.float32))
   ratios = np.array([[0.5, 8.0, 1.1]], np.float32)
   logp = rollout + np.log(ratios)
@@ -297,12 +300,14 @@ def test_gspo_equals_sequence_level_gspo():
   seq_adv = np.array([0.9, 1.5, -0.8, -1.1])
   adv = np.repeat(seq_adv[:, None], t, 1).astype(np.float32)
   loss, metrics = losses.gspo_loss(logp, old, adv, mask)
-  grad = np.asarray(grad_of(losses.gspo_loss, jnp.asarray(logp), old, adv, mask))
+  grad = np.asarray(grad_of(losses.gspo_loss, jnp.asarray(logp), old, adv,
+                            mask))
   lp64, old64 = logp.astype(np.float64), old.astype(np.float64)
   np.testing.assert_allclose(float(loss), np_gspo(lp64, old64, seq_adv, mask,
                                                   3e-4, 4e-4), rtol=1e-5)
-  # Analytic gradient of sequence GSPO: −(1/B) s_i A_i / |y_i| if the sequence is
-  # not clipped (rows 0 and 3), else 0 (row 1: A>0, s>1+ε; row 2: A<0, s<1−ε).
+  # Analytic gradient of sequence GSPO: −(1/B) s_i A_i / |y_i| if the sequence
+  # is not clipped (rows 0 and 3), else 0 (row 1: A>0, s>1+ε; row 2: A<0,
+  # s<1−ε).
   n = mask.sum(1)
   s = np.exp(np.sum(mask * (lp64 - old64), 1) / n)
   expected = np.zeros((b, t))
@@ -341,7 +346,8 @@ def test_cispo_keeps_gradient_on_clipped_tokens():
 def test_areal_decoupled_ppo_against_numpy():
   logp, prox, adv, mask = fixed_inputs(8)
   behav_ratio = np.array([0.3, 1.0, 2.5, 1.2] * 5)[:20].reshape(2, 10)
-  rollout = (prox - np.log(behav_ratio)).astype(np.float32)  # prox/behav = ratio.
+  # π_prox/π_behav = behav_ratio.
+  rollout = (prox - np.log(behav_ratio)).astype(np.float32)
   for cap in (None, 2.0):
     loss, metrics = losses.areal_loss(logp, prox, rollout, adv, mask,
                                       behav_weight_cap=cap)
@@ -456,8 +462,8 @@ def test_explained_variance_cases():
   m = jnp.array([[1, 1, 1, 0]])
   assert float(losses.explained_variance(ret, ret, m)) == pytest.approx(1.0)
   mean = jnp.full_like(ret, 2.0)
-  assert float(losses.explained_variance(mean, ret, m)) == pytest.approx(0.0,
-                                                                         abs=1e-6)
+  ev_mean = float(losses.explained_variance(mean, ret, m))
+  assert ev_mean == pytest.approx(0.0, abs=1e-6)
   assert float(losses.explained_variance(ret, ret, jnp.zeros_like(m))) == 0.0
 
 
@@ -547,7 +553,8 @@ def random_arrays(seed, mask_p=0.6):
 def test_masked_tokens_never_matter(name, seed, junk):
   logp, rollout, adv, mask = random_arrays(seed)
   f = jitted_value_and_grad(name)
-  loss, metrics, grad = f(jnp.asarray(logp), make_batch(logp, rollout, adv, mask))
+  batch = make_batch(logp, rollout, adv, mask)
+  loss, metrics, grad = f(jnp.asarray(logp), batch)
   rng = np.random.default_rng(seed + 1)
   off = mask == 0
 

@@ -1,10 +1,10 @@
-"""Advantage estimators and reward shaping (DESIGN.md §2–§3), pure jnp, jit-able.
+"""Advantage estimators and reward shaping (DESIGN.md §2–§3); pure, jit-able.
 
 Token-level estimators take ``[B, T]`` arrays with ``mask`` = 1 on action tokens
-(the policy produced them) and 0 on prompt, padding and environment observations;
-they return 0 on non-action tokens. Trajectory-level estimators (group baselines,
-running mean) take one scalar reward per trajectory, ``[N]``; spread them over
-tokens with ``broadcast_to_tokens``.
+(the policy produced them) and 0 on prompt, padding and environment
+observations; they return 0 on non-action tokens. Trajectory-level estimators
+(group baselines, running mean) take one scalar reward per trajectory, ``[N]``;
+spread them over tokens with ``broadcast_to_tokens``.
 
 Estimator names used by ``sao_jax.rl.registry.LossSpec.advantage``:
 ``decoupled_gae`` (SAO, α=1.5), ``vapo_gae`` (``decoupled_gae`` with α=0.05),
@@ -38,29 +38,30 @@ def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
         lam: Scalar = 1.0) -> tuple[Array, Array]:
   """Skip-observation GAE (SAO arXiv 2607.07508, Eqs. 4–5).
 
-  The recursion runs over action tokens only, jumping observation gaps: for action
-  token t with next action token n(t) (the first action token after t, across any
-  observation tokens),
+  The recursion runs over action tokens only, jumping observation gaps: for
+  action token t with next action token n(t) (the first action token after t,
+  across any observation tokens),
     δ_t = r̃_t + γ V(n(t)) − V(t),   Â_t = δ_t + γλ Â(n(t)),
-  and the last action token of a row bootstraps with V = Â = 0 (the episode ends).
-  Gaps cost no discount. With an all-action mask this is ordinary GAE
+  and the last action token of a row bootstraps with V = Â = 0 (the episode
+  ends). Gaps cost no discount. With an all-action mask this is ordinary GAE
   (Schulman 2016).
 
-  Rewards on non-action tokens: a reward on an observation/padding token is credited
-  to the closest *preceding* action token (r̃_t = r_t + Σ rewards on the non-action
-  tokens between t and n(t)); rewards before a row's first action token (on the
-  prompt) are ignored. Values on non-action tokens are never read.
+  Rewards on non-action tokens: a reward on an observation/padding token is
+  credited to the closest *preceding* action token (r̃_t = r_t + Σ rewards on
+  the non-action tokens between t and n(t)); rewards before a row's first action
+  token (on the prompt) are ignored. Values on non-action tokens are never read.
 
   Args:
-    rewards: [B, T] per-token rewards (a terminal reward on the last action token).
+    rewards: [B, T] per-token rewards (a terminal reward on the last action
+      token).
     values: [B, T] critic values V(t).
     mask: [B, T] 1 on action tokens.
     gamma: discount γ, scalar or per-row [B].
     lam: λ, scalar or per-row [B] (e.g. ``length_adaptive_lambda``).
 
   Returns:
-    (advantages, returns), [B, T] float32, with returns = Â + V on action tokens;
-    both are 0 on non-action tokens.
+    (advantages, returns), [B, T] float32, with returns = Â + V on action
+    tokens; both are 0 on non-action tokens.
   """
   m = rl_metrics.as_mask(mask) > 0
   rewards = jnp.asarray(rewards, jnp.float32)
@@ -169,7 +170,7 @@ def _group_mean_count(r, ids, g):
 def group_zscore(rewards: Array, group_ids: Optional[Array] = None,
                  num_groups: Optional[int] = None, *, eps: float = 1e-6,
                  ddof: int = 1) -> Array:
-  """GRPO outcome advantage (DeepSeekMath 2024, §4.1.2): (r − mean_g)/(std_g + ε).
+  """GRPO outcome advantage (DeepSeekMath 2024, §4.1.2): (r−mean_g)/(std_g+ε).
 
   Statistics per group of rollouts of one prompt. ``ddof=1`` (sample std, as TRL
   and verl compute it); a singleton group or a group with equal rewards gets 0.
@@ -243,7 +244,8 @@ class RunningMeanState:
   """Last k rewards of each prompt (SAO §4 baseline: paper k=8; online k=128).
 
   Attributes:
-    buffer: [num_prompts, k] ring of rewards; slot ``count % k`` is written next.
+    buffer: [num_prompts, k] ring of rewards; slot ``count % k`` is written
+      next.
     count: [num_prompts] int32 number of rewards ever recorded per prompt.
   """
 
@@ -281,15 +283,15 @@ def running_mean_update(state: RunningMeanState, prompt_ids: Array,
 
 def running_mean_baseline(state: RunningMeanState, prompt_ids: Array, *,
                           default: float = 0.0) -> Array:
-  """Mean of the last min(count, k) rewards of each prompt; ``default`` if none."""
+  """Mean of the last min(count, k) rewards per prompt; ``default`` if none."""
   ids = jnp.asarray(prompt_ids, jnp.int32)
   k = state.buffer.shape[1]
-  n = jnp.minimum(state.count[ids], k)
-  valid = jnp.arange(k)[None, :] < n.reshape(-1, 1)
+  n = jnp.minimum(state.count[ids], k).reshape(-1)
+  valid = jnp.arange(k)[None, :] < n[:, None]
   rows = state.buffer[ids.reshape(-1)]
-  mean = jnp.sum(jnp.where(valid, rows, 0.0), axis=-1) / jnp.maximum(n.reshape(-1),
-                                                                     1)
-  return jnp.where(n.reshape(-1) > 0, mean, default).reshape(ids.shape)
+  total = jnp.sum(jnp.where(valid, rows, 0.0), axis=-1)
+  mean = total / jnp.maximum(n, 1)
+  return jnp.where(n > 0, mean, default).reshape(ids.shape)
 
 
 def running_mean_advantages(state: RunningMeanState, prompt_ids: Array,
@@ -297,8 +299,8 @@ def running_mean_advantages(state: RunningMeanState, prompt_ids: Array,
                             ) -> tuple[Array, RunningMeanState]:
   """r − baseline(prompt), then records r (baseline excludes this batch).
 
-  The running-mean baseline of SAO's ablations (mean of the last k rewards of the
-  prompt). Returns (advantages [N], new_state).
+  The running-mean baseline of SAO's ablations (mean of the last k rewards of
+  the prompt). Returns (advantages [N], new_state).
   """
   base = running_mean_baseline(state, prompt_ids, default=default)
   adv = jnp.asarray(rewards, jnp.float32) - base
@@ -314,9 +316,9 @@ def dynamic_sampling_keep(rewards: Array, group_ids: Optional[Array] = None,
                           num_groups: Optional[int] = None) -> Array:
   """DAPO dynamic sampling (Yu 2025, §3.2): keep groups whose rewards differ.
 
-  A group whose rewards are all equal (all correct / all wrong, or a singleton) has
-  zero group-normalised advantage and is dropped. Returns a bool keep mask shaped
-  like ``rewards``.
+  A group whose rewards are all equal (all correct / all wrong, or a singleton)
+  has zero group-normalised advantage and is dropped. Returns a bool keep mask
+  shaped like ``rewards``.
   """
   r, ids, g, restore = _groups(rewards, group_ids, num_groups)
   hi = jax.ops.segment_max(r, ids, num_segments=g)
@@ -331,8 +333,8 @@ def overlong_penalty(lengths: Array, *, max_len: int, cache_len: int) -> Array:
   ``cache_len`` tokens (linear from 0 to −1); −1 if |y| > L_max.
   """
   if not 0 < cache_len <= max_len:
-    raise ValueError(f"need 0 < cache_len <= max_len; got cache_len={cache_len}, "
-                     f"max_len={max_len}.")
+    raise ValueError("need 0 < cache_len <= max_len; got "
+                     f"cache_len={cache_len}, max_len={max_len}.")
   length = jnp.asarray(lengths, jnp.float32)
   start = float(max_len - cache_len)
   soft = (start - length) / float(cache_len)

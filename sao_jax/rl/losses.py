@@ -2,24 +2,27 @@
 
 Every loss is a pure function of arrays returning ``(loss, metrics)``:
 
-* ``logp``: log π_θ of each token under the policy being trained (gradient flows here);
+* ``logp``: log π_θ of each token under the policy being trained (gradient flows
+  here);
 * ``rollout_logp``: log π_rollout recorded by the sampler (behaviour policy);
-* ``old_logp`` / ``prox_logp``: log-probs of a trainer-side snapshot (PPO's π_old,
-  AReaL's proximal policy), treated as constants;
+* ``old_logp`` / ``prox_logp``: log-probs of a trainer-side snapshot (PPO's
+  π_old, AReaL's proximal policy), treated as constants;
 * ``advantages``: per-token advantages (constants);
-* ``mask``: 1 on action tokens (the policy produced them), 0 on prompt, padding and
-  environment observations.
+* ``mask``: 1 on action tokens (the policy produced them), 0 on prompt, padding
+  and environment observations.
 
 Conventions shared by every loss here:
 
-* Inputs are cast to float32 and every masked-out entry is replaced by 0 *before* any
-  arithmetic, so the contents of masked tokens (even NaN/inf) never change a loss value
-  or a gradient, and masked tokens always get exactly zero gradient.
-* Log-ratios are clamped to ±``MAX_LOG_RATIO`` (=20, i.e. r ∈ [2e-9, 4.9e8]) before
-  ``exp`` so values and gradients stay finite for arbitrarily stale or mismatched
-  tokens; beyond the clamp a token's ratio is constant (zero gradient through r).
-* The aggregation over tokens is explicit (``aggregate``); empty rows / an all-zero
-  mask give loss 0 and finite gradients.
+* Inputs are cast to float32 and every masked-out entry is replaced by 0
+  *before* any arithmetic, so the contents of masked tokens (even NaN/inf) never
+  change a loss value or a gradient, and masked tokens always get exactly zero
+  gradient.
+* Log-ratios are clamped to ±``MAX_LOG_RATIO`` (=20, i.e. r ∈ [2e-9, 4.9e8])
+  before ``exp`` so values and gradients stay finite for arbitrarily stale or
+  mismatched tokens; beyond the clamp a token's ratio is constant (zero gradient
+  through r).
+* The aggregation over tokens is explicit (``aggregate``); empty rows / an
+  all-zero mask give loss 0 and finite gradients.
 * Metrics are scalars (masked means over action tokens unless stated).
 """
 
@@ -61,8 +64,8 @@ def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
     seq_mean_token_mean: mean over non-empty rows of (Σ_t mask·x / Σ_t mask)
       (GRPO, DeepSeekMath 2024: 1/G Σ_i 1/|o_i| Σ_t).
     seq_mean_token_sum: mean over non-empty rows of Σ_t mask·x.
-    token_sum_norm: Σ mask·x / (B · C) with a constant C (``constant``, default T)
-      (Dr. GRPO, Liu 2025: no length normalisation, a fixed normaliser).
+    token_sum_norm: Σ mask·x / (B · C) with a constant C (``constant``, default
+      T) (Dr. GRPO, Liu 2025: no length normalisation, a fixed normaliser).
 
   Args:
     x: [B, T] per-token terms.
@@ -110,13 +113,14 @@ def _log_ratio(num: Array, den: Array) -> Array:
 
 
 def _ratio_metrics(log_ratio: Array, mask: Array, prefix: str = "") -> Metrics:
-  """Ratio mean/min/max and ½E[(log r)²] (the k2 KL estimate) over action tokens."""
+  """Ratio mean/min/max and ½E[(log r)²] (k2 KL estimate) over action tokens."""
   r = jnp.exp(log_ratio)
   return {
       f"{prefix}ratio_mean": rl_metrics.masked_mean(r, mask),
       f"{prefix}ratio_min": rl_metrics.masked_min(r, mask),
       f"{prefix}ratio_max": rl_metrics.masked_max(r, mask),
-      f"{prefix}kl_k2": 0.5 * rl_metrics.masked_mean(jnp.square(log_ratio), mask),
+      f"{prefix}kl_k2": 0.5 * rl_metrics.masked_mean(jnp.square(log_ratio),
+                                                     mask),
   }
 
 
@@ -137,7 +141,8 @@ def _clipped_surrogate(ratio: Array, adv: Array, eps_low: float,
 def k3_kl(logp: Array, ref_logp: Array) -> Array:
   """Per-token k3 estimator of KL(π_θ‖π_ref) = exp(ref−logp) − (ref−logp) − 1.
 
-  GRPO (DeepSeekMath 2024, Eq. 4); unbiased, non-negative. Log-ratio clamped to ±20.
+  GRPO (DeepSeekMath 2024, Eq. 4); unbiased, non-negative. Log-ratio clamped to
+  ±20.
   """
   d = _log_ratio(ref_logp, logp)
   return jnp.exp(d) - d - 1.0
@@ -166,14 +171,15 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
                     mask: Array, *, eps_low: float = 0.3, eps_high: float = 5.0,
                     aggregation: str = "token_mean",
                     constant: Optional[float] = None) -> tuple[Array, Metrics]:
-  """SAO direct double-sided importance sampling (SAO arXiv 2607.07508, Eqs. 1–3).
+  """SAO direct double-sided importance sampling (arXiv 2607.07508, Eqs. 1–3).
 
-  r_t = exp(logp_t − rollout_logp_t), against the *rollout* policy (staleness and
-  train/inference mismatch are one ratio; there is no π_old); f(r) = r if
+  r_t = exp(logp_t − rollout_logp_t), against the *rollout* policy (staleness
+  and train/inference mismatch are one ratio; there is no π_old); f(r) = r if
   1−ε_l < r < 1+ε_h else 0 (strict inequalities);
   L = − Σ_t mask_t · sg(f(r_t)·A_t) · logp_t / Σ_t mask_t.
-  So ∂L/∂logp_t = −f(r_t)·A_t/N: tokens outside the band get exactly zero gradient
-  whatever the sign of A_t, and still count in N (token mean over all action tokens).
+  So ∂L/∂logp_t = −f(r_t)·A_t/N: tokens outside the band get exactly zero
+  gradient whatever the sign of A_t, and still count in N (token mean over all
+  action tokens).
 
   Args:
     logp: [B, T] log π_θ (trainer, now).
@@ -222,12 +228,13 @@ def ppo_clip_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
   """PPO clipped surrogate (Schulman 2017, Eq. 7), optional dual clip and k3 KL.
 
   r = exp(logp − old_logp); L = −agg(min(r·A, clip(r, 1−ε_l, 1+ε_h)·A)). Only
-  (A>0, r>1+ε_h) and (A<0, r<1−ε_l) are clipped: unlike DIS, a token with A>0 and
-  r<1−ε_l (or A<0 and r>1+ε_h) still gets gradient −r·A/N.
+  (A>0, r>1+ε_h) and (A<0, r<1−ε_l) are clipped: unlike DIS, a token with A>0
+  and r<1−ε_l (or A<0 and r>1+ε_h) still gets gradient −r·A/N.
 
   With ``dual_clip=c`` (> 1; Ye et al. 2020, "Mastering Complex Control in MOBA
-  Games"), tokens with A<0 use max(min(r·A, clip(r)·A), c·A): r > c gets no gradient.
-  With ``ref_logp`` and ``kl_coef`` > 0, adds kl_coef·agg(k3 KL) (GRPO-style).
+  Games"), tokens with A<0 use max(min(r·A, clip(r)·A), c·A): r > c gets no
+  gradient. With ``ref_logp`` and ``kl_coef`` > 0, adds kl_coef·agg(k3 KL)
+  (GRPO-style).
 
   Returns:
     (loss, metrics): clip_frac (clipped branch active), dual_clip_frac, ratio
@@ -248,7 +255,8 @@ def ppo_clip_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
     metrics["dual_clip_frac"] = rl_metrics.masked_mean(
         dual_active.astype(jnp.float32), m)
   loss = -aggregate(surr, m, aggregation, constant=constant)
-  metrics["clip_frac"] = rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m)
+  metrics["clip_frac"] = rl_metrics.masked_mean(
+      is_clipped.astype(jnp.float32), m)
   metrics.update(_ratio_metrics(jax.lax.stop_gradient(log_ratio), m))
   loss = _with_kl(loss, metrics, logp, ref_logp, m, kl_coef, aggregation,
                   constant)
@@ -289,9 +297,9 @@ def dr_grpo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
                  constant: Optional[float] = None) -> tuple[Array, Metrics]:
   """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training").
 
-  GRPO without the 1/|o_i| length normalisation: Σ mask·surr / (B·C) with a constant
-  C (``constant``, default T = the padded max generation length). Advantages are
-  group-mean-centred without std (``advantages.group_mean``).
+  GRPO without the 1/|o_i| length normalisation: Σ mask·surr / (B·C) with a
+  constant C (``constant``, default T = the padded max generation length).
+  Advantages are group-mean-centred without std (``advantages.group_mean``).
   """
   return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
                        eps_high=eps_high, aggregation="token_sum_norm",
@@ -303,9 +311,9 @@ def dapo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
               ) -> tuple[Array, Metrics]:
   """DAPO (Yu et al. 2025): clip-higher (ε 0.2/0.28) with a token-level mean.
 
-  Clip-higher (DAPO §3.1) and the token-level policy-gradient loss (§3.3) over all
-  action tokens of the batch; dynamic sampling (§3.2) and overlong shaping (§3.4)
-  live in ``advantages``.
+  Clip-higher (DAPO §3.1) and the token-level policy-gradient loss (§3.3) over
+  all action tokens of the batch; dynamic sampling (§3.2) and overlong shaping
+  (§3.4) live in ``advantages``.
   """
   return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
                        eps_high=eps_high, aggregation="token_mean")
@@ -314,17 +322,18 @@ def dapo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
 def gspo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
               eps_low: float = 3e-4, eps_high: float = 4e-4
               ) -> tuple[Array, Metrics]:
-  """GSPO (Zheng et al. 2025): sequence-level geometric-mean ratio, sequence clip.
+  """GSPO (Zheng et al. 2025): sequence-level geometric-mean ratio and clip.
 
   s_i = exp(1/|y_i| Σ_t mask·(logp − old_logp)), the length-normalised sequence
-  importance ratio. Implemented as the paper's GSPO-token variant: s_{i,t} = sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)), whose value is s_i and
-  whose gradient is s_i·∇logp_t, aggregated 1/G Σ_i 1/|y_i| Σ_t min(s_{i,t}A_t,
-  clip(s_{i,t})A_t). With a per-sequence advantage this is exactly GSPO; it also
-  accepts token-level advantages. Defaults ε 3e-4/4e-4 as in the paper.
+  importance ratio. Implemented as the paper's GSPO-token variant: s_{i,t} =
+  sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)), whose value is s_i and whose gradient is
+  s_i·∇logp_t, aggregated 1/G Σ_i 1/|y_i| Σ_t min(s_{i,t}A_t, clip(s_{i,t})A_t).
+  With a per-sequence advantage this is exactly GSPO; it also accepts
+  token-level advantages. Defaults ε 3e-4/4e-4 as in the paper.
 
   Returns:
-    (loss, metrics): clip_frac (fraction of non-empty sequences clipped), sequence
-    ratio mean/min/max, token kl_k2.
+    (loss, metrics): clip_frac (fraction of non-empty sequences clipped),
+    sequence ratio mean/min/max, token kl_k2.
   """
   m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
   adv = jax.lax.stop_gradient(adv)
@@ -353,12 +362,12 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
 def cispo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
                eps_low: float = 1.0, eps_high: float = 0.28
                ) -> tuple[Array, Metrics]:
-  """CISPO (MiniMax-M1, 2025): L = −Σ mask·sg(clip(r, 1−ε_l, 1+ε_h))·A·logp / Σ mask.
+  """CISPO (MiniMax-M1, 2025): −Σ mask·sg(clip(r))·A·logp / Σ mask.
 
   Clips the importance-sampling *weight*, not the update: every token keeps a
-  gradient −clip(r)·A/N (contrast DIS, which zeroes out-of-band tokens). MiniMax-M1
-  imposes no lower bound (ε_l large; the default 1.0 clips at 0) and tunes ε_h; the
-  default 0.28 here borrows DAPO's clip-higher.
+  gradient −clip(r)·A/N (contrast DIS, which zeroes out-of-band tokens).
+  MiniMax-M1 imposes no lower bound (ε_l large; the default 1.0 clips at 0) and
+  tunes ε_h; the default 0.28 here borrows DAPO's clip-higher.
   """
   m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
   log_ratio = jax.lax.stop_gradient(_log_ratio(logp, old_logp))
@@ -377,13 +386,13 @@ def areal_loss(logp: Array, prox_logp: Array, rollout_logp: Array,
                advantages: Array, mask: Array, *, eps_low: float = 0.2,
                eps_high: float = 0.2, behav_weight_cap: Optional[float] = None
                ) -> tuple[Array, Metrics]:
-  """AReaL decoupled PPO objective (Fu et al. 2025): behaviour vs proximal policy.
+  """AReaL decoupled PPO (Fu et al. 2025): behaviour vs proximal policy.
 
   L = −agg_token_mean( w · min(u·A, clip(u, 1−ε_l, 1+ε_h)·A) ) with
   w = sg(π_prox/π_behav) = exp(prox_logp − rollout_logp) (optionally capped at
-  ``behav_weight_cap``; tokens above the cap are dropped, w=0, as AReaL does) and
-  u = π_θ/π_prox. The trust region is centred on the recent proximal policy, while
-  the off-policy correction goes back to the (stale) behaviour policy.
+  ``behav_weight_cap``; tokens above the cap are dropped, w=0, as AReaL does)
+  and u = π_θ/π_prox. The trust region is centred on the recent proximal policy,
+  while the off-policy correction goes back to the (stale) behaviour policy.
   """
   m, (logp, prox_logp, rollout_logp, adv) = _prepare(
       mask, logp, prox_logp, rollout_logp, advantages)
@@ -411,7 +420,7 @@ def areal_loss(logp: Array, prox_logp: Array, rollout_logp: Array,
 
 def _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
                   eps_high, weight_fn):
-  """PPO clip against π_old times a per-token train/inference mismatch factor."""
+  """PPO clip against π_old times a per-token train/inference mismatch."""
   m, (logp, rollout_logp, adv) = _prepare(mask, logp, rollout_logp, advantages)
   if old_logp is None:
     old_logp = jax.lax.stop_gradient(logp)
@@ -439,10 +448,11 @@ def _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
 def tis_loss(logp: Array, rollout_logp: Array, advantages: Array, mask: Array,
              *, old_logp: Optional[Array] = None, eps_low: float = 0.2,
              eps_high: float = 0.2, cap: float = 2.0) -> tuple[Array, Metrics]:
-  """Truncated importance sampling for train/inference mismatch (Yao et al. 2025).
+  """Truncated importance sampling for train/inference mismatch (Yao 2025).
 
-  PPO clip against π_old (trainer-side; ``old_logp``, or sg(logp) when absent, i.e.
-  one on-policy step) times w = sg(min(π_old/π_rollout, C)), C=``cap`` (paper: 2).
+  PPO clip against π_old (trainer-side; ``old_logp``, or sg(logp) when absent,
+  i.e. one on-policy step) times w = sg(min(π_old/π_rollout, C)), C=``cap``
+  (paper: 2).
   """
 
   def weight_fn(k, m):
@@ -460,11 +470,12 @@ def icepop_loss(logp: Array, rollout_logp: Array, advantages: Array,
                 eps_low: float = 0.2, eps_high: float = 0.28,
                 mismatch_low: float = 0.5, mismatch_high: float = 5.0
                 ) -> tuple[Array, Metrics]:
-  """IcePop (Ling team 2025, Ring-1T): masked train/inference mismatch correction.
+  """IcePop (Ling team 2025, Ring-1T): masked train/inference mismatch fix.
 
-  k = π_old/π_rollout; M(k) = k if α ≤ k ≤ β else 0 (α=0.5, β=5); L = −agg_token_mean(
-  sg(M(k)) · min(r·A, clip(r)·A)) with r = π_θ/π_old (π_old = sg(π_θ) when
-  ``old_logp`` is absent). Tokens with too much mismatch get no gradient.
+  k = π_old/π_rollout; M(k) = k if α ≤ k ≤ β else 0 (α=0.5, β=5); L =
+  −agg_token_mean( sg(M(k)) · min(r·A, clip(r)·A)) with r = π_θ/π_old (π_old =
+  sg(π_θ) when ``old_logp`` is absent). Tokens with too much mismatch get no
+  gradient.
   """
 
   def weight_fn(k, m):
@@ -488,8 +499,9 @@ def value_loss(values: Array, returns: Array, mask: Array, *,
   """Critic regression loss E[(V − R)²] over action tokens (SAO §3.2).
 
   Plain MSE **without** a ½ factor (the paper's E[(V−R)²]; gradient 2(V−R)/N).
-  With ``old_values`` and ``clip`` (PPO2-style value clipping), the per-token loss is
-  max((V−R)², (V_old + clip(V−V_old, −c, c) − R)²). Returns are constants (sg).
+  With ``old_values`` and ``clip`` (PPO2-style value clipping), the per-token
+  loss is max((V−R)², (V_old + clip(V−V_old, −c, c) − R)²). Returns are
+  constants (sg).
 
   Returns:
     (loss, metrics): value_loss, value_mean, return_mean, explained_variance,

@@ -16,7 +16,7 @@ Array = jax.Array
 
 
 def as_mask(mask: Array) -> Array:
-  """Returns ``mask`` as float32 0/1 (accepts bool, uint8, int or float masks)."""
+  """Returns ``mask`` as float32 0/1 (from bool, uint8, int or float masks)."""
   return (jnp.asarray(mask) != 0).astype(jnp.float32)
 
 
@@ -64,8 +64,8 @@ def masked_whiten(x: Array, mask: Array, eps: float = 1e-8,
                   shift_mean: bool = True) -> Array:
   """(x − mean)/(std + eps) over mask==1 (population std); 0 off the mask.
 
-  The batch normaliser of REINFORCE++ (Hu 2025): statistics over every action token
-  of the batch.
+  The batch normaliser of REINFORCE++ (Hu 2025): statistics over every action
+  token of the batch.
   """
   m = as_mask(mask)
   mean = masked_mean(x, m)
@@ -78,7 +78,8 @@ def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
   """1 − Var(R − V)/Var(R) over action tokens (SAO §3.2 critic diagnostic).
 
   Returns 0 when Var(R) is 0 (e.g. an empty mask or constant returns), where the
-  ratio is undefined; 1 means a perfect critic, ≤ 0 a critic no better than the mean.
+  ratio is undefined; 1 means a perfect critic, ≤ 0 a critic no better than the
+  mean.
   """
   var_r = masked_var(returns, mask)
   var_res = masked_var(returns - values, mask)

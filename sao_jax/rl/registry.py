@@ -5,11 +5,12 @@ A config string picks the algorithm (DESIGN.md §2 "Baselines for ablations"):
   loss_fn = registry.get_loss_fn(config.loss.name, config.loss)
   loss, metrics = loss_fn(logp, registry.PolicyBatch(rollout_logp=..., ...))
 
-Every registered function takes ``(logp, batch: PolicyBatch)``; hyperparameters come
-from the algorithm's defaults overridden by any matching key of the config (keys an
-algorithm does not use are ignored, ``None`` means "keep the default"). Each entry
-also names the advantage estimator it is meant to be paired with
-(``LossSpec.advantage``; see ``sao_jax.rl.advantages``), for the trainer to read.
+Every registered function takes ``(logp, batch: PolicyBatch)``; hyperparameters
+come from the algorithm's defaults overridden by any matching key of the config
+(keys an algorithm does not use are ignored, ``None`` means "keep the default").
+Each entry also names the advantage estimator it is meant to be paired with
+(``LossSpec.advantage``; see ``sao_jax.rl.advantages``), for the trainer to
+read.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ class PolicyBatch:
     rollout_logp: log π_rollout recorded by the sampler (behaviour policy).
     advantages: per-token advantages (constants).
     mask: 1 on action tokens, 0 on prompt / padding / observations.
-    old_logp: log π_old of a trainer-side snapshot (PPO/GRPO/DAPO/GSPO/CISPO/TIS/
-      IcePop). Where an algorithm needs π_old and it is absent, the ratio is taken
-      against ``rollout_logp`` (PPO family) or against sg(logp) (TIS/IcePop).
+    old_logp: log π_old of a trainer-side snapshot (PPO, GRPO, DAPO, GSPO,
+      CISPO, TIS, IcePop). Where an algorithm needs π_old and it is absent, the
+      ratio is taken against ``rollout_logp`` (PPO family) or against sg(logp)
+      (TIS/IcePop).
     prox_logp: log π_prox, AReaL's proximal policy (falls back to old_logp).
     ref_logp: log π_ref for the optional k3 KL penalty (PPO/GRPO).
   """
@@ -53,7 +55,7 @@ LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
-  """A registered algorithm: adapter (logp, batch, **hparams), defaults, estimator."""
+  """A registered algorithm: adapter, default hparams, advantage estimator."""
 
   fn: LossFn
   defaults: Mapping[str, Any]
@@ -194,7 +196,7 @@ def resolve_hparams(name: str, config: Optional[Any] = None) -> dict[str, Any]:
 
 
 def get_loss_fn(name: str, config: Optional[Any] = None) -> LossFn:
-  """Returns ``fn(logp, batch) -> (loss, metrics)`` with hyperparameters bound."""
+  """Returns ``fn(logp, batch) -> (loss, metrics)`` with hparams bound."""
   spec = get_spec(name)
   hp = resolve_hparams(name, config)
 
