@@ -2,7 +2,8 @@
 
 Every `.py` file under sao_jax/, configs/, experiments/ and tests/ must be named
 in BUILD (so Bazel builds and tests it), BUILD must name only files that exist,
-and each test file's Bazel tags must equal the pytest markers it uses (so
+each target's `deps` must provide every `sao_jax` module its sources import, and
+each test file's Bazel tags must equal the pytest markers it uses (so
 `bazel test //:fast_tests` skips exactly the slow/multiprocess files).
 
 Runs both under plain pytest (against the checkout) and under Bazel (against the
@@ -10,6 +11,9 @@ files the `:build_tree` target declares, i.e. the glob of the same folders).
 """
 
 import ast
+import collections
+from collections.abc import Iterator
+import dataclasses
 import io
 import os
 import pathlib
@@ -74,6 +78,103 @@ def _assigned_literal(build_text: str, name: str) -> object:
 def _markers_used(test_file: pathlib.Path) -> set[str]:
   text = test_file.read_text()
   return {m for m in _MARKERS if re.search(rf"\bpytest\.mark\.{m}\b", text)}
+
+
+@dataclasses.dataclass
+class _Target:
+  name: str
+  srcs: list[str]
+  deps: list[str]
+
+
+def _targets(build_text: str) -> dict[str, _Target]:
+  """Evaluates BUILD (Starlark is Python here) with recording rule stand-ins."""
+  targets = {}
+
+  def rule(name: str, srcs: list[str] = (), deps: list[str] = (), **_):
+    targets[":" + name] = _Target(":" + name, list(srcs), list(deps))
+
+  def ignore(*_, **__):
+    return []
+
+  scope = {"py_library": rule, "py_binary": rule, "py_test": rule,
+           "filegroup": rule, "test_suite": ignore, "package": ignore,
+           "glob": ignore, "exports_files": ignore}
+  exec(compile(build_text, "BUILD", "exec"), scope)  # pylint: disable=exec-used
+  return targets
+
+
+def _module_files(root: pathlib.Path, dotted: str) -> Iterator[str]:
+  """Files importing `dotted` loads: each package's __init__.py and the module."""
+  parts = dotted.split(".")
+  for i in range(1, len(parts) + 1):
+    base = "/".join(parts[:i])
+    for candidate in (f"{base}/__init__.py", f"{base}.py"):
+      if (root / candidate).is_file():
+        yield candidate
+
+
+def _imported_files(root: pathlib.Path, src: str) -> set[str]:
+  """The sao_jax files `src` imports (statements, import_module, `-m` args)."""
+  package = src.split("/")[:-1]
+  names = set()
+  for node in ast.walk(ast.parse((root / src).read_text())):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = package[:len(package) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+      names.add(base)
+      names.update(f"{base}.{alias.name}" for alias in node.names)
+    elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and
+          re.fullmatch(r"sao_jax(\.\w+)+", node.value)):
+      names.add(node.value)
+  files = set()
+  for name in names:
+    if name == "sao_jax" or name.startswith("sao_jax."):
+      files.update(_module_files(root, name))
+  return files
+
+
+def _transitive_srcs(targets: dict[str, _Target], label: str) -> set[str]:
+  seen, todo, srcs = set(), [label], set()
+  while todo:
+    current = todo.pop()
+    if current in seen or current not in targets:
+      continue
+    seen.add(current)
+    srcs.update(targets[current].srcs)
+    todo.extend(targets[current].deps)
+  return srcs
+
+
+def test_every_dep_label_is_a_target():
+  targets = _targets(_build_text())
+  unknown = sorted(f"{t.name} -> {d}" for t in targets.values()
+                   for d in t.deps if d not in targets)
+  assert not unknown, "deps naming no target of BUILD: " + ", ".join(unknown)
+
+
+def test_deps_provide_every_imported_module():
+  root = _repo_root()
+  targets = _targets(_build_text())
+  owners = collections.defaultdict(set)
+  for target in targets.values():
+    for src in target.srcs:
+      owners[src].add(target.name)
+  problems = []
+  for target in targets.values():
+    available = _transitive_srcs(targets, target.name)
+    for src in target.srcs:
+      if not src.endswith(".py") or not (root / src).is_file():
+        continue
+      for needed in sorted(_imported_files(root, src) - available):
+        where = " or ".join(sorted(owners[needed])) or "no target"
+        problems.append(f"{src} (in {target.name}) imports {needed}, which is "
+                        f"in {where}: add it to the deps of {target.name}")
+  assert not problems, "Missing BUILD deps:\n" + "\n".join(problems)
 
 
 def test_quoted_paths_finds_file_strings_only():
