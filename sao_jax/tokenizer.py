@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from absl import logging
 import sentencepiece as spm
@@ -248,3 +248,22 @@ def task_corpus(dataset_names: Sequence[str], n: int, seed: int) -> list[str]:
           format_prompt(question) + format_tool_call(expr)
           + format_tool_result(answer) + format_assistant_turn(answer))
   return texts
+
+
+def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str]
+                          ) -> Tokenizer:
+  """The run's tokenizer from the `config.tokenizer` section.
+
+  `config.path` set: that model file. Otherwise `<workdir>/tokenizer.model`,
+  trained on `task_corpus(config.datasets, config.corpus_size, config.seed)`
+  on the first start and loaded again on restarts (so a resumed run keeps its
+  ids).
+  """
+  if config.path:
+    return Tokenizer.load(config.path)
+  path = os.path.join(os.fspath(workdir), "tokenizer.model")
+  if os.path.exists(path):
+    logging.info("Loading the run's tokenizer from %s", path)
+    return Tokenizer.load(path)
+  texts = task_corpus(tuple(config.datasets), config.corpus_size, config.seed)
+  return train_tokenizer(texts, path, config.vocab_size, seed=config.seed)

@@ -120,3 +120,25 @@ def test_parse_tool_call():
   assert tok_lib.parse_tool_call(tok_lib.TOOL_CALL + "1+") is None
   two = tok_lib.format_tool_call("1") + tok_lib.format_tool_call("2")
   assert tok_lib.parse_tool_call(two) == "2"
+
+
+def test_tokenizer_from_config(trained, tmp_path):
+  import ml_collections
+  cfg = ml_collections.ConfigDict(dict(
+      path="", vocab_size=300, seed=0, datasets=("chain_sum",),
+      corpus_size=50))
+  first = tok_lib.tokenizer_from_config(cfg, tmp_path)
+  assert first.vocab_size == 300
+  model_file = tmp_path / "tokenizer.model"
+  assert model_file.read_bytes() == first.serialized_proto()
+  # A restart loads the file instead of retraining (a changed seed is moot).
+  cfg.seed = 7
+  mtime = model_file.stat().st_mtime_ns
+  again = tok_lib.tokenizer_from_config(cfg, tmp_path)
+  assert again.serialized_proto() == first.serialized_proto()
+  assert model_file.stat().st_mtime_ns == mtime
+  # An explicit path wins.
+  path, tok = trained
+  cfg.path = str(path)
+  assert tok_lib.tokenizer_from_config(cfg, tmp_path).serialized_proto() == (
+      tok.serialized_proto())
