@@ -59,6 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.dataset = "basic_arithmetic"  # reasoning_gym.create_dataset name.
   # Keyword arguments for reasoning_gym.create_dataset (free-form).
   config.env.dataset_config = ml_collections.ConfigDict()
+  # Text appended to every question (e.g. the required answer format).
+  config.env.instruction = ""
   config.env.seed = 0  # Training problems' seed.
   config.env.size = 100_000  # Number of training problems.
   config.env.eval_seed = 12345  # Held-out problems: a different seed.

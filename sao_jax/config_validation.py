@@ -23,7 +23,6 @@ import ml_collections
 FREE_FORM = ("env.dataset_config",)
 TRAIN_MODES = ("async", "sync", "group")
 SCHEDULES = ("constant", "cosine")
-ENV_NAMES = ("reasoning_gym", "tool", "evolving")
 DTYPES = ("float32", "bfloat16", "float16")
 # Estimators beyond those the loss registry names (sao_jax.rl.advantages).
 _EXTRA_ADVANTAGES = ("rloo", "running_mean")
@@ -197,6 +196,26 @@ def _known_advantages() -> tuple[str, ...] | None:
   return tuple(sorted(names | set(_EXTRA_ADVANTAGES)))
 
 
+def _known_envs() -> tuple[str, ...] | None:
+  try:
+    from sao_jax.envs import registry  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return registry.available_envs()
+
+
+def _check_dataset_name(c: Any, path: str, name: str) -> None:
+  """`name` must be a reasoning_gym dataset (suggesting the closest)."""
+  from reasoning_gym import factory  # pylint: disable=g-import-not-at-top
+
+  if name not in factory.DATASETS:
+    close = difflib.get_close_matches(name, list(factory.DATASETS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(
+        f"config.{path}: expected a reasoning_gym dataset name, got "
+        f"{name!r}{hint}")
+
+
 def _check_model(c: Any) -> None:
   for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
               "num_heads", "num_kv_heads", "head_dim"):
@@ -224,6 +243,8 @@ def _check_tokenizer(c: Any) -> None:
          "special tokens)")
   _check(c, "tokenizer.corpus_size", _pos_int, "a positive int")
   _check(c, "tokenizer.datasets", bool, "at least one dataset name")
+  for i, name in enumerate(t.datasets):
+    _check_dataset_name(c, f"tokenizer.datasets[{i}]", name)
   if c.model.vocab_size < t.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size: expected >= tokenizer.vocab_size="
@@ -231,8 +252,10 @@ def _check_tokenizer(c: Any) -> None:
 
 
 def _check_env(c: Any) -> None:
-  _check(c, "env.name", lambda v: v in ENV_NAMES, f"one of {ENV_NAMES}")
-  _check(c, "env.dataset", bool, "a reasoning_gym dataset name")
+  envs = _known_envs()
+  if envs is not None:
+    _check(c, "env.name", lambda v: v in envs, f"a registered env {envs}")
+  _check_dataset_name(c, "env.dataset", c.env.dataset)
   _check(c, "env.size", _pos_int, "a positive int")
   _check(c, "env.eval_size", _nonneg, "int >= 0")
   _check(c, "env.max_turns", _pos_int, "a positive int")

@@ -131,6 +131,13 @@ def test_int_for_float_and_placeholder_are_accepted(config):
     ({"rl.eps_high": -1.0}, "config.rl.eps_high: expected float > 0, got -1.0"),
     ({"rl.loss": "sa0"}, "config.rl.loss: expected a registered loss"),
     ({"rl.advantage": "gea"}, "config.rl.advantage: expected one of"),
+    ({"env.name": "gym"}, "config.env.name: expected a registered env "
+     "('evolving', 'reasoning_gym', 'tool'), got 'gym'"),
+    ({"env.dataset": "chainsum"}, "config.env.dataset: expected a "
+     "reasoning_gym dataset name, got 'chainsum' (did you mean 'chain_sum'?)"),
+    ({"tokenizer.datasets": ("chain_sum", "leg_count")},
+     "config.tokenizer.datasets[1]: expected a reasoning_gym dataset name, "
+     "got 'leg_count' (did you mean 'leg_counting'?)"),
     ({"train.mode": "asynch"},
      "config.train.mode: expected one of ('async', 'sync', 'group'), got "
      "'asynch'"),
@@ -189,6 +196,26 @@ def test_consistent_unusual_values_pass(config):
   config.sampler.n_rollouts = 4
   config.mesh.data, config.mesh.fsdp = 2, 2
   cv.validate_config(config)
+
+
+def test_experiment_configs_validate():
+  """Every configs/*.py experiment passes validation."""
+  import importlib.util
+  paths = sorted((_REPO / "configs").glob("*.py"))
+  checked = 0
+  for path in paths:
+    if path.name == "__init__.py":
+      continue
+    spec = importlib.util.spec_from_file_location(f"cfg_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(_REPO))
+    try:
+      spec.loader.exec_module(module)
+    finally:
+      sys.path.remove(str(_REPO))
+    cv.validate_config(module.get_config())
+    checked += 1
+  assert checked >= 1
 
 
 def test_validate_mesh_against_devices(config):
