@@ -630,3 +630,22 @@ def test_value_loss_and_aggregate_jit_match_eager():
   agg = jax.jit(losses.aggregate, static_argnames=("mode",))
   np.testing.assert_allclose(float(agg(v, m, mode="seq_mean_token_mean")),
                              v[0, [0, 1, 3]].mean(), rtol=1e-6)
+
+
+def test_value_loss_ignores_masked_contents():
+  rng = np.random.default_rng(15)
+  v, ret, old = (rng.normal(size=(3, 6)).astype(np.float32) for _ in range(3))
+  m = (rng.random((3, 6)) < 0.5).astype(np.float32)
+  m[0, 0] = 1.0
+  m[2] = 0.0
+  junk = lambda a: np.where(m > 0, a, np.nan).astype(np.float32)
+  f = lambda x, r, o: losses.value_loss(x, r, m, old_values=o, clip=0.3)
+  g = lambda x, r, o: jax.grad(lambda y: f(y, r, o)[0])(jnp.asarray(x))
+  (l1, m1), (l2, m2) = f(v, ret, old), f(junk(v), junk(ret), junk(old))
+  assert float(l1) == float(l2)
+  for k in m1:
+    assert float(m1[k]) == float(m2[k]), k
+  g1, g2 = np.asarray(g(v, ret, old)), np.asarray(g(junk(v), junk(ret),
+                                                    junk(old)))
+  np.testing.assert_array_equal(g1, g2)
+  assert np.all(g1[m == 0] == 0.0) and np.count_nonzero(g1) > 0

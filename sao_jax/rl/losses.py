@@ -332,8 +332,9 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
   token-level advantages. Defaults ε 3e-4/4e-4 as in the paper.
 
   Returns:
-    (loss, metrics): clip_frac (fraction of non-empty sequences clipped),
-    sequence ratio mean/min/max, token kl_k2.
+    (loss, metrics): clip_frac (token fraction on the clipped branch),
+    seq_out_of_band_frac (fraction of non-empty sequences with s_i outside the
+    band), sequence ratio mean/min/max, token kl_k2.
   """
   m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
   adv = jax.lax.stop_gradient(adv)
