@@ -9,7 +9,7 @@ setuptools.setup(
         "Asynchronous RL post-training of LLM policies with SAO "
         "(Single-rollout Asynchronous Optimization) in JAX/Flax."
     ),
-    packages=setuptools.find_packages(include=["sao_jax", "sao_jax.*"]),
+    packages=setuptools.find_packages(include=["sao_jax", "sao_jax.*", "configs"]),
     python_requires=">=3.11",
     install_requires=[
         "jax>=0.10,<0.13",

@@ -1,0 +1,1 @@
+"""Experiment configs: one file per experiment, each with get_config()."""

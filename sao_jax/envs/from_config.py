@@ -1,0 +1,43 @@
+"""Tasks and environments built from the ``config.env`` section.
+
+The sampler process (training episodes) and the trainer (held-out evaluation)
+build their environments here, so both see the same tasks and template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sao_jax.envs import registry
+from sao_jax.envs.base import Environment
+from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
+from sao_jax.envs.reasoning_gym_env import train_eval_split
+
+
+def build_tasks(env_cfg: Any) -> tuple[ReasoningGymTasks, ReasoningGymTasks]:
+  """(training tasks, held-out tasks) with disjoint item seeds."""
+  return train_eval_split(
+      env_cfg.dataset, dict(env_cfg.dataset_config),
+      train_seed=env_cfg.seed, train_size=env_cfg.size,
+      eval_seed=env_cfg.eval_seed, eval_size=env_cfg.eval_size)
+
+
+def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
+              *, name: str | None = None) -> list[Environment]:
+  """``n`` independent environments of the configured kind over ``tasks``.
+
+  Args:
+    env_cfg: The ``config.env`` section.
+    tasks: Task set the environments draw from.
+    n: Number of instances (one per batch row).
+    name: Override of ``env_cfg.name`` (evaluation of the evolving env uses
+      the plain reasoning-gym scorer for quality).
+  """
+  name = env_cfg.name if name is None else name
+  kwargs: dict[str, Any] = {"instruction": env_cfg.get("instruction", "")}
+  if name == "tool":
+    kwargs["max_tool_calls"] = env_cfg.max_tool_calls
+  elif name == "evolving":
+    kwargs["styles"] = tuple(env_cfg.styles)
+    kwargs["switch_at"] = tuple(env_cfg.style_change_steps)
+  return [registry.make_env(name, tasks, **kwargs) for _ in range(n)]

@@ -1,0 +1,441 @@
+"""``train_and_evaluate(config, workdir)``: the asynchronous SAO loop end to end.
+
+One trainer process (this one) and one sampler host process (spawned):
+
+  sampler ──trajectories──► ring ──grain stream──► jitted SAO step
+     ▲                                                  │
+     └──────────── versioned weight slot ◄──────────────┘
+
+Startup: tokenizer (trained into the workdir once, or loaded), policy (HF
+checkpoint, or random init + SFT warm start cached in ``workdir/sft``),
+critic from the policy, optimizers; then, if ``workdir/checkpoints`` has one,
+the newest checkpoint is restored and the run continues from it. The sampler
+is told where to resume (``episodes_consumed``) so prompts continue exactly.
+
+Modes: ``async`` (sampler runs ahead up to ``max_staleness`` steps), ``sync``
+(max staleness forced to 0: strict generate→train alternation, the baseline)
+and ``group`` (sync, ``n_rollouts`` per prompt for GRPO-family losses).
+
+Every ``log_every`` steps scalars go to TensorBoard (``workdir/tb``); held-out
+accuracy every ``eval_every`` policy steps; orbax checkpoints every
+``checkpoint_every`` steps and at the end. The sampler is stopped and the
+shared-memory segments unlinked on every exit path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from sao_jax import sharding
+from sao_jax import tokenizer as tok_lib
+from sao_jax.data import stream as stream_lib
+from sao_jax.envs import from_config
+from sao_jax.ipc import ring as ring_lib
+from sao_jax.ipc import weights as weights_lib
+from sao_jax.models import hf
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.rl import advantages as adv_lib
+from sao_jax.sampler import process as sampler_lib
+from sao_jax.train import checkpoint as ckpt_lib
+from sao_jax.train import evaluate as eval_lib
+from sao_jax.train import metrics as metrics_lib
+from sao_jax.train import optim
+from sao_jax.train import sft as sft_lib
+from sao_jax.train import step as step_lib
+
+_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
+# ------------------------------------------------------------------ setup ---
+
+
+def prepare_tokenizer(config: Any, workdir: str) -> tuple[tok_lib.Tokenizer,
+                                                          str]:
+  """Loads ``config.tokenizer.path``, or trains one into the workdir once."""
+  if config.tokenizer.path:
+    if not os.path.exists(config.tokenizer.path):
+      raise FileNotFoundError(
+          f"config.tokenizer.path={config.tokenizer.path!r} does not exist; "
+          "point it at a SentencePiece .model file or set it to '' to train "
+          "one.")
+    return tok_lib.Tokenizer.load(config.tokenizer.path), config.tokenizer.path
+  path = os.path.join(workdir, "tokenizer.model")
+  if os.path.exists(path):
+    return tok_lib.Tokenizer.load(path), path
+  t0 = time.perf_counter()
+  texts = tok_lib.task_corpus(tuple(config.tokenizer.datasets),
+                              int(config.tokenizer.corpus_size),
+                              int(config.tokenizer.seed))
+  tok = tok_lib.train_tokenizer(texts, path, int(config.tokenizer.vocab_size),
+                                int(config.tokenizer.seed))
+  logging.info("Trained tokenizer (%d pieces) in %.1fs -> %s", tok.vocab_size,
+               time.perf_counter() - t0, path)
+  return tok, path
+
+
+def model_config_from(config: Any, tokenizer: tok_lib.Tokenizer) -> ModelConfig:
+  fields = {k: config.model[k] for k in _MODEL_FIELDS}
+  mcfg = ModelConfig(**fields)
+  if mcfg.vocab_size < tokenizer.vocab_size:
+    raise ValueError(
+        f"config.model.vocab_size={mcfg.vocab_size} < tokenizer vocab "
+        f"{tokenizer.vocab_size}; raise config.model.vocab_size.")
+  return mcfg
+
+
+def _abstract_boxed(mcfg: ModelConfig, value: bool) -> Any:
+  tok = jnp.zeros((1, 1), jnp.int32)
+  module = transformer.ValueModel(mcfg) if value else transformer.Transformer(
+      mcfg)
+  return jax.eval_shape(
+      lambda: module.init(jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
+
+
+def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int,
+                 max_len: int) -> list[tuple[list[int], list[int]]]:
+  """(prompt, answer) token pairs in the sampler's template, fitting max_len."""
+  out = []
+  for i in range(min(n, len(tasks))):
+    entry = tasks.entry(i)
+    prompt = tokenizer.encode(tok_lib.format_prompt(entry["question"]))
+    answer = tokenizer.encode(tok_lib.format_assistant_turn(str(entry["answer"])))
+    if len(prompt) + len(answer) <= max_len:
+      out.append((prompt, answer))
+  return out
+
+
+def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
+                   train_tasks, workdir: str,
+                   writer: metrics_lib.MetricWriter) -> Any:
+  """HF checkpoint, cached SFT result, or random init + SFT (cached)."""
+  if config.model.init_from:
+    loaded_cfg, params = hf.load_hf_checkpoint(config.model.init_from)
+    if loaded_cfg != mcfg:
+      raise ValueError(
+          f"config.model does not match the checkpoint at "
+          f"{config.model.init_from}: config {mcfg} vs checkpoint "
+          f"{loaded_cfg}.")
+    return params
+  sft_dir = os.path.join(workdir, "sft")
+  if os.path.exists(os.path.join(sft_dir, "config.json")):
+    logging.info("Using the SFT warm start cached in %s", sft_dir)
+    return hf.load_hf_checkpoint(sft_dir)[1]
+  tok = jnp.zeros((1, 1), jnp.int32)
+  params = nn.unbox(transformer.Transformer(mcfg).init(
+      jax.random.PRNGKey(int(config.train.seed)), tok, tok, tok == 0)["params"])
+  if int(config.train.sft_steps) <= 0:
+    return params
+  cfg = sft_lib.SFTConfig(
+      steps=int(config.train.sft_steps),
+      batch_size=int(config.train.sft_batch_size),
+      max_len=int(config.train.sft_max_len), lr=float(config.train.sft_lr),
+      seed=int(config.train.seed))
+  examples = sft_examples(train_tasks, tokenizer, len(train_tasks), cfg.max_len)
+  logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
+               len(examples))
+  params, _ = sft_lib.run_sft(
+      mcfg, params, examples, cfg, pad_id=tokenizer.pad_id,
+      on_metrics=lambda i, m: writer.write_scalars(i - cfg.steps, m))
+  hf.save_hf_checkpoint(mcfg, params, sft_dir, arch="LlamaForCausalLM"
+                        if not mcfg.qkv_bias else "Qwen2ForCausalLM")
+  return params
+
+
+# --------------------------------------------------------------- the loop ---
+
+
+@dataclasses.dataclass
+class _Clock:
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  trainer_wait: float = 0.0
+  publish: float = 0.0
+
+  @property
+  def elapsed(self) -> float:
+    return time.perf_counter() - self.start
+
+
+def _group_index(prompt_ids: np.ndarray) -> np.ndarray:
+  """Dense group index per row: rows with the same prompt form a group."""
+  _, inverse = np.unique(prompt_ids, return_inverse=True)
+  return inverse.astype(np.int32)
+
+
+def _staleness_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:
+  st = batch["staleness"].astype(np.float64)
+  return {"staleness/min": st.min(), "staleness/mean": st.mean(),
+          "staleness/max": st.max()}
+
+
+def _to_device_batch(batch: dict[str, np.ndarray], config: Any, mesh,
+                     rules) -> dict[str, jax.Array]:
+  batch = dict(batch)
+  batch["prompt_id"] = (batch["prompt_id"] - int(config.env.seed)).astype(
+      np.int32)
+  batch["group_index"] = _group_index(batch["prompt_id"])
+  for k in ("length", "staleness"):
+    batch[k] = batch[k].astype(np.int32)
+  return sharding.make_global_batch(batch, mesh, rules)
+
+
+def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
+  """Runs SFT (if configured), asynchronous SAO RL and evaluation.
+
+  Returns:
+    A summary: held-out accuracy before/after RL, steps, trajectories, tokens/s,
+    mean staleness, ring and sampler counters.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  workdir = os.path.abspath(workdir)
+  mode = str(config.train.mode)
+  max_staleness = 0 if mode in ("sync", "group") else int(
+      config.train.max_staleness)
+  n_roll = int(config.sampler.n_rollouts)
+  if mode == "group" and n_roll < 2:
+    raise ValueError("train.mode='group' needs sampler.n_rollouts >= 2.")
+  nproc = jax.process_count()
+  local_batch = int(config.train.batch_size) // nproc
+  episodes_per_batch = max(1, int(config.sampler.batch_size) // n_roll) * n_roll
+  if local_batch % episodes_per_batch:
+    raise ValueError(
+        f"train.batch_size/process_count={local_batch} must be a multiple of "
+        f"the sampler's episodes per batch ({episodes_per_batch} = "
+        "sampler.batch_size rounded down to a multiple of n_rollouts); "
+        "otherwise sync mode cannot alternate.")
+
+  writer = metrics_lib.MetricWriter(os.path.join(workdir, "tb"))
+  tokenizer, tok_path = prepare_tokenizer(config, workdir)
+  mcfg = model_config_from(config, tokenizer)
+  train_tasks, eval_tasks = from_config.build_tasks(config.env)
+
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.normalize_rules(config.mesh.rules)
+  p_shard = sharding.param_shardings(_abstract_boxed(mcfg, False), mesh, rules)
+  v_shard = sharding.param_shardings(_abstract_boxed(mcfg, True), mesh, rules)
+
+  policy_params = initial_policy(config, mcfg, tokenizer, train_tasks, workdir,
+                                 writer)
+  value_params = transformer.value_params_from_policy(
+      policy_params, mcfg, jax.random.PRNGKey(int(config.train.seed) + 7))
+  policy_params = sharding.shard_params(policy_params, p_shard)
+  value_params = sharding.shard_params(value_params, v_shard)
+
+  warmup = int(config.rl.critic_warmup_steps)
+  total_steps = warmup + int(config.train.num_steps)
+  o = config.optim
+  policy_tx = optim.make_optimizer(
+      float(o.actor_lr), warmup_steps=int(o.warmup_steps),
+      schedule=str(o.schedule), total_steps=int(config.train.num_steps),
+      weight_decay=float(o.weight_decay), b1=float(o.b1), b2=float(o.b2),
+      eps=float(o.eps), grad_clip=float(o.grad_clip))
+  value_tx = optim.make_optimizer(
+      float(o.critic_lr), warmup_steps=int(o.warmup_steps),
+      schedule=str(o.schedule), total_steps=total_steps,
+      weight_decay=float(o.weight_decay), b1=float(o.b1), b2=float(o.b2),
+      eps=float(o.eps), grad_clip=float(o.grad_clip),
+      labels=(optim.frozen_attention_labels(value_params)
+              if config.rl.critic_frozen_attention else None))
+  step_cfg = step_lib.StepConfig(
+      loss=str(config.rl.loss),
+      loss_hparams=tuple(sorted(
+          (k, config.rl[k]) for k in ("eps_low", "eps_high", "kl_coef",
+                                      "dual_clip", "cap", "mismatch_low",
+                                      "mismatch_high", "behav_weight_cap",
+                                      "constant")
+          if config.rl[k] is not None)),
+      advantage=str(config.rl.advantage), gamma=float(config.rl.gamma),
+      lam_critic=float(config.rl.lam_critic),
+      lam_policy_alpha=float(config.rl.lam_policy_alpha),
+      critic_updates_per_step=int(config.rl.critic_updates_per_step),
+      temperature=float(config.sampler.temperature),
+      value_clip=config.rl.value_clip, max_groups=int(config.train.batch_size))
+  running_mean = None
+  if step_cfg.advantage == "running_mean":
+    running_mean = adv_lib.running_mean_init(len(train_tasks),
+                                             int(config.rl.running_mean_k))
+  state = step_lib.create_train_state(policy_params, value_params, policy_tx,
+                                      value_tx, running_mean=running_mean)
+
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  meta: dict[str, Any] = {"episodes_consumed": 0, "stream": {},
+                          "eval_before": None}
+  if ckpt.latest_step() is not None:
+    state, meta, step0 = ckpt.restore(state)
+    logging.info("Resumed from checkpoint step %d (policy version %d).",
+                 step0, int(state.policy_version))
+  start_step = int(state.step)
+
+  state_sharding = jax.tree.map(lambda x: x.sharding, state)
+  bsharding = sharding.batch_sharding(mesh, rules)
+  step_fns = {
+      flag: step_lib.make_step(mcfg, step_cfg, policy_tx, value_tx,
+                               update_policy=flag,
+                               state_sharding=state_sharding,
+                               batch_sharding=bsharding)
+      for flag in (False, True)}
+
+  if meta.get("eval_before") is None:
+    meta["eval_before"] = eval_lib.evaluate(
+        jax.device_get(state.policy_params), mcfg, config, tokenizer,
+        eval_tasks, version=int(state.policy_version))
+    logging.info("Held-out accuracy before RL: %.3f",
+                 meta["eval_before"]["eval/accuracy"])
+    writer.write_scalars(start_step, meta["eval_before"])
+
+  summary: dict[str, float] = {}
+  sampler = None
+  ring = ring_lib.RingReader.create(
+      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64)
+  slot = weights_lib.WeightSlot.create(jax.device_get(state.policy_params))
+  previous_sigterm = signal.getsignal(signal.SIGTERM)
+
+  def on_sigterm(signum, frame):
+    del frame
+    raise KeyboardInterrupt(f"signal {signum}")
+
+  signal.signal(signal.SIGTERM, on_sigterm)
+  try:
+    clock = _Clock()
+    slot.publish(jax.device_get(state.policy_params),
+                 int(state.policy_version))
+    sampler = sampler_lib.SamplerHandle(sampler_lib.SamplerSpec(
+        config=config, model_config=mcfg, tokenizer_path=tok_path,
+        ring_name=ring.name, lane=0, weights_name=slot.name,
+        parent_pid=os.getpid(),
+        start_episode=int(meta["episodes_consumed"]) // nproc))
+    sampler.set_trainer_step(start_step)
+    sampler.start()
+    version_box = {"v": int(state.policy_version)}
+    stream = stream_lib.TrajectoryStream(
+        ring, batch_size=local_batch, seq_len=int(config.train.max_seq_len),
+        trainer_version=lambda: version_box["v"], max_staleness=max_staleness,
+        overlong="truncate", pad_id=tokenizer.pad_id,
+        read_timeout=float(config.ring.get_timeout_s),
+        check_producers=sampler.check)
+    stream.counters.load(meta.get("stream", {}))
+    batches = iter(stream.dataset)
+    consumed = int(meta["episodes_consumed"])
+    last = {"time": time.perf_counter(), "tokens": 0.0, "sampler_tokens":
+            sampler.stats_dict()["sampler/action_tokens"]}
+    for step in range(start_step, total_steps):
+      t_wait = time.perf_counter()
+      read_before = stream.counters.records_read
+      host_batch = next(batches)
+      clock.trainer_wait += time.perf_counter() - t_wait
+      consumed += (stream.counters.records_read - read_before) * nproc
+      update_policy = step >= warmup
+      batch = _to_device_batch(host_batch, config, mesh, rules)
+      with sharding.mesh_rules(mesh, rules):
+        state, m = step_fns[update_policy](state, batch)
+      version_box["v"] = int(state.policy_version)
+      done = step + 1
+      if done % int(config.train.publish_every) == 0 or done == total_steps:
+        clock.publish += slot.publish(jax.device_get(state.policy_params),
+                                      version_box["v"])
+      sampler.set_trainer_step(done)
+
+      if done % int(config.train.log_every) == 0 or done == total_steps:
+        scalars = {k: float(v) for k, v in jax.device_get(m).items()}
+        scalars.update(_staleness_stats(host_batch))
+        now = time.perf_counter()
+        sstats = sampler.stats_dict()
+        counters = stream.counters.as_dict()
+        rstats = ring.stats()
+        scalars.update({
+            "policy_version": version_box["v"],
+            "throughput/trainer_tokens_per_s": (
+                scalars["tokens/action"] * int(config.train.log_every)
+                / max(now - last["time"], 1e-9)),
+            "throughput/sampler_tokens_per_s": (
+                (sstats["sampler/action_tokens"] - last["sampler_tokens"])
+                / max(now - last["time"], 1e-9)),
+            "idle/trainer_frac": clock.trainer_wait / clock.elapsed,
+            "idle/sampler_frac": sstats["sampler/idle_s"] / max(
+                1e-9, sstats["sampler/idle_s"] + sstats["sampler/busy_s"]),
+            "weights/publish_s_total": clock.publish,
+            "stream/dropped_stale": counters["dropped_stale"],
+            "stream/multi_version_frac": counters["multi_version"] / max(
+                1, counters["admitted"]),
+            "ring/occupancy_bytes": float(sum(
+                lane["occupancy_bytes"] for lane in rstats["lanes"])),
+            "ring/occupancy_frac": float(rstats["occupancy"]),
+            "ring/producer_deaths": float(rstats["producer_deaths"]),
+            **sstats,
+        })
+        last.update(time=now, sampler_tokens=sstats["sampler/action_tokens"])
+        writer.write_scalars(done, scalars)
+        writer.write_histograms(done, {"staleness": host_batch["staleness"]})
+        writer.flush()
+        logging.info(
+            "step %d/%d | v%d | reward %.3f | accept %.3f | value_loss %.4f | "
+            "staleness %.2f | %.1fs elapsed", done, total_steps,
+            version_box["v"], scalars["reward/mean"],
+            scalars.get("policy/accept_frac", float("nan")),
+            scalars.get("critic/value_loss", float("nan")),
+            scalars["staleness/mean"], clock.elapsed)
+
+      policy_steps = done - warmup
+      if (int(config.train.eval_every) and policy_steps > 0
+          and policy_steps % int(config.train.eval_every) == 0
+          and done != total_steps):
+        ev = eval_lib.evaluate(jax.device_get(state.policy_params), mcfg,
+                               config, tokenizer, eval_tasks,
+                               version=version_box["v"])
+        writer.write_scalars(done, ev)
+        logging.info("step %d: held-out accuracy %.3f", done,
+                     ev["eval/accuracy"])
+      meta.update(episodes_consumed=consumed,
+                  stream=stream.counters.as_dict())
+      if (int(config.train.checkpoint_every)
+          and done % int(config.train.checkpoint_every) == 0
+          and done != total_steps):
+        ckpt.save(done, state, meta)
+
+    final_step = int(state.step)
+    if final_step > start_step or ckpt.latest_step() != final_step:
+      ckpt.save(final_step, state, meta)
+    ev = eval_lib.evaluate(jax.device_get(state.policy_params), mcfg, config,
+                           tokenizer, eval_tasks,
+                           version=int(state.policy_version))
+    writer.write_scalars(final_step, ev)
+    counters = stream.counters.as_dict()
+    sstats = sampler.stats_dict()
+    summary = {
+        "accuracy_before": meta["eval_before"]["eval/accuracy"],
+        "accuracy_after": ev["eval/accuracy"],
+        "eval_problems": ev["eval/num_problems"],
+        "steps": float(final_step),
+        "policy_version": float(state.policy_version),
+        "trajectories_read_from_ring": float(counters["records_read"]),
+        "trajectories_trained": float(counters["admitted"]),
+        "dropped_stale": float(counters["dropped_stale"]),
+        "staleness_mean": float(counters["staleness_mean"]),
+        "staleness_max": float(counters["staleness_max"]),
+        "sampler_episodes": sstats["sampler/episodes"],
+        "sampler_tokens_per_s": sstats["sampler/action_tokens"] / max(
+            1e-9, clock.elapsed),
+        "wall_s": clock.elapsed,
+    }
+    writer.write_scalars(final_step, {f"summary/{k}": v
+                                      for k, v in summary.items()})
+    logging.info("Summary: %s", summary)
+    return summary
+  finally:
+    signal.signal(signal.SIGTERM, previous_sigterm)
+    if sampler is not None:
+      sampler.stop()
+    ring.close()
+    slot.close()
+    writer.close()
+    ckpt.close()
