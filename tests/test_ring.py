@@ -146,18 +146,18 @@ def test_oversize_full_empty_and_drained():
 
 @pytest.mark.parametrize("checksum", ["sum64", "crc32"])
 def test_checksum_catches_a_corrupted_committed_record(checksum):
-  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12,
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 15,
                               checksum=checksum) as r:
     with ring.RingWriter(r.name, lane=0) as w:
-      for size in (0, 1, 7, 8, 9, 1001):  # Word-sum tails of every length.
+      for size in (0, 1, 7, 1001, 8192, 8193, 8199, 8200):  # Word-sum tails.
         payload = np.arange(size, dtype=np.uint8) * 3
         w.write(payload)
         np.testing.assert_array_equal(r.read(timeout=1.0).data, payload)
-      w.write(b"a" * 100)
-      w.write(b"b" * 100)
+      w.write(b"a" * 10_000)  # Above the 8 KiB crc32 cut-over of sum64.
+      w.write(b"b" * 10_000)
       data = r._seg.data[0]
       start = int(r._seg.ctl[0][ring._TAIL]) % r.lane_bytes + ring.HEADER_BYTES
-      data[start + 50] ^= 0x10  # One bit flipped inside the committed record.
+      data[start + 5000] ^= 0x10  # One bit flipped in the committed record.
       with pytest.raises(ring.CorruptRecordError, match=f"{checksum} mismatch"):
         r.read(timeout=1.0)
       assert r.stats()["checksum_retries"] == 5
