@@ -10,15 +10,18 @@ run before any compute with a one-line message naming the key.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from typing import Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
 
 from sao_jax import config_validation
+from sao_jax import sharding
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (e.g. configs/base.py).",
@@ -28,7 +31,9 @@ _WORKDIR = flags.DEFINE_string(
     "Directory for checkpoints, TensorBoard events and the tokenizer.")
 flags.mark_flags_as_required(["config", "workdir"])
 
-_OVERRIDE_PREFIX = "--config."
+# The override forms config_flags accepts: --config.a.b=v, -config.a.b v,
+# --noconfig.a.b (boolean false).
+_OVERRIDE = re.compile(r"^-{1,2}(?:no)?config\.([^=]+)")
 
 
 def _override_paths(argv: Sequence[str]) -> list[str]:
@@ -37,8 +42,8 @@ def _override_paths(argv: Sequence[str]) -> list[str]:
   for arg in argv[1:]:
     if arg == "--":
       break
-    if arg.startswith(_OVERRIDE_PREFIX):
-      paths.append(arg[len(_OVERRIDE_PREFIX):].split("=", 1)[0])
+    if match := _OVERRIDE.match(arg):
+      paths.append(match.group(1))
   return paths
 
 
@@ -70,6 +75,13 @@ def main(argv: Sequence[str]) -> None:
   except config_validation.ConfigError as e:
     sys.exit(str(e))
   config.lock()  # Later typos (config.x = ...) fail instead of adding keys.
+  # Join the other hosts before anything touches a device, then check the
+  # mesh against the global device count.
+  sharding.initialize_distributed(config.distributed)
+  try:
+    config_validation.validate_mesh(config, jax.device_count())
+  except config_validation.ConfigError as e:
+    sys.exit(str(e))
   logging.info("Config:\n%s", config)
   try:
     loop = importlib.import_module("sao_jax.train.loop")

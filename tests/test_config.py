@@ -285,6 +285,10 @@ def main_module(monkeypatch):
   main.parse = parse
   yield main
   flags.FLAGS.unparse_flags()
+  # config_flags defines one flag per override; drop them for the next parse.
+  for name in list(flags.FLAGS):
+    if name.startswith("config."):
+      delattr(flags.FLAGS, name)
   del main.parse
 
 
@@ -295,13 +299,13 @@ def test_main_validates_then_calls_trainer(main_module, tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "sao_jax.train.loop", fake_loop)
   main_module.parse([
       "main", f"--config={_BASE}", f"--workdir={tmp_path}",
-      "--config.rl.eps_low=0.2", "--config.mesh.data=2",
+      "--config.rl.eps_low=0.2", "--config.mesh.tensor=1",
       "--config.env.dataset_config.min_terms=3"])
   main_module.main(["main"])
   assert len(calls) == 1
   config, workdir = calls[0]
   assert workdir == str(tmp_path)
-  assert config.rl.eps_low == 0.2 and config.mesh.data == 2
+  assert config.rl.eps_low == 0.2 and config.mesh.tensor == 1
   assert config.rl.eps_high == 5.0
   assert config.env.dataset_config.min_terms == 3  # Free-form key added.
   with pytest.raises(AttributeError):  # Locked after validation.
@@ -323,6 +327,34 @@ def test_main_stops_on_invalid_config_before_trainer(main_module, tmp_path,
       "config.train.batch_size: expected a multiple of mesh data*fsdp=3, "
       "got 16")
   assert not calls
+
+
+def test_main_checks_mesh_against_devices(main_module, tmp_path,
+                                          monkeypatch):
+  import jax
+  calls = []
+  fake_loop = type(sys)("sao_jax.train.loop")
+  fake_loop.train_and_evaluate = lambda c, w: calls.append((c, w))
+  monkeypatch.setitem(sys.modules, "sao_jax.train.loop", fake_loop)
+  n = jax.device_count()
+  main_module.parse([
+      "main", f"--config={_BASE}", f"--workdir={tmp_path}",
+      f"--config.mesh.data={n + 1}", "--config.mesh.fsdp=1",
+      f"--config.train.batch_size={n + 1}"])
+  with pytest.raises(SystemExit) as info:
+    main_module.main(["main"])
+  assert str(info.value.code) == (
+      f"config.mesh: mesh data={n + 1}, fsdp=1, tensor=1 needs {n + 1} "
+      f"devices but {n} are available; make the sizes multiply to the device "
+      "count or set one to -1.")
+  assert not calls
+
+
+def test_override_paths(main_module):
+  assert main_module._override_paths([
+      "main", "--config=c.py", "--config.rl.eps_low=0.2", "-config.a.b", "3",
+      "--noconfig.rl.log_entropy", "--workdir=/x", "--", "--config.z=1"]) == [
+          "rl.eps_low", "a.b", "rl.log_entropy"]
 
 
 def test_main_without_trainer_exits_clearly(main_module, tmp_path,
