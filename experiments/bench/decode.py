@@ -1,0 +1,127 @@
+r"""Decode throughput: our JAX sampler vs HF transformers `generate` (torch, CPU).
+
+Both sample (temperature 1, top-p 1, no top-k) from the *same* weights: a
+random-init Llama-style `Transformer` exported with
+`sao_jax.models.hf.save_hf_checkpoint` and loaded with
+`AutoModelForCausalLM.from_pretrained` in float32. Batch 32, prompt 32 tokens,
+exactly 128 new tokens per row (no stop tokens on our side; no eos and
+`min_new_tokens=max_new_tokens` on HF's). Timings include prefill and decode
+and the host copy of the results; our compile and HF's first call are warm-ups,
+not timed. The two implementations alternate within each repetition (side by
+side under the same machine load); figures are medians over `--repeats`.
+torch uses as many intra-op threads as JAX's CPU client has devices' cores
+(`--threads`, default os.cpu_count()).
+
+  .venv/bin/python experiments/bench/decode.py --repeats 5
+
+One JSON line per run and per figure; the last line is
+{"ours_tokens_per_s", "baseline_tokens_per_s", "ratio", ...}.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.hf import save_hf_checkpoint
+from sao_jax.models.transformer import Transformer
+from sao_jax.sampler import generate as gen_lib
+from sao_jax.sampler.sampling import SamplingParams
+
+
+def bench_config(vocab_size: int) -> ModelConfig:
+  """~15M parameters, Llama-shaped (GQA, SwiGLU, untied head)."""
+  return ModelConfig(vocab_size=vocab_size, hidden_size=256,
+                     intermediate_size=768, num_layers=8, num_heads=4,
+                     num_kv_heads=2, head_dim=64)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--prompt_len", type=int, default=32)
+  parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--vocab", type=int, default=16384)
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--threads", type=int, default=os.cpu_count())
+  args = parser.parse_args()
+
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(args.threads)
+
+  cfg = bench_config(args.vocab)
+  x = jnp.zeros((1, 4), jnp.int32)
+  params = jax.jit(lambda k: Transformer(cfg).init(k, x, x, x > -1))(
+      jax.random.PRNGKey(0))["params"]
+  prompts = np.random.default_rng(0).integers(
+      4, cfg.vocab_size, (args.batch, args.prompt_len)).astype(np.int32)
+  sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)
+  n_tokens = args.batch * args.new_tokens
+
+  with tempfile.TemporaryDirectory() as d:
+    save_hf_checkpoint(cfg, params, d)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32).eval()
+  hf.generation_config.eos_token_id = None
+  hf.generation_config.pad_token_id = 0
+  ids = torch.from_numpy(prompts.astype(np.int64))
+  amask = torch.ones_like(ids)
+
+  def run_ours(seed: int) -> float:
+    t0 = time.perf_counter()
+    segs = gen_lib.generate(params, cfg, prompts.tolist(),
+                            jax.random.PRNGKey(seed),
+                            max_new_tokens=args.new_tokens, sampling=sampling)
+    dt = time.perf_counter() - t0
+    assert all(len(s.tokens) == args.new_tokens for s in segs)
+    return dt
+
+  def run_hf(seed: int) -> float:
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+      out = hf.generate(ids, attention_mask=amask, do_sample=True,
+                        temperature=1.0, top_p=1.0, top_k=0,
+                        max_new_tokens=args.new_tokens,
+                        min_new_tokens=args.new_tokens)
+    dt = time.perf_counter() - t0
+    assert out.shape == (args.batch, args.prompt_len + args.new_tokens)
+    return dt
+
+  run_ours(0)  # Compile.
+  run_hf(0)  # Warm-up.
+  times = {"ours": [], "hf": []}
+  for r in range(args.repeats):
+    for name, fn in (("ours", run_ours), ("hf", run_hf)):
+      dt = fn(r + 1)
+      times[name].append(dt)
+      print(json.dumps({"impl": name, "run": r, "seconds": round(dt, 4),
+                        "tokens_per_s": round(n_tokens / dt, 1)}), flush=True)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  for name in ("ours", "hf"):
+    v = [n_tokens / t for t in times[name]]
+    print(json.dumps({
+        "figure": f"{name}_tokens_per_s", "median": round(n_tokens / med[name], 1),
+        "min": round(min(v), 1), "max": round(max(v), 1),
+        "runs": len(v)}), flush=True)
+  print(json.dumps({
+      "ours_tokens_per_s": round(n_tokens / med["ours"], 1),
+      "baseline_tokens_per_s": round(n_tokens / med["hf"], 1),
+      "ratio": round(med["hf"] / med["ours"], 3),
+      "batch": args.batch, "prompt_len": args.prompt_len,
+      "new_tokens": args.new_tokens, "num_params": cfg.num_params(),
+      "threads": args.threads, "jax_devices": jax.device_count(),
+      "torch": torch.__version__, "transformers": transformers.__version__,
+      "jax": jax.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+  main()
