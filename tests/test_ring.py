@@ -257,7 +257,10 @@ def _create_and_wait(q, install_handler: bool):
     signal.signal(signal.SIGTERM, lambda *_: os._exit(7))
   r = ring.RingReader.create(num_lanes=1, lane_bytes=1024)
   q.put(r.name)
-  time.sleep(60)
+  # Short sleeps: SIGTERM may be delivered to the queue's feeder thread, and
+  # Python runs handlers in the main thread only once it wakes up.
+  for _ in range(600):
+    time.sleep(0.1)
 
 
 @pytest.mark.multiprocess
@@ -267,6 +270,7 @@ def test_segment_unlinked_when_creator_gets_sigterm(install_handler, exitcode):
   q = _SPAWN.Queue()
   p = _SPAWN.Process(target=_create_and_wait, args=(q, install_handler))
   p.start()
+  name = None
   try:
     name = q.get(timeout=60)
     assert _exists(name)
@@ -279,6 +283,8 @@ def test_segment_unlinked_when_creator_gets_sigterm(install_handler, exitcode):
     if p.is_alive():
       p.kill()
       p.join()
+    if name and _exists(name):  # Failed: clean up so only this test fails.
+      os.unlink(segment.shm_path(name))
 
 
 def _attach_and_exit(name, q):

@@ -14,6 +14,9 @@ One concern: the lifetime of a ``multiprocessing.shared_memory`` segment.
   drop the *creator's* registration instead. We therefore suppress the
   registration while attaching.)
 
+Python runs signal handlers in the main thread between bytecodes, so the
+SIGTERM cleanup waits until the main thread returns from a blocking C call.
+
 Segment names carry the prefix ``sao_`` so leaks are easy to find in /dev/shm.
 """
 
