@@ -16,12 +16,37 @@ def _our_segments() -> set[str]:
     return set()
 
 
+def _creator_pid(name: str) -> int:
+  """The pid in ``sao_<kind>_<pid>_<random>`` (segment.make_name), or -1."""
+  try:
+    return int(name.split("_")[-2])
+  except (IndexError, ValueError):
+    return -1
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_shared_memory():
-  """Fails the session if a ``sao_`` segment created during it remains."""
+  """Fails the session if a ``sao_`` segment created during it remains.
+
+  Counted: segments created by this process, or by a process that has exited
+  (e.g. a test's child). Segments of other live processes (another test run
+  sharing the machine) are theirs to clean up.
+  """
   before = _our_segments()
   yield
-  leaked = sorted(_our_segments() - before)
+  leaked = sorted(
+      n for n in _our_segments() - before
+      if _creator_pid(n) == os.getpid() or not _alive(_creator_pid(n)))
   if leaked:
     pytest.fail(
         f"Shared-memory segments leaked in /dev/shm: {leaked}. Close rings and "
