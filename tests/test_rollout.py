@@ -132,6 +132,7 @@ def _init_params(cfg, seed, scale=6.0):
   return jax.tree.map(lambda a: a * scale if a.ndim > 1 else a, p)
 
 
+@pytest.mark.slow
 def test_model_policy_multi_turn_logprobs_and_versions(tok):
   cfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
   versions = {0: _init_params(cfg, 0), 1: _init_params(cfg, 1)}
