@@ -2,7 +2,6 @@
 
 import multiprocessing as mp
 import os
-import queue
 import signal
 import stat
 import struct
