@@ -32,6 +32,7 @@ setuptools.setup(
             "pytest>=8,<10",
             "hypothesis>=6.100,<7",
             "chex>=0.1.90,<0.2",
+            "psutil>=5.9",
         ],
         "ref": [
             "torch==2.13.0",

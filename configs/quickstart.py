@@ -18,7 +18,7 @@ from configs import base
 def get_config() -> ml_collections.ConfigDict:
   config = base.get_config()
   config.model.name = "quickstart-1m"
-  config.model.vocab_size = 304
+  config.model.vocab_size = 294
   config.model.hidden_size = 128
   config.model.intermediate_size = 384
   config.model.num_layers = 4
@@ -26,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_kv_heads = 2
   config.model.head_dim = 32
 
-  config.tokenizer.vocab_size = 304
+  config.tokenizer.vocab_size = 294
   config.tokenizer.datasets = ("basic_arithmetic",)
   config.tokenizer.corpus_size = 2000
 

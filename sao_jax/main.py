@@ -10,6 +10,7 @@ run before any compute with a one-line message naming the key.
 from __future__ import annotations
 
 import importlib
+import logging as py_logging
 import re
 import sys
 from typing import Sequence
@@ -66,6 +67,29 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     sys.exit(f"{e}".splitlines()[0])
 
 
+class _DropLibraryInfo(py_logging.Filter):
+  """Keeps INFO lines of sao_jax; drops other libraries' INFO chatter (orbax
+  logs a dozen lines per checkpoint). Warnings and errors always pass."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    return (record.levelno >= py_logging.WARNING
+            or "/sao_jax/" in record.pathname.replace("\\", "/"))
+
+
+def _print_summary(summary: dict[str, float], workdir: str) -> None:
+  """The run's closing table on stdout (this is the CLI, not library code)."""
+  import rich.console  # pylint: disable=g-import-not-at-top
+  import rich.table  # pylint: disable=g-import-not-at-top
+
+  table = rich.table.Table(title=f"sao_jax run summary ({workdir})")
+  table.add_column("metric")
+  table.add_column("value", justify="right")
+  for key, value in summary.items():
+    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+    table.add_row(key, shown)
+  rich.console.Console().print(table)
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -91,7 +115,9 @@ def main(argv: Sequence[str]) -> None:
     sys.exit("The trainer is not available: sao_jax.train.loop (with "
              "train_and_evaluate(config, workdir)) is missing from this "
              "installation.")
-  loop.train_and_evaluate(config, _WORKDIR.value)
+  logging.get_absl_handler().addFilter(_DropLibraryInfo())
+  summary = loop.train_and_evaluate(config, _WORKDIR.value)
+  _print_summary(summary, _WORKDIR.value)
 
 
 if __name__ == "__main__":

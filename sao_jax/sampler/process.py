@@ -48,7 +48,7 @@ class SamplerSpec:
 
   config: Any  # The whole ml_collections config.
   model_config: Any  # sao_jax.models.config.ModelConfig.
-  tokenizer_path: str
+  tokenizer_proto: bytes  # Serialized SentencePiece model.
   ring_name: str
   lane: int
   weights_name: str
@@ -161,7 +161,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
 
   cfg = spec.config
   mcfg = spec.model_config
-  tokenizer = tok_lib.Tokenizer.load(spec.tokenizer_path)
+  tokenizer = tok_lib.Tokenizer(spec.tokenizer_proto)
   train_tasks, _ = from_config.build_tasks(cfg.env)
   n_roll = int(cfg.sampler.n_rollouts)
   prompts_per_batch = max(1, int(cfg.sampler.batch_size) // n_roll)

@@ -6,7 +6,7 @@ One trainer process (this one) and one sampler host process (spawned):
      ▲                                                  │
      └──────────── versioned weight slot ◄──────────────┘
 
-Startup: tokenizer (trained into the workdir once, or loaded), policy (HF
+Startup: tokenizer (``tokenizer_from_config``: trained into the workdir once), policy (HF
 checkpoint, or random init + SFT warm start cached in ``workdir/sft``),
 critic from the policy, optimizers; then, if ``workdir/checkpoints`` has one,
 the newest checkpoint is restored and the run continues from it. The sampler
@@ -55,33 +55,12 @@ from sao_jax.train import sft as sft_lib
 from sao_jax.train import step as step_lib
 
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+# The SFT warm start draws from the first training tasks only (generating
+# reasoning-gym entries costs ~1 ms each); RL then sees all of them.
+_MAX_SFT_EXAMPLES = 4096
 
 
 # ------------------------------------------------------------------ setup ---
-
-
-def prepare_tokenizer(config: Any, workdir: str) -> tuple[tok_lib.Tokenizer,
-                                                          str]:
-  """Loads ``config.tokenizer.path``, or trains one into the workdir once."""
-  if config.tokenizer.path:
-    if not os.path.exists(config.tokenizer.path):
-      raise FileNotFoundError(
-          f"config.tokenizer.path={config.tokenizer.path!r} does not exist; "
-          "point it at a SentencePiece .model file or set it to '' to train "
-          "one.")
-    return tok_lib.Tokenizer.load(config.tokenizer.path), config.tokenizer.path
-  path = os.path.join(workdir, "tokenizer.model")
-  if os.path.exists(path):
-    return tok_lib.Tokenizer.load(path), path
-  t0 = time.perf_counter()
-  texts = tok_lib.task_corpus(tuple(config.tokenizer.datasets),
-                              int(config.tokenizer.corpus_size),
-                              int(config.tokenizer.seed))
-  tok = tok_lib.train_tokenizer(texts, path, int(config.tokenizer.vocab_size),
-                                int(config.tokenizer.seed))
-  logging.info("Trained tokenizer (%d pieces) in %.1fs -> %s", tok.vocab_size,
-               time.perf_counter() - t0, path)
-  return tok, path
 
 
 def model_config_from(config: Any, tokenizer: tok_lib.Tokenizer) -> ModelConfig:
@@ -141,7 +120,8 @@ def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
       batch_size=int(config.train.sft_batch_size),
       max_len=int(config.train.sft_max_len), lr=float(config.train.sft_lr),
       seed=int(config.train.seed))
-  examples = sft_examples(train_tasks, tokenizer, len(train_tasks), cfg.max_len)
+  examples = sft_examples(train_tasks, tokenizer,
+                          min(len(train_tasks), _MAX_SFT_EXAMPLES), cfg.max_len)
   logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
                len(examples))
   params, _ = sft_lib.run_sft(
@@ -215,7 +195,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         "otherwise sync mode cannot alternate.")
 
   writer = metrics_lib.MetricWriter(os.path.join(workdir, "tb"))
-  tokenizer, tok_path = prepare_tokenizer(config, workdir)
+  tokenizer = tok_lib.tokenizer_from_config(config.tokenizer, workdir)
   mcfg = model_config_from(config, tokenizer)
   train_tasks, eval_tasks = from_config.build_tasks(config.env)
 
@@ -310,7 +290,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     slot.publish(jax.device_get(state.policy_params),
                  int(state.policy_version))
     sampler = sampler_lib.SamplerHandle(sampler_lib.SamplerSpec(
-        config=config, model_config=mcfg, tokenizer_path=tok_path,
+        config=config, model_config=mcfg, tokenizer_proto=tokenizer.serialized_proto(),
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),
         start_episode=int(meta["episodes_consumed"]) // nproc))
