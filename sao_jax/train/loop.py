@@ -169,6 +169,21 @@ def _to_device_batch(batch: dict[str, np.ndarray], config: Any, mesh,
   return sharding.make_global_batch(batch, mesh, rules)
 
 
+def _sampler_cores(config: Any) -> tuple[int, ...]:
+  """``sampler.devices`` as CPU core ids ('0,1' or '0-3'); '' = no pinning."""
+  spec = str(config.sampler.devices).strip()
+  cores: list[int] = []
+  for part in filter(None, spec.split(",")):
+    lo, _, hi = part.partition("-")
+    try:
+      cores.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+      raise ValueError(
+          f"config.sampler.devices={spec!r}: expected CPU core ids such as "
+          "'0' or '0,2' or '0-3'.") from None
+  return tuple(cores)
+
+
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   """Runs SFT (if configured), asynchronous SAO RL and evaluation.
 
@@ -293,7 +308,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         config=config, model_config=mcfg, tokenizer_proto=tokenizer.serialized_proto(),
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),
-        start_episode=int(meta["episodes_consumed"]) // nproc))
+        start_episode=int(meta["episodes_consumed"]) // nproc,
+        cores=_sampler_cores(config)))
     sampler.set_trainer_step(start_step)
     sampler.start()
     version_box = {"v": int(state.policy_version)}
@@ -305,6 +321,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         check_producers=sampler.check)
     stream.counters.load(meta.get("stream", {}))
     batches = iter(stream.dataset)
+    steady: dict[str, float] = {}
     consumed = int(meta["episodes_consumed"])
     last = {"time": time.perf_counter(), "tokens": 0.0, "sampler_tokens":
             sampler.stats_dict()["sampler/action_tokens"]}
@@ -324,6 +341,11 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         clock.publish += slot.publish(jax.device_get(state.policy_params),
                                       version_box["v"])
       sampler.set_trainer_step(done)
+      if done == start_step + 2:  # Trainer and sampler have compiled by now.
+        steady = {"t0": time.perf_counter(), "steps": 0}
+      elif steady:
+        steady["steps"] += 1
+        steady["t1"] = time.perf_counter()
 
       if done % int(config.train.log_every) == 0 or done == total_steps:
         scalars = {k: float(v) for k, v in jax.device_get(m).items()}
@@ -406,6 +428,12 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         "sampler_tokens_per_s": sstats["sampler/action_tokens"] / max(
             1e-9, clock.elapsed),
         "wall_s": clock.elapsed,
+        # Steady state (from the 3rd step on: compilation excluded).
+        "train_wall_s": steady.get("t1", 0.0) - steady.get("t0", 0.0),
+        "train_wall_steps": float(steady.get("steps", 0)),
+        "trainer_idle_frac": clock.trainer_wait / max(1e-9, clock.elapsed),
+        "sampler_idle_frac": sstats["sampler/idle_s"] / max(
+            1e-9, sstats["sampler/idle_s"] + sstats["sampler/busy_s"]),
     }
     writer.write_scalars(final_step, {f"summary/{k}": v
                                       for k, v in summary.items()})

@@ -1,0 +1,85 @@
+r"""Benchmark: wall time of async vs sync SAO on the same number of trajectories.
+
+Both modes run the real loop (sampler process + ring + trainer) on the same
+config; the sampler is pinned to one core and the trainer to the other. The
+figure is the time from the sampler's start to the last train step
+(``train_wall_s``: no SFT, no evaluation). Runs alternate sync/async and the
+medians are compared. With generation and training taking equal time the
+ideal ratio (sync / async) is 2.0.
+
+  python experiments/bench/async_vs_sync.py --repeats=3
+
+Prints one JSON line per run and per figure; the last line has ``ratio``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+
+from absl import app
+from absl import flags
+from absl import logging
+
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per mode (medians).")
+_STEPS = flags.DEFINE_integer("steps", 40, "Policy steps per run.")
+_STALENESS = flags.DEFINE_integer("max_staleness", 4, "Async staleness bound.")
+_SAMPLER_CORE = flags.DEFINE_integer("sampler_core", 0, "Core of the sampler.")
+_TRAINER_CORE = flags.DEFINE_integer("trainer_core", 1, "Core of the trainer.")
+
+
+def bench_config(mode: str):
+  """The quickstart model and task, without SFT or evaluation."""
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+
+  config = quickstart.get_config()
+  config.train.mode = mode
+  config.train.max_staleness = _STALENESS.value
+  config.train.num_steps = _STEPS.value
+  config.train.sft_steps = 0
+  config.train.eval_every = 0
+  config.train.checkpoint_every = 0
+  config.train.log_every = 10
+  config.env.eval_size = 8
+  config.rl.critic_warmup_steps = 0
+  config.sampler.devices = str(_SAMPLER_CORE.value)
+  return config
+
+
+def main(argv):
+  del argv
+  # Pin before JAX starts its thread pools; the sampler pins itself.
+  os.sched_setaffinity(0, {_TRAINER_CORE.value})
+  from sao_jax.train import loop  # pylint: disable=g-import-not-at-top
+
+  times = {"sync": [], "async": []}
+  with tempfile.TemporaryDirectory() as tmp:
+    # One warm-up run of each mode fills the compilation caches of the trainer.
+    for i in range(_REPEATS.value + 1):
+      for mode in ("sync", "async"):
+        workdir = os.path.join(tmp, f"{mode}_{i}")
+        summary = loop.train_and_evaluate(bench_config(mode), workdir)
+        if i == 0:
+          continue
+        times[mode].append(summary["train_wall_s"])
+        print(json.dumps({
+            "figure": "run", "mode": mode, "repeat": i,
+            "train_wall_s": summary["train_wall_s"],
+            "trajectories_trained": summary["trajectories_trained"],
+            "staleness_mean": summary["staleness_mean"],
+            "sampler_idle_frac": summary["sampler_idle_frac"],
+            "trainer_idle_frac": summary["trainer_idle_frac"]}))
+  med = {m: statistics.median(t) for m, t in times.items()}
+  for mode, t in med.items():
+    print(json.dumps({"figure": f"{mode}_wall_s_median", "value": t,
+                      "runs": times[mode]}))
+  logging.info("sync %.1fs, async %.1fs", med["sync"], med["async"])
+  print(json.dumps({"sync_s": med["sync"], "async_s": med["async"],
+                    "ratio": med["sync"] / med["async"],
+                    "steps": _STEPS.value, "repeats": _REPEATS.value}))
+
+
+if __name__ == "__main__":
+  app.run(main)
