@@ -146,6 +146,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.sft_batch_size = 64
   config.train.sft_lr = 3e-3
   config.train.sft_max_len = 64
+  # Share of SFT demonstrations that call the calculator tool before
+  # answering (env 'tool'); the rest answer directly.
+  config.train.sft_tool_frac = 0.0
 
   # ----------------------------------------------------------------- mesh ---
   config.mesh = ml_collections.ConfigDict()

@@ -321,6 +321,7 @@ def _check_train(c: Any) -> None:
   for key in ("max_staleness", "eval_every", "checkpoint_every", "sft_steps"):
     _check(c, f"train.{key}", _nonneg, "int >= 0")
   _check(c, "train.sft_lr", lambda v: v > 0, "float > 0")
+  _check(c, "train.sft_tool_frac", lambda v: 0 <= v <= 1, "float in [0, 1]")
   _check(c, "train.max_seq_len", lambda v: v >= c.sampler.max_total_tokens,
          f"int >= sampler.max_total_tokens={c.sampler.max_total_tokens}")
   n = c.sampler.n_rollouts

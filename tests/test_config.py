@@ -292,10 +292,12 @@ def main_module(monkeypatch):
   del main.parse
 
 
-def test_main_validates_then_calls_trainer(main_module, tmp_path, monkeypatch):
+def test_main_validates_then_calls_trainer(main_module, tmp_path, monkeypatch,
+                                          capsys):
   calls = []
   fake_loop = type(sys)("sao_jax.train.loop")
-  fake_loop.train_and_evaluate = lambda c, w: calls.append((c, w))
+  fake_loop.train_and_evaluate = lambda c, w: calls.append((c, w)) or {
+      "accuracy_after": 0.625, "steps": 3}
   monkeypatch.setitem(sys.modules, "sao_jax.train.loop", fake_loop)
   main_module.parse([
       "main", f"--config={_BASE}", f"--workdir={tmp_path}",
@@ -310,6 +312,8 @@ def test_main_validates_then_calls_trainer(main_module, tmp_path, monkeypatch):
   assert config.env.dataset_config.min_terms == 3  # Free-form key added.
   with pytest.raises(AttributeError):  # Locked after validation.
     config.rl.eps_lwo = 0.1
+  out = capsys.readouterr().out  # The summary table the CLI prints.
+  assert "accuracy_after" in out and "0.625" in out and "steps" in out
 
 
 def test_main_stops_on_invalid_config_before_trainer(main_module, tmp_path,

@@ -28,6 +28,11 @@ def test_encode_example_masks_only_completion():
   np.testing.assert_array_equal(ex["loss_mask"], [0, 0, 0, 1, 1, 0, 0, 0])
   with pytest.raises(ValueError, match="exceeds max_len=4"):
     sft.encode_example([1, 2, 3], [4, 5], max_len=4)
+  # Multi-turn: an observation between two actions is not trained on.
+  ex = sft.encode_segments([([5, 6], False), ([7], True), ([8, 9], False),
+                            ([10, 11], True)], max_len=8)
+  np.testing.assert_array_equal(ex["tokens"], [5, 6, 7, 8, 9, 10, 11, 0])
+  np.testing.assert_array_equal(ex["loss_mask"], [0, 0, 1, 0, 0, 1, 1, 0])
 
 
 def test_nll_matches_numpy():
@@ -52,8 +57,8 @@ def test_nll_matches_numpy():
 def test_sft_memorises_small_set():
   _, params = _init(1)
   rng = np.random.default_rng(0)
-  examples = [(list(rng.integers(4, 32, 5)), list(rng.integers(4, 32, 3)))
-              for _ in range(8)]
+  examples = [[(list(rng.integers(4, 32, 5)), False),
+               (list(rng.integers(4, 32, 3)), True)] for _ in range(8)]
   cfg = sft.SFTConfig(steps=150, batch_size=8, max_len=10, lr=1e-2,
                       warmup_steps=10, log_every=50)
   seen = []

@@ -40,6 +40,7 @@ from sao_jax import sharding
 from sao_jax import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import from_config
+from sao_jax.envs import tool_env
 from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import weights as weights_lib
 from sao_jax.models import hf
@@ -81,16 +82,31 @@ def _abstract_boxed(mcfg: ModelConfig, value: bool) -> Any:
       lambda: module.init(jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
 
 
-def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int,
-                 max_len: int) -> list[tuple[list[int], list[int]]]:
-  """(prompt, answer) token pairs in the sampler's template, fitting max_len."""
+def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
+                 tool_frac: float = 0.0) -> list[sft_lib.Example]:
+  """SFT demonstrations in the sampler's template, fitting ``max_len``.
+
+  A ``tool_frac`` share (every k-th task) demonstrates the calculator: the
+  action calls it with the task's expression, the tool result is an
+  observation (not trained on), then the answer. The rest answer directly.
+  """
+  every = round(1.0 / tool_frac) if tool_frac > 0 else 0
   out = []
   for i in range(min(n, len(tasks))):
     entry = tasks.entry(i)
-    prompt = tokenizer.encode(tok_lib.format_prompt(entry["question"]))
-    answer = tokenizer.encode(tok_lib.format_assistant_turn(str(entry["answer"])))
-    if len(prompt) + len(answer) <= max_len:
-      out.append((prompt, answer))
+    segments = [(tokenizer.encode(tok_lib.format_prompt(entry["question"])),
+                 False)]
+    expr = entry.get("metadata", {}).get("expression")
+    if every and i % every == 0 and expr is not None:
+      value = tool_env.format_number(tool_env.calculate(expr))
+      segments += [
+          (tokenizer.encode(tok_lib.format_tool_call(expr)), True),
+          (tokenizer.encode(tok_lib.format_tool_result(value)), False)]
+    segments.append(
+        (tokenizer.encode(tok_lib.format_assistant_turn(str(entry["answer"]))),
+         True))
+    if sum(len(seg) for seg, _ in segments) <= max_len:
+      out.append(segments)
   return out
 
 
@@ -121,7 +137,8 @@ def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
       max_len=int(config.train.sft_max_len), lr=float(config.train.sft_lr),
       seed=int(config.train.seed))
   examples = sft_examples(train_tasks, tokenizer,
-                          min(len(train_tasks), _MAX_SFT_EXAMPLES), cfg.max_len)
+                          min(len(train_tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
+                          float(config.train.sft_tool_frac))
   logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
                len(examples))
   params, _ = sft_lib.run_sft(

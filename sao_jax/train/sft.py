@@ -1,8 +1,8 @@
 """Supervised warm start on task solutions (the paper RL-trains an SFT checkpoint).
 
-Examples are (prompt ids, completion ids) pairs encoded with the same template the
-sampler uses; the loss is the token-mean negative log-likelihood of the
-completion tokens only. Batches come from a grain ``MapDataset`` (shuffled,
+Examples are segment lists (prompt, actions, observations) encoded with the
+same template the sampler uses; the loss is the token-mean negative
+log-likelihood of the action tokens only (never the prompt or a tool result). Batches come from a grain ``MapDataset`` (shuffled,
 repeated, padded per example, batched), the optimizer is optax AdamW.
 """
 
@@ -37,35 +37,48 @@ class SFTConfig:
   log_every: int = 50
 
 
-def encode_example(prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                   max_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
-  """Right-pads one example to ``max_len``; ``loss_mask`` marks completion tokens.
+# One SFT example: segments of token ids, each trained on (policy actions) or
+# not (prompt, environment observations such as tool results).
+Example = Sequence[tuple[Sequence[int], bool]]
+
+
+def encode_segments(segments: Example, max_len: int,
+                    pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Right-pads one example to ``max_len``; ``loss_mask`` marks target tokens.
 
   Raises:
     ValueError: The example does not fit in ``max_len`` (never silently cut).
   """
-  n_p, n_c = len(prompt_ids), len(completion_ids)
-  if n_p + n_c > max_len:
+  ids = [int(t) for seg, _ in segments for t in seg]
+  target = [float(train) for seg, train in segments for _ in seg]
+  if len(ids) > max_len:
     raise ValueError(
-        f"SFT example of {n_p}+{n_c} tokens exceeds max_len={max_len}; raise "
+        f"SFT example of {len(ids)} tokens exceeds max_len={max_len}; raise "
         "sft max_len or shorten the task's prompts.")
   tokens = np.full((max_len,), pad_id, np.int32)
-  tokens[:n_p + n_c] = list(prompt_ids) + list(completion_ids)
+  tokens[:len(ids)] = ids
   attn = np.zeros((max_len,), np.bool_)
-  attn[:n_p + n_c] = True
+  attn[:len(ids)] = True
   loss_mask = np.zeros((max_len,), np.float32)
-  loss_mask[n_p:n_p + n_c] = 1.0
+  loss_mask[:len(ids)] = target
   return {"tokens": tokens, "attention_mask": attn, "loss_mask": loss_mask}
 
 
-def sft_dataset(examples: Sequence[tuple[Sequence[int], Sequence[int]]],
-                cfg: SFTConfig, pad_id: int = 0) -> grain.IterDataset:
+def encode_example(prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                   max_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """A single-turn example: train on the completion only."""
+  return encode_segments([(prompt_ids, False), (completion_ids, True)],
+                         max_len, pad_id)
+
+
+def sft_dataset(examples: Sequence[Example], cfg: SFTConfig,
+                pad_id: int = 0) -> grain.IterDataset:
   """Shuffled, repeated, padded, batched grain pipeline over the examples."""
   return (
       grain.MapDataset.source(list(examples))
       .shuffle(seed=cfg.seed)
       .repeat()
-      .map(lambda ex: encode_example(ex[0], ex[1], cfg.max_len, pad_id))
+      .map(lambda ex: encode_segments(ex, cfg.max_len, pad_id))
       .batch(cfg.batch_size, drop_remainder=True)
       .to_iter_dataset())
 
@@ -87,8 +100,7 @@ def nll_loss(model: transformer.Transformer, params: Any,
 
 
 def run_sft(model_config: ModelConfig, params: Any,
-            examples: Sequence[tuple[Sequence[int], Sequence[int]]],
-            cfg: SFTConfig, *, pad_id: int = 0,
+            examples: Sequence[Example], cfg: SFTConfig, *, pad_id: int = 0,
             on_metrics: Callable[[int, dict[str, float]], None] | None = None,
             ) -> tuple[Any, dict[str, float]]:
   """Trains ``params`` on ``examples`` for ``cfg.steps`` steps; returns new params.
@@ -96,7 +108,7 @@ def run_sft(model_config: ModelConfig, params: Any,
   Args:
     model_config: The policy's architecture.
     params: Initial (unboxed) policy params.
-    examples: (prompt ids, completion ids) pairs.
+    examples: Segment lists (see ``Example``).
     cfg: SFT hyperparameters.
     pad_id: Padding token id.
     on_metrics: Called every ``log_every`` steps with (step, metrics).
