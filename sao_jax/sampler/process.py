@@ -197,8 +197,8 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   def load_weights():
     t0 = time.perf_counter()
     got = slot.read(timeout=5.0)
-    if got is None:
-      return current["params"], -1
+    if got is None:  # Nothing published yet: keep what we have.
+      return current["params"], current["version"]
     version, params = got
     if version != current["version"]:
       current["version"], current["params"] = version, params
