@@ -18,6 +18,8 @@ Every subprocess writes an `.npz` (losses per step, flattened final params);
 the comparisons are made here.
 """
 
+import contextlib
+import functools
 import json
 import os
 import socket
@@ -25,8 +27,20 @@ import subprocess
 import sys
 from typing import Any
 
+import flax.linen as nn
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
+
+from sao_jax import sharding
+from sao_jax.models import logprobs as logprobs_lib
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import optim
+from sao_jax.train import step as step_lib
 
 # Small enough for 2 shared cores, every sharded dim divisible by 2.
 _MODEL = dict(vocab_size=128, hidden_size=64, intermediate_size=128,
@@ -38,7 +52,7 @@ _UPDATE_POLICY = (False, True, True)  # Step 0: critic warm-up.
 _TOL = 1e-5
 
 
-def _problem():
+def _problem() -> tuple[ModelConfig, Any, Any, dict[str, np.ndarray]]:
   """Model config, initial params (host NumPy) and the [8, 16] batch.
 
   Rows: a prompt of 2-4 tokens, actions, on even rows an environment
@@ -47,13 +61,7 @@ def _problem():
   trainer's log-probs at step 0 plus small random shifts and a few large ones
   (tokens outside the DIS band). Identical in every process (fixed seeds).
   """
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from sao_jax.models import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
-  from sao_jax.models import transformer  # pylint: disable=g-import-not-at-top
-  from sao_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
 
   cfg = ModelConfig(**_MODEL)
   tok = jnp.zeros((1, 4), jnp.int32)
@@ -91,7 +99,7 @@ def _problem():
   return cfg, policy, value, batch
 
 
-def _txs():
+def _txs() -> tuple[Any, Any]:
   """AdamW for policy and critic.
 
   eps = 1e-6 rather than 1e-8: Adam's update g / (|g| + eps) has slope 1/eps
@@ -101,26 +109,22 @@ def _txs():
   of 200k entries). That is Adam's conditioning, not sharding; eps = 1e-6
   keeps the comparison meaningful at 1e-5.
   """
-  from sao_jax.train import optim  # pylint: disable=g-import-not-at-top
   return (optim.make_optimizer(_LR, weight_decay=0.01, eps=1e-6),
           optim.make_optimizer(_LR, weight_decay=0.01, eps=1e-6))
 
 
-def _step_cfg():
-  from sao_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+def _step_cfg() -> step_lib.StepConfig:
   return step_lib.StepConfig(loss="sao", critic_updates_per_step=2,
                              temperature=_TEMP)
 
 
 def _flat(prefix: str, tree: Any) -> dict[str, np.ndarray]:
-  import jax  # pylint: disable=g-import-not-at-top
   return {prefix + jax.tree_util.keystr(path): np.asarray(leaf)
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def _leaf(tree: Any, *keys: str) -> Any:
   """The first leaf whose path contains all `keys`."""
-  import jax  # pylint: disable=g-import-not-at-top
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     name = jax.tree_util.keystr(path)
     if all(k in name for k in keys):
@@ -130,8 +134,6 @@ def _leaf(tree: Any, *keys: str) -> Any:
 
 def _run_steps(fns, state, batch, ctx) -> tuple[Any, list[dict[str, float]]]:
   """Three steps; the scalar metrics of each step as floats."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
   history = []
   for flag in _UPDATE_POLICY:
@@ -145,11 +147,8 @@ def _run_steps(fns, state, batch, ctx) -> tuple[Any, list[dict[str, float]]]:
 
 def _reference(cfg, policy, value, batch) -> tuple[Any, list[dict]]:
   """The three steps on one device, no mesh."""
-  import contextlib  # pylint: disable=g-import-not-at-top
 
-  import jax  # pylint: disable=g-import-not-at-top
 
-  from sao_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
 
   ptx, vtx = _txs()
   dev = jax.local_devices()[0]
@@ -163,15 +162,8 @@ def _reference(cfg, policy, value, batch) -> tuple[Any, list[dict]]:
 
 def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
   """The three steps on a (2, 2, 2) mesh over all (global) devices."""
-  import functools  # pylint: disable=g-import-not-at-top
 
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from sao_jax import sharding  # pylint: disable=g-import-not-at-top
-  from sao_jax.models import transformer  # pylint: disable=g-import-not-at-top
-  from sao_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
 
   mesh = sharding.make_mesh(ml_collections.ConfigDict(
       dict(data=2, fsdp=2, tensor=2)))
@@ -203,9 +195,9 @@ def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
   info = dict(
       gate_shape=list(gate.shape),
       gate_spec=[str(a) for a in gate.sharding.spec],
-      gate_shard_shapes=sorted({list(s.data.shape).__repr__()
+      gate_shard_shapes=sorted({str(list(s.data.shape))
                                 for s in gate.addressable_shards}),
-      batch_shard_shapes=sorted({list(s.data.shape).__repr__() for s in
+      batch_shard_shapes=sorted({str(list(s.data.shape)) for s in
                                  batch["tokens"].addressable_shards}),
   )
   state, history = _run_steps(
@@ -222,8 +214,6 @@ def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
 
 def _save(path: str, named: dict[str, Any]) -> None:
   """Losses and final params of each run into one .npz."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
   arrays = {}
   for name, (state, history) in named.items():
@@ -237,7 +227,6 @@ def _save(path: str, named: dict[str, Any]) -> None:
 
 
 def _single_process_main(path: str) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
   assert jax.device_count() == 8, jax.devices()
   cfg, policy, value, batch = _problem()
   ref_state, ref_hist = _reference(cfg, policy, value, batch)
@@ -247,16 +236,13 @@ def _single_process_main(path: str) -> dict:
   return info
 
 
-def _init_state(policy, value):
-  from sao_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+def _init_state(policy: Any, value: Any) -> step_lib.TrainState:
   ptx, vtx = _txs()
   return step_lib.create_train_state(policy, value, ptx, vtx)
 
 
 def _multi_process_main(process_id: int, port: int, path: str) -> dict:
-  import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from sao_jax import sharding  # pylint: disable=g-import-not-at-top
 
   sharding.initialize_distributed(ml_collections.ConfigDict(dict(
       coordinator_address=f"localhost:{port}", num_processes=2,
