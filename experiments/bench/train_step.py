@@ -1,0 +1,212 @@
+r"""Train-step FLOP/s as a fraction of this machine's large-matmul FLOP/s.
+
+The jitted SAO train step (`sao_jax.train.step.make_step`: a critic forward
+for the advantages, `critic_updates_per_step=2` critic updates, one policy
+update; optax AdamW from `sao_jax.train.optim`) on one device, for two model
+sizes:
+
+- `quickstart`: the `configs/quickstart.py` model (hidden 128, MLP 384,
+  4 layers, 4 heads / 2 kv heads of 32, vocab 294), batch 32 x seq 32;
+- `large`: hidden 256, MLP 768, 4 layers, 4 heads / 2 kv heads of 64,
+  vocab 294, batch 32 x seq 128.
+
+FLOPs per step come from XLA's cost analysis of the compiled step
+(`jit(...).lower(...).compile().cost_analysis()['flops']`); the analytic
+estimates are printed beside them: `analytic_6n_flops` = 6 · N · tokens ·
+(1 + K) with N the policy's matmul parameters (no embedding gather) and K
+critic updates, and `analytic_flops`, which also counts the critic's forward
+for the advantages, the critic's 1-wide head instead of the LM head and the
+attention score/value matmuls (4 · T² · heads · head_dim per row and layer,
+×3 with the backward).
+
+The peak is a float32 2048 x 2048 @ 2048 x 2048 `jnp.dot` (2 · n³ FLOPs) jitted
+in the same process, i.e. with the same XLA CPU client and threads. Matmul and
+train step are timed alternately within each repetition (side by side under
+the same machine load); figures are medians over `--repeats` timed runs after
+`--warmup` untimed ones.
+
+  .venv/bin/python experiments/bench/train_step.py --repeats 7
+
+One JSON line per run and per figure; the last line is
+{"fraction", "fraction_large", ...}: the achieved (XLA-counted) FLOP/s of the
+quickstart-sized / large step over the matmul FLOP/s.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import optim
+from sao_jax.train import step as step_lib
+
+SIZES = {
+    "quickstart": (ModelConfig(vocab_size=294, hidden_size=128,
+                               intermediate_size=384, num_layers=4,
+                               num_heads=4, num_kv_heads=2, head_dim=32),
+                   32, 32),
+    "large": (ModelConfig(vocab_size=294, hidden_size=256,
+                          intermediate_size=768, num_layers=4, num_heads=4,
+                          num_kv_heads=2, head_dim=64),
+              32, 128),
+}
+CRITIC_UPDATES = 2
+
+
+def matmul_params(cfg: ModelConfig, value: bool) -> int:
+  """Parameters that enter a matmul per token: blocks + output head."""
+  d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  attn = d * dh * (cfg.num_heads * 2 + cfg.num_kv_heads * 2)
+  head = d if value else d * cfg.vocab_size
+  return cfg.num_layers * (attn + 3 * d * f) + head
+
+
+def analytic_flops(cfg: ModelConfig, batch: int, seq: int) -> dict[str, float]:
+  """6·N·tokens·(1+K), and the refined count (see the module docstring)."""
+  tokens = batch * seq
+  n_pol, n_val = matmul_params(cfg, False), matmul_params(cfg, True)
+  attn_fwd = cfg.num_layers * batch * 4 * seq * seq * cfg.num_heads * (
+      cfg.head_dim)
+  simple = 6 * n_pol * tokens * (1 + CRITIC_UPDATES)
+  refined = (2 * n_val * tokens + attn_fwd                       # V for GAE.
+             + CRITIC_UPDATES * (6 * n_val * tokens + 3 * attn_fwd)
+             + 6 * n_pol * tokens + 3 * attn_fwd)                # Policy.
+  return {"analytic_6n_flops": float(simple), "analytic_flops": float(refined),
+          "policy_matmul_params": n_pol}
+
+
+def make_batch(cfg: ModelConfig, batch: int, seq: int) -> dict[str, Any]:
+  """Right-padded rows: a 4-token prompt, actions, a terminal 0/1 reward."""
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(seq // 2, seq + 1, batch)
+  pos = np.arange(seq)[None, :]
+  attn = pos < lengths[:, None]
+  action = (attn & (pos >= 4)).astype(np.uint8)
+  rewards = np.zeros((batch, seq), np.float32)
+  rewards[np.arange(batch), lengths - 1] = rng.integers(0, 2, batch)
+  logp = -rng.exponential(np.log(cfg.vocab_size), (batch, seq))
+  return {
+      "tokens": jnp.asarray(rng.integers(4, cfg.vocab_size, (batch, seq)),
+                            jnp.int32),
+      "attention_mask": jnp.asarray(attn),
+      "action_mask": jnp.asarray(action),
+      "rewards": jnp.asarray(rewards),
+      "rollout_logp": jnp.asarray((logp * action).astype(np.float32)),
+  }
+
+
+def xla_flops(compiled: Any) -> float:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per program.
+    cost = cost[0]
+  return float(cost["flops"])
+
+
+def _timed(fn) -> float:
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - t0
+
+
+def bench_size(name: str, args, matmul) -> dict[str, Any]:
+  """Timings of one size's step, alternating with the matmul."""
+  cfg, batch_size, seq = SIZES[name]
+  x = jnp.zeros((1, 4), jnp.int32)
+  policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
+      k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
+  policy = nn.unbox(policy)
+  value = transformer.value_params_from_policy(policy, cfg,
+                                               jax.random.PRNGKey(1))
+  ptx = optim.make_optimizer(1e-4)
+  vtx = optim.make_optimizer(5e-4)
+  scfg = step_lib.StepConfig(loss="sao",
+                             critic_updates_per_step=CRITIC_UPDATES)
+  fn = step_lib.make_step(cfg, scfg, ptx, vtx, update_policy=True)
+  state = step_lib.create_train_state(policy, value, ptx, vtx)
+  batch = make_batch(cfg, batch_size, seq)
+
+  t0 = time.perf_counter()
+  compiled = fn.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+  flops = xla_flops(compiled)
+  holder = {"state": state}
+
+  def one_step():
+    holder["state"], metrics = compiled(holder["state"], batch)
+    return holder["state"], metrics
+
+  for _ in range(args.warmup):
+    _timed(one_step)
+  step_s, mm_s = [], []
+  for r in range(args.repeats):
+    mm_s.append(_timed(matmul))
+    step_s.append(_timed(one_step))
+    print(json.dumps({"size": name, "run": r, "step_s": round(step_s[-1], 5),
+                      "matmul_s": round(mm_s[-1], 5)}), flush=True)
+  med_step, med_mm = statistics.median(step_s), statistics.median(mm_s)
+  peak = args.matmul_flops / med_mm
+  achieved = flops / med_step
+  out = {
+      "figure": f"train_step_{name}", "batch": batch_size, "seq": seq,
+      "num_params": cfg.num_params(), "xla_flops": flops,
+      **analytic_flops(cfg, batch_size, seq),
+      "compile_s": round(compile_s, 2),
+      "step_s_median": round(med_step, 5), "step_s_min": round(min(step_s), 5),
+      "step_s_max": round(max(step_s), 5),
+      "tokens_per_s": round(batch_size * seq / med_step, 1),
+      "achieved_gflops": round(achieved / 1e9, 3),
+      "matmul_gflops": round(peak / 1e9, 3),
+      "matmul_gflops_min": round(args.matmul_flops / max(mm_s) / 1e9, 3),
+      "matmul_gflops_max": round(args.matmul_flops / min(mm_s) / 1e9, 3),
+      "fraction": round(achieved / peak, 4),
+      "runs": args.repeats,
+  }
+  out["xla_over_analytic"] = round(flops / out["analytic_flops"], 3)
+  print(json.dumps(out), flush=True)
+  return out
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--matmul_n", type=int, default=2048)
+  parser.add_argument("--sizes", default="quickstart,large")
+  args = parser.parse_args()
+
+  n = args.matmul_n
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  args.matmul_flops = 2.0 * n ** 3
+  compiled_dot = dot.lower(a, b).compile()
+  print(json.dumps({"figure": "matmul_xla_flops",
+                    "xla_flops": xla_flops(compiled_dot),
+                    "analytic_flops": args.matmul_flops}), flush=True)
+  matmul = lambda: compiled_dot(a, b)
+  for _ in range(args.warmup):
+    _timed(matmul)
+
+  results = {name: bench_size(name, args, matmul)
+             for name in args.sizes.split(",")}
+  last = {"fraction": results.get("quickstart", {}).get("fraction"),
+          "fraction_large": results.get("large", {}).get("fraction")}
+  for name, r in results.items():
+    last[f"{name}_achieved_gflops"] = r["achieved_gflops"]
+    last[f"{name}_matmul_gflops"] = r["matmul_gflops"]
+  last.update({"matmul_n": n, "jax": jax.__version__,
+               "backend": jax.default_backend(),
+               "devices": jax.device_count()})
+  print(json.dumps(last), flush=True)
+
+
+if __name__ == "__main__":
+  main()
