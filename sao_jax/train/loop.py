@@ -288,7 +288,14 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                  step0, int(state.policy_version))
   start_step = int(state.step)
 
-  state_sharding = jax.tree.map(lambda x: x.sharding, state)
+  # Params and optimizer moments keep their mesh shardings; scalars (step,
+  # version, Adam counts) are replicated over the mesh (not one local device,
+  # which would break multi-host runs).
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state_sharding = jax.tree.map(
+      lambda x: x.sharding if isinstance(
+          x.sharding, jax.sharding.NamedSharding) else replicated, state)
+  state = jax.device_put(state, state_sharding)
   bsharding = sharding.batch_sharding(mesh, rules)
   step_fns = {
       flag: step_lib.make_step(mcfg, step_cfg, policy_tx, value_tx,
