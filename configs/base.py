@@ -11,6 +11,8 @@ other key. Run:
 import ml_collections
 from ml_collections import config_dict
 
+from sao_jax import sharding
+
 
 def get_config() -> ml_collections.ConfigDict:
   """The default hyper-parameters (paper defaults where the paper gives one)."""
@@ -156,16 +158,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.mesh.fsdp = -1  # FSDP shards; -1: all remaining devices.
   config.mesh.tensor = 1  # Tensor (Megatron) parallel size.
   # Logical axis -> mesh axes (None = replicate), highest priority first.
-  config.mesh.rules = (
-      ("batch", ("data", "fsdp")),
-      ("vocab", "tensor"),
-      ("embed", "fsdp"),
-      ("mlp", "tensor"),
-      ("heads", "tensor"),
-      ("kv_heads", "tensor"),
-      ("head_dim", None),
-      ("length", None),
-  )
+  # Default: batch over data x fsdp, 'embed' over fsdp, vocab/mlp/heads over
+  # tensor (see sao_jax.sharding.DEFAULT_RULES for the table).
+  config.mesh.rules = sharding.DEFAULT_RULES
 
   # ----------------------------------------------------------------- ring ---
   config.ring = ml_collections.ConfigDict()

@@ -1,5 +1,10 @@
 r"""Benchmark: wall time of async vs sync SAO on the same number of trajectories.
 
+The policy is the quickstart's architecture at random init (no SFT), on the
+quickstart's tool-use task; ``--max_new_tokens`` sets how long episodes are,
+i.e. how generation time compares with training time (printed per run as the
+idle fractions of the sync runs).
+
 Both modes run the real loop (sampler process + ring + trainer) on the same
 config; the sampler is pinned to one core and the trainer to the other. The
 figure is the time from the sampler's start to the last train step
@@ -28,6 +33,10 @@ _STEPS = flags.DEFINE_integer("steps", 40, "Policy steps per run.")
 _STALENESS = flags.DEFINE_integer("max_staleness", 4, "Async staleness bound.")
 _SAMPLER_CORE = flags.DEFINE_integer("sampler_core", 0, "Core of the sampler.")
 _TRAINER_CORE = flags.DEFINE_integer("trainer_core", 1, "Core of the trainer.")
+_NEW_TOKENS = flags.DEFINE_integer(
+    "max_new_tokens", 40,
+    "Tokens per turn: sets the generation/training balance (the random-init "
+    "policy rarely stops early, so episodes use the budget).")
 
 
 def bench_config(mode: str):
@@ -45,6 +54,9 @@ def bench_config(mode: str):
   config.env.eval_size = 8
   config.rl.critic_warmup_steps = 0
   config.sampler.devices = str(_SAMPLER_CORE.value)
+  config.sampler.max_new_tokens = _NEW_TOKENS.value
+  config.sampler.max_total_tokens = 32 + _NEW_TOKENS.value
+  config.train.max_seq_len = 32 + _NEW_TOKENS.value
   return config
 
 
