@@ -107,6 +107,9 @@ def test_sync_resume_reproduces_uninterrupted_run(tmp_path):
   _run_sync(tmp_path / "resumed", k - 1)  # Stops (and checkpoints) at step k.
   summary = _run_sync(tmp_path / "resumed", k - 1 + extra)
   assert summary["steps"] == k + extra
+  # Sync mode is strict alternation: the sampler never runs ahead, so nothing
+  # is ever stale (train.max_staleness=4 in the config must not leak in).
+  assert summary["dropped_stale"] == 0 and summary["staleness_max"] == 0
   full = metrics_lib.read_scalars(str(tmp_path / "full" / "tb"))
   resumed = metrics_lib.read_scalars(str(tmp_path / "resumed" / "tb"))
   for tag in ("policy/loss", "critic/value_loss", "reward/mean",

@@ -33,8 +33,10 @@ _STEPS = flags.DEFINE_integer("steps", 40, "Policy steps per run.")
 _STALENESS = flags.DEFINE_integer("max_staleness", 4, "Async staleness bound.")
 _SAMPLER_CORE = flags.DEFINE_integer("sampler_core", 0, "Core of the sampler.")
 _TRAINER_CORE = flags.DEFINE_integer("trainer_core", 1, "Core of the trainer.")
+_CRITIC_UPDATES = flags.DEFINE_integer(
+    "critic_updates", 1, "Critic updates per step (training cost).")
 _NEW_TOKENS = flags.DEFINE_integer(
-    "max_new_tokens", 40,
+    "max_new_tokens", 96,
     "Tokens per turn: sets the generation/training balance (the random-init "
     "policy rarely stops early, so episodes use the budget).")
 
@@ -53,6 +55,7 @@ def bench_config(mode: str):
   config.train.log_every = 10
   config.env.eval_size = 8
   config.rl.critic_warmup_steps = 0
+  config.rl.critic_updates_per_step = _CRITIC_UPDATES.value
   config.sampler.devices = str(_SAMPLER_CORE.value)
   config.sampler.max_new_tokens = _NEW_TOKENS.value
   config.sampler.max_total_tokens = 32 + _NEW_TOKENS.value

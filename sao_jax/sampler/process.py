@@ -54,6 +54,7 @@ class SamplerSpec:
   weights_name: str
   parent_pid: int
   start_episode: int
+  max_staleness: int  # Admission bound (0 in sync/group mode).
   cores: tuple[int, ...] = ()
 
 
@@ -185,7 +186,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   slot = weights_lib.WeightSlot.attach(spec.weights_name, template)
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
                                timeout=float(cfg.ring.put_timeout_s))
-  max_staleness = int(cfg.train.max_staleness)
+  max_staleness = int(spec.max_staleness)
   train_batch = int(cfg.train.batch_size) // max(1, jax.process_count())
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
   current = {"version": None, "params": None}

@@ -333,6 +333,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),
         start_episode=int(meta["episodes_consumed"]) // nproc,
+        max_staleness=max_staleness,
         cores=_sampler_cores(config)))
     sampler.set_trainer_step(start_step)
     sampler.start()
