@@ -170,10 +170,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   prompt_ds = prompts_lib.prompt_dataset(range(len(train_tasks)),
                                          seed=int(cfg.train.seed))
   envs = from_config.make_envs(cfg.env, train_tasks, episodes_per_batch)
-  limits = rollout.RolloutLimits(
-      max_turns=int(cfg.env.max_turns),
-      max_total_tokens=int(cfg.sampler.max_total_tokens),
-      max_new_tokens_per_turn=int(cfg.sampler.max_new_tokens))
+  limits = rollout.RolloutLimits.from_config(cfg)
   sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
                             top_p=float(cfg.sampler.top_p),
                             top_k=int(cfg.sampler.top_k))

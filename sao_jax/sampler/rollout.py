@@ -165,6 +165,13 @@ class RolloutLimits:
   max_total_tokens: int = 512
   max_new_tokens_per_turn: int = 128
 
+  @classmethod
+  def from_config(cls, config: Any) -> "RolloutLimits":
+    """Limits from an experiment config's ``env`` and ``sampler`` sections."""
+    return cls(max_turns=int(config.env.max_turns),
+               max_total_tokens=int(config.sampler.max_total_tokens),
+               max_new_tokens_per_turn=int(config.sampler.max_new_tokens))
+
   def cache_len(self) -> int:
     """KV cache slots that always suffice for `ModelPolicy`."""
     return bucket_length(self.max_total_tokens) + max(

@@ -41,10 +41,7 @@ def evaluate(params: Any, model_config: ModelConfig, config: Any,
     (action tokens), ``eval/stop_frac``, ``eval/error_frac``, ``eval/seconds``.
   """
   t0 = time.perf_counter()
-  limits = rollout.RolloutLimits(
-      max_turns=int(config.env.max_turns),
-      max_total_tokens=int(config.sampler.max_total_tokens),
-      max_new_tokens_per_turn=int(config.sampler.max_new_tokens))
+  limits = rollout.RolloutLimits.from_config(config)
   greedy = SamplingParams(greedy=True)
   n = len(tasks)
   bs = min(batch_size, n)
