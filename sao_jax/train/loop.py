@@ -169,6 +169,12 @@ def _group_index(prompt_ids: np.ndarray) -> np.ndarray:
   return inverse.astype(np.int32)
 
 
+def _sampler_idle_frac(sstats: dict[str, float]) -> float:
+  """Share of the sampler's time spent waiting (admission, ring space)."""
+  idle, busy = sstats["sampler/idle_s"], sstats["sampler/busy_s"]
+  return idle / max(1e-9, idle + busy)
+
+
 def _staleness_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:
   st = batch["staleness"].astype(np.float64)
   return {"staleness/min": st.min(), "staleness/mean": st.mean(),
@@ -348,7 +354,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     batches = iter(stream.dataset)
     steady: dict[str, float] = {}
     consumed = int(meta["episodes_consumed"])
-    last = {"time": time.perf_counter(), "tokens": 0.0, "sampler_tokens":
+    last = {"time": time.perf_counter(), "sampler_tokens":
             sampler.stats_dict()["sampler/action_tokens"]}
     for step in range(start_step, total_steps):
       t_wait = time.perf_counter()
@@ -388,8 +394,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                 (sstats["sampler/action_tokens"] - last["sampler_tokens"])
                 / max(now - last["time"], 1e-9)),
             "idle/trainer_frac": clock.trainer_wait / clock.elapsed,
-            "idle/sampler_frac": sstats["sampler/idle_s"] / max(
-                1e-9, sstats["sampler/idle_s"] + sstats["sampler/busy_s"]),
+            "idle/sampler_frac": _sampler_idle_frac(sstats),
             "weights/publish_s_total": clock.publish,
             "stream/dropped_stale": counters["dropped_stale"],
             "stream/multi_version_frac": counters["multi_version"] / max(
@@ -457,8 +462,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         "train_wall_s": steady.get("t1", 0.0) - steady.get("t0", 0.0),
         "train_wall_steps": float(steady.get("steps", 0)),
         "trainer_idle_frac": clock.trainer_wait / max(1e-9, clock.elapsed),
-        "sampler_idle_frac": sstats["sampler/idle_s"] / max(
-            1e-9, sstats["sampler/idle_s"] + sstats["sampler/busy_s"]),
+        "sampler_idle_frac": _sampler_idle_frac(sstats),
     }
     writer.write_scalars(final_step, {f"summary/{k}": v
                                       for k, v in summary.items()})
