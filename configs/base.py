@@ -72,7 +72,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.tool_timeout_s = 1.0  # Wall-clock limit of one tool call.
   # Reward = r_quality * r_style in {0, 1}; the evolving env switches the
   # required answer style at these policy versions (DESIGN §2, online).
-  config.env.styles = ("plain", "boxed", "tagged")
+  # ('plain', 'boxed', 'answer_tag'; sao_jax.envs.evolving.STYLES).
+  config.env.styles = ("plain", "boxed", "answer_tag")
   config.env.style_change_steps = (100, 200)
 
   # -------------------------------------------------------------- sampler ---
@@ -91,8 +92,10 @@ def get_config() -> ml_collections.ConfigDict:
   # ------------------------------------------------------------------- rl ---
   config.rl = ml_collections.ConfigDict()
   config.rl.loss = "sao"  # Name in sao_jax.rl.registry.
-  config.rl.eps_low = 0.3  # DIS band 1 - eps_low < r (Eqs. 1-3).
-  config.rl.eps_high = 5.0  # DIS band r < 1 + eps_high.
+  # Clip / DIS band: None = the registered loss's default (SAO's DIS band
+  # 1 - 0.3 < r < 1 + 5.0, Eqs. 1-3; GRPO's clip-higher 0.2 / 0.28; ...).
+  config.rl.eps_low = config_dict.placeholder(float)
+  config.rl.eps_high = config_dict.placeholder(float)
   config.rl.kl_coef = 0.0  # k3 KL to the reference policy (PPO/GRPO).
   # Extra per-algorithm hyper-parameters; None = the registry's default.
   config.rl.dual_clip = config_dict.placeholder(float)
@@ -111,6 +114,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Policy lambda = 1 - 1 / (alpha * l), l = action tokens (length-adaptive).
   config.rl.lam_policy_alpha = 1.5
   config.rl.running_mean_k = 8  # Rewards kept per prompt (running_mean).
+  # 'prompt': baseline = mean of the prompt's last k rewards; 'global': of
+  # the last k rewards of any prompt (the online simulation's baseline).
+  config.rl.running_mean_scope = "prompt"
   config.rl.critic_warmup_steps = 10  # Critic-only steps before the policy.
   config.rl.critic_updates_per_step = 2  # Critic steps per policy step.
   config.rl.critic_frozen_attention = True  # Train only MLP + head.
@@ -139,6 +145,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.max_seq_len = 256  # Padded length of a training row.
   config.train.max_staleness = 4  # eta: policy versions a trajectory may lag.
   config.train.publish_every = 1  # Publish weights to the sampler every n.
+  # Weight-publication holdback (staleness studies): the sampler gets the
+  # weights of version v - publish_lag instead of v, and may run ahead only
+  # max_staleness - publish_lag steps, which forces staleness ~= publish_lag
+  # whatever the speeds of the two processes. 0 = publish the newest.
+  config.train.publish_lag = 0
+  # Stop once the trainer has read this many generated action tokens (equal
+  # token budgets across algorithms); 0 = run num_steps.
+  config.train.max_generated_tokens = 0
   config.train.eval_every = 50  # Policy steps between evals; 0 = never.
   config.train.checkpoint_every = 100  # Steps between checkpoints; 0 = never.
   config.train.log_every = 10  # Steps between TensorBoard writes.
@@ -151,6 +165,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Share of SFT demonstrations that call the calculator tool before
   # answering (env 'tool'); the rest answer directly.
   config.train.sft_tool_frac = 0.0
+  config.train.sft_seed = 0  # Init + data order of the SFT warm start.
+  # Directory shared by runs to cache SFT warm starts (keyed by a hash of
+  # everything they depend on), e.g. one per sweep; '' = workdir/sft.
+  config.train.sft_cache_dir = ""
 
   # ----------------------------------------------------------------- mesh ---
   config.mesh = ml_collections.ConfigDict()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import os
 import pathlib
 from typing import Any, Callable, Iterator
@@ -90,6 +91,83 @@ def check_key_path(path: str, base: ml_collections.ConfigDict | None = None
       raise _unknown_key_error(".".join(done + [part]), list(node.keys()), base)
     node = node[part]
     done.append(part)
+
+
+def _get_path(config: Any, path: str) -> tuple[bool, Any]:
+  """(True, value) at the dotted `path` of `config`, or (False, None)."""
+  node = config
+  for part in path.split("."):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or (
+        part not in node):
+      return False, None
+    node = node[part]
+  return True, node
+
+
+def _to_tuples(value: Any) -> Any:
+  """JSON lists (nested too) as tuples."""
+  if isinstance(value, (list, tuple)):
+    return tuple(_to_tuples(v) for v in value)
+  return value
+
+
+def load_overrides(path: str | os.PathLike[str]) -> dict[str, Any]:
+  """Reads a JSON object of flattened overrides ({"rl.eps_low": 0.2, ...}).
+
+  Raises:
+    ConfigError: (one line, naming the file) if the file is missing, is not
+      valid JSON or is not an object whose keys are dotted config paths.
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      overrides = json.load(f)
+  except FileNotFoundError:
+    raise ConfigError(
+        f"--overrides={path}: file not found; pass the path of a JSON object "
+        'of dotted config keys, e.g. {"rl.eps_low": 0.2}') from None
+  except OSError as e:
+    raise ConfigError(f"--overrides={path}: cannot read it ({e})") from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConfigError(
+        f"--overrides={path}: not valid JSON ({e}); expected an object of "
+        'dotted config keys, e.g. {"rl.eps_low": 0.2}') from None
+  if not isinstance(overrides, dict):
+    raise ConfigError(
+        f"--overrides={path}: expected a JSON object of dotted config keys, "
+        f"got a JSON {type(overrides).__name__}")
+  return overrides
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: dict[str, Any],
+                    base: ml_collections.ConfigDict | None = None) -> None:
+  """Sets flattened `overrides` ({"rl.eps_low": 0.2}) on `config` in place.
+
+  Each key must exist in `base` (default `configs/base.py`; keys under the
+  `FREE_FORM` sections may be new). A JSON list becomes a tuple where the
+  config's current value is a tuple. Types and ranges are left to
+  `validate_config`, except what ConfigDict itself refuses (e.g. a float for
+  an int field).
+
+  Raises:
+    ConfigError: (one line, naming the key) for an unknown key or a value the
+      field cannot hold.
+  """
+  base = base_config() if base is None else base
+  for key, value in overrides.items():
+    if not isinstance(key, str) or not key:
+      raise ConfigError(f"overrides: expected dotted config keys, got {key!r}")
+    check_key_path(key, base)
+    found, current = _get_path(config, key)
+    if found and isinstance(current, tuple) and isinstance(value, list):
+      value = _to_tuples(value)
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      reason = str(e).strip().splitlines()[0] if str(e).strip() else type(
+          e).__name__
+      raise ConfigError(
+          f"config.{key}: cannot set {value!r} ({reason})") from None
 
 
 def _type_name(t: type) -> str:
@@ -261,7 +339,10 @@ def _check_env(c: Any) -> None:
   _check(c, "env.max_turns", _pos_int, "a positive int")
   _check(c, "env.max_tool_calls", _nonneg, "int >= 0")
   _check(c, "env.tool_timeout_s", lambda v: v > 0, "float > 0")
-  _check(c, "env.styles", bool, "at least one style")
+  from sao_jax.envs import evolving  # pylint: disable=g-import-not-at-top
+  _check(c, "env.styles",
+         lambda v: bool(v) and all(s in evolving.STYLES for s in v),
+         f"at least one style, each one of {evolving.STYLES}")
   _check(c, "env.style_change_steps",
          lambda v: all(s >= 0 for s in v) and list(v) == sorted(v),
          "non-decreasing steps >= 0")
@@ -288,13 +369,17 @@ def _check_rl(c: Any) -> None:
   if advantages is not None:
     _check(c, "rl.advantage", lambda v: v in advantages,
            f"one of {advantages}")
-  _check(c, "rl.eps_low", lambda v: 0 < v < 1, "float in (0, 1)")
-  _check(c, "rl.eps_high", lambda v: v > 0, "float > 0")
+  _check(c, "rl.eps_low", lambda v: v is None or 0 < v <= 1,
+         "None (the loss's default) or a float in (0, 1]")
+  _check(c, "rl.eps_high", lambda v: v is None or v > 0,
+         "None (the loss's default) or a float > 0")
   _check(c, "rl.kl_coef", _nonneg, "float >= 0")
   _check(c, "rl.gamma", lambda v: 0 <= v <= 1, "float in [0, 1]")
   _check(c, "rl.lam_critic", lambda v: 0 <= v <= 1, "float in [0, 1]")
   _check(c, "rl.lam_policy_alpha", lambda v: v > 0, "float > 0")
   _check(c, "rl.running_mean_k", _pos_int, "a positive int")
+  _check(c, "rl.running_mean_scope", lambda v: v in ("prompt", "global"),
+         "'prompt' or 'global'")
   _check(c, "rl.critic_warmup_steps", _nonneg, "int >= 0")
   _check(c, "rl.critic_updates_per_step", _pos_int, "a positive int")
   _check(c, "rl.value_clip", lambda v: v is None or v > 0,
@@ -318,8 +403,14 @@ def _check_train(c: Any) -> None:
   for key in ("num_steps", "batch_size", "max_seq_len", "publish_every",
               "log_every", "sft_batch_size", "sft_max_len"):
     _check(c, f"train.{key}", _pos_int, "a positive int")
-  for key in ("max_staleness", "eval_every", "checkpoint_every", "sft_steps"):
+  for key in ("max_staleness", "eval_every", "checkpoint_every", "sft_steps",
+              "publish_lag", "max_generated_tokens", "sft_seed"):
     _check(c, f"train.{key}", _nonneg, "int >= 0")
+  _check(c, "train.publish_lag", lambda v: v <= t.max_staleness,
+         f"int <= train.max_staleness={t.max_staleness} (trajectories "
+         "sampled with held-back weights are at least that stale)")
+  _check(c, "train.publish_lag", lambda v: v == 0 or t.mode == "async",
+         f"0 in train.mode={t.mode!r} (the holdback needs 'async')")
   _check(c, "train.sft_lr", lambda v: v > 0, "float > 0")
   _check(c, "train.sft_tool_frac", lambda v: 0 <= v <= 1, "float in [0, 1]")
   _check(c, "train.max_seq_len", lambda v: v >= c.sampler.max_total_tokens,

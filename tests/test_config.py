@@ -9,6 +9,7 @@ import ml_collections
 import pytest
 
 from sao_jax import config_validation as cv
+from sao_jax.rl import registry
 from sao_jax import tokenizer
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -32,8 +33,13 @@ def test_base_config_validates(config):
   cv.validate_config(config)
   cv.validate_config(ml_collections.FrozenConfigDict(config))
   # The defaults the paper gives.
+  # eps_low/eps_high None: each loss's registered band (SAO's DIS: 0.3 / 5.0).
   assert (config.rl.loss, config.rl.eps_low, config.rl.eps_high) == (
-      "sao", 0.3, 5.0)
+      "sao", None, None)
+  assert registry.resolve_hparams("sao", config.rl) == {
+      "eps_low": 0.3, "eps_high": 5.0}
+  assert registry.resolve_hparams("grpo", config.rl) == {
+      "eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0}
   assert config.rl.critic_warmup_steps == 10
   assert config.rl.critic_updates_per_step == 2
   assert (config.optim.actor_lr, config.optim.critic_lr) == (1e-6, 5e-6)
@@ -125,10 +131,20 @@ def test_int_for_float_and_placeholder_are_accepted(config):
 
 @pytest.mark.parametrize("updates,expected", [
     ({"rl.eps_low": 1.5},
-     "config.rl.eps_low: expected float in (0, 1), got 1.5"),
+     "config.rl.eps_low: expected None (the loss's default) or a float in "
+     "(0, 1], got 1.5"),
     ({"rl.eps_low": 0.0},
-     "config.rl.eps_low: expected float in (0, 1), got 0.0"),
-    ({"rl.eps_high": -1.0}, "config.rl.eps_high: expected float > 0, got -1.0"),
+     "config.rl.eps_low: expected None (the loss's default) or a float in "
+     "(0, 1], got 0.0"),
+    ({"rl.eps_high": -1.0}, "config.rl.eps_high: expected None (the loss's "
+     "default) or a float > 0, got -1.0"),
+    ({"env.styles": ("plain", "tagged")}, "config.env.styles: expected at "
+     "least one style, each one of ('boxed', 'answer_tag', 'plain'), got "
+     "('plain', 'tagged')"),
+    ({"train.publish_lag": 5}, "config.train.publish_lag: expected int <= "
+     "train.max_staleness=4"),
+    ({"train.publish_lag": 2, "train.mode": "sync"},
+     "config.train.publish_lag: expected 0 in train.mode='sync'"),
     ({"rl.loss": "sa0"}, "config.rl.loss: expected a registered loss"),
     ({"rl.advantage": "gea"}, "config.rl.advantage: expected one of"),
     ({"env.name": "gym"}, "config.env.name: expected a registered env "
@@ -237,8 +253,8 @@ def test_check_key_path(config):
   cv.check_key_path("env.dataset_config.anything", config)
   with pytest.raises(cv.ConfigError, match="did you mean config.rl.eps_low"):
     cv.check_key_path("rl.eps_lwo", config)
-  with pytest.raises(cv.ConfigError, match="config.rl.eps_low: is a float"):
-    cv.check_key_path("rl.eps_low.x", config)
+  with pytest.raises(cv.ConfigError, match="config.rl.gamma: is a float"):
+    cv.check_key_path("rl.gamma.x", config)
 
 
 def _run_main(*args, workdir):
@@ -264,7 +280,8 @@ def test_main_rejects_bad_overrides(tmp_path):
   out_of_range = _run_main("--config.rl.eps_low=1.5", workdir=tmp_path)
   assert out_of_range.returncode != 0
   assert out_of_range.stderr.strip() == (
-      "config.rl.eps_low: expected float in (0, 1), got 1.5")
+      "config.rl.eps_low: expected None (the loss's default) or a float in "
+      "(0, 1], got 1.5")
 
   bad_type = _run_main("--config.model.num_layers=2.5", workdir=tmp_path)
   assert bad_type.returncode != 0
@@ -308,7 +325,7 @@ def test_main_validates_then_calls_trainer(main_module, tmp_path, monkeypatch,
   config, workdir = calls[0]
   assert workdir == str(tmp_path)
   assert config.rl.eps_low == 0.2 and config.mesh.tensor == 1
-  assert config.rl.eps_high == 5.0
+  assert config.rl.eps_high is None  # The loss's default.
   assert config.env.dataset_config.min_terms == 3  # Free-form key added.
   with pytest.raises(AttributeError):  # Locked after validation.
     config.rl.eps_lwo = 0.1

@@ -45,6 +45,7 @@ class StreamCounters:
   """What the stream did to the records it read (never silent)."""
 
   records_read: int = 0
+  action_tokens_read: int = 0  # Generated tokens of every record read.
   dropped_stale: int = 0
   dropped_overlong: int = 0
   truncated: int = 0
@@ -123,7 +124,9 @@ class _RingIterator(grain.DatasetIterator):
     finally:
       self._counters.read_wait_s += time.perf_counter() - t0
     self._counters.records_read += 1
-    return codec.decode(rec.data)
+    traj = codec.decode(rec.data)
+    self._counters.action_tokens_read += traj.num_action_tokens
+    return traj
 
   def get_state(self) -> dict:
     return self._counters.as_dict()

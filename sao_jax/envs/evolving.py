@@ -41,6 +41,17 @@ def parse_style(answer: str) -> tuple[str, str]:
   return "plain", answer
 
 
+def format_style(answer: str, style: str) -> str:
+  """``answer`` written in ``style`` (the inverse of ``parse_style``)."""
+  if style == "boxed":
+    return f"\\boxed{{{answer}}}"
+  if style == "answer_tag":
+    return f"<answer>{answer}</answer>"
+  if style == "plain":
+    return answer
+  raise ValueError(f"Unknown style {style!r}; choose from {STYLES}.")
+
+
 def required_style(version: int, styles: Sequence[str],
                    switch_at: Sequence[int]) -> str:
   """The style required at policy `version` (see module doc)."""

@@ -24,8 +24,13 @@ shared-memory segments unlinked on every exit path.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import fcntl
+import hashlib
+import json
 import os
+import shutil
 import signal
 import time
 from typing import Any
@@ -39,6 +44,7 @@ from absl import logging
 from sao_jax import sharding
 from sao_jax import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
+from sao_jax.envs import evolving
 from sao_jax.envs import from_config
 from sao_jax.envs import tool_env
 from sao_jax.ipc import ring as ring_lib
@@ -83,12 +89,16 @@ def _abstract_boxed(mcfg: ModelConfig, value: bool) -> Any:
 
 
 def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
-                 tool_frac: float = 0.0) -> list[sft_lib.Example]:
+                 tool_frac: float = 0.0,
+                 styles: tuple[str, ...] = ()) -> list[sft_lib.Example]:
   """SFT demonstrations in the sampler's template, fitting ``max_len``.
 
   A ``tool_frac`` share (every k-th task) demonstrates the calculator: the
   action calls it with the task's expression, the tool result is an
   observation (not trained on), then the answer. The rest answer directly.
+  With ``styles`` (the evolving env), task i's answer is written in style
+  ``styles[i % len(styles)]``, so the warm-started policy knows every style
+  and RL has to find out which one the reward wants now.
   """
   every = round(1.0 / tool_frac) if tool_frac > 0 else 0
   out = []
@@ -102,18 +112,66 @@ def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
       segments += [
           (tokenizer.encode(tok_lib.format_tool_call(expr)), True),
           (tokenizer.encode(tok_lib.format_tool_result(value)), False)]
+    answer = str(entry["answer"])
+    if styles:
+      answer = evolving.format_style(answer, styles[i % len(styles)])
     segments.append(
-        (tokenizer.encode(tok_lib.format_assistant_turn(str(entry["answer"]))),
-         True))
+        (tokenizer.encode(tok_lib.format_assistant_turn(answer)), True))
     if sum(len(seg) for seg, _ in segments) <= max_len:
       out.append(segments)
   return out
 
 
+def sft_cache_key(config: Any, mcfg: ModelConfig,
+                  tokenizer: tok_lib.Tokenizer) -> str:
+  """Hash of everything the SFT warm start depends on (a shared-cache key)."""
+  t = config.train
+  parts = {
+      "model": dataclasses.asdict(mcfg),
+      "tokenizer": hashlib.sha256(tokenizer.serialized_proto()).hexdigest(),
+      "env": json.loads(config.env.to_json_best_effort(sort_keys=True)),
+      "sft": [int(t.sft_steps), int(t.sft_batch_size), float(t.sft_lr),
+              int(t.sft_max_len), float(t.sft_tool_frac), int(t.sft_seed)],
+  }
+  blob = json.dumps(parts, sort_keys=True, default=str).encode()
+  return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
+             train_tasks, writer: metrics_lib.MetricWriter) -> Any:
+  """Random init + supervised warm start (``train.sft_*``)."""
+  tok = jnp.zeros((1, 1), jnp.int32)
+  params = nn.unbox(transformer.Transformer(mcfg).init(
+      jax.random.PRNGKey(int(config.train.sft_seed)), tok, tok,
+      tok == 0)["params"])
+  cfg = sft_lib.SFTConfig(
+      steps=int(config.train.sft_steps),
+      batch_size=int(config.train.sft_batch_size),
+      max_len=int(config.train.sft_max_len), lr=float(config.train.sft_lr),
+      seed=int(config.train.sft_seed))
+  styles = (tuple(config.env.styles) if str(config.env.name) == "evolving"
+            else ())
+  examples = sft_examples(train_tasks, tokenizer,
+                          min(len(train_tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
+                          float(config.train.sft_tool_frac), styles)
+  logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
+               len(examples))
+  params, _ = sft_lib.run_sft(
+      mcfg, params, examples, cfg, pad_id=tokenizer.pad_id,
+      on_metrics=lambda i, m: writer.write_scalars(i - cfg.steps, m))
+  return params
+
+
 def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
                    train_tasks, workdir: str,
                    writer: metrics_lib.MetricWriter) -> Any:
-  """HF checkpoint, cached SFT result, or random init + SFT (cached)."""
+  """HF checkpoint, cached SFT result, or random init + SFT (cached).
+
+  The SFT result is cached in ``workdir/sft``, or with ``train.sft_cache_dir``
+  in ``<sft_cache_dir>/<sft_cache_key>``, shared by every run with the same
+  model, tokenizer, env and SFT settings; a file lock makes concurrent runs
+  wait for the one that trains it.
+  """
   if config.model.init_from:
     loaded_cfg, params = hf.load_hf_checkpoint(config.model.init_from)
     if loaded_cfg != mcfg:
@@ -122,30 +180,29 @@ def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
           f"{config.model.init_from}: config {mcfg} vs checkpoint "
           f"{loaded_cfg}.")
     return params
-  sft_dir = os.path.join(workdir, "sft")
-  if os.path.exists(os.path.join(sft_dir, "config.json")):
-    logging.info("Using the SFT warm start cached in %s", sft_dir)
-    return hf.load_hf_checkpoint(sft_dir)[1]
-  tok = jnp.zeros((1, 1), jnp.int32)
-  params = nn.unbox(transformer.Transformer(mcfg).init(
-      jax.random.PRNGKey(int(config.train.seed)), tok, tok, tok == 0)["params"])
   if int(config.train.sft_steps) <= 0:
-    return params
-  cfg = sft_lib.SFTConfig(
-      steps=int(config.train.sft_steps),
-      batch_size=int(config.train.sft_batch_size),
-      max_len=int(config.train.sft_max_len), lr=float(config.train.sft_lr),
-      seed=int(config.train.seed))
-  examples = sft_examples(train_tasks, tokenizer,
-                          min(len(train_tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
-                          float(config.train.sft_tool_frac))
-  logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
-               len(examples))
-  params, _ = sft_lib.run_sft(
-      mcfg, params, examples, cfg, pad_id=tokenizer.pad_id,
-      on_metrics=lambda i, m: writer.write_scalars(i - cfg.steps, m))
-  hf.save_hf_checkpoint(mcfg, params, sft_dir, arch="LlamaForCausalLM"
-                        if not mcfg.qkv_bias else "Qwen2ForCausalLM")
+    tok = jnp.zeros((1, 1), jnp.int32)
+    return nn.unbox(transformer.Transformer(mcfg).init(
+        jax.random.PRNGKey(int(config.train.seed)), tok, tok,
+        tok == 0)["params"])
+  cache_root = str(config.train.sft_cache_dir)
+  if cache_root:
+    os.makedirs(cache_root, exist_ok=True)
+    sft_dir = os.path.join(cache_root, sft_cache_key(config, mcfg, tokenizer))
+  else:
+    sft_dir = os.path.join(workdir, "sft")
+  with open(sft_dir + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
+    if os.path.exists(os.path.join(sft_dir, "config.json")):
+      logging.info("Using the SFT warm start cached in %s", sft_dir)
+      return hf.load_hf_checkpoint(sft_dir)[1]
+    params = _run_sft(config, mcfg, tokenizer, train_tasks, writer)
+    if os.path.exists(sft_dir):  # Left by a run killed while saving.
+      shutil.rmtree(sft_dir)
+    tmp = f"{sft_dir}.tmp{os.getpid()}"
+    hf.save_hf_checkpoint(mcfg, params, tmp, arch="LlamaForCausalLM"
+                          if not mcfg.qkv_bias else "Qwen2ForCausalLM")
+    os.replace(tmp, sft_dir)  # Readers never see a half-written cache.
   return params
 
 
@@ -156,11 +213,41 @@ def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
 class _Clock:
   start: float = dataclasses.field(default_factory=time.perf_counter)
   trainer_wait: float = 0.0
-  publish: float = 0.0
 
   @property
   def elapsed(self) -> float:
     return time.perf_counter() - self.start
+
+
+class _Publisher:
+  """Publishes policy weights to the slot, optionally held back (§4).
+
+  With ``lag`` = k > 0 the slot gets the weights of version v - k when the
+  trainer reaches version v, which forces the sampler to act with
+  k-versions-old weights: the staleness study's controlled lag. The first
+  call always publishes (the sampler needs weights to start), so for the
+  first k versions after a start or resume the lag is smaller.
+  """
+
+  def __init__(self, slot: weights_lib.WeightSlot, lag: int):
+    self._slot, self._lag = slot, int(lag)
+    self._held: collections.deque[tuple[int, Any]] = collections.deque()
+    self._published = False
+    self.seconds = 0.0  # Time spent publishing.
+
+  def __call__(self, params: Any, version: int) -> None:
+    host = jax.device_get(params)
+    if self._lag == 0 or not self._published:
+      self.seconds += self._slot.publish(host, version)
+      self._published = True
+      if self._lag == 0:
+        return
+    self._held.append((version, host))
+    due = None
+    while self._held and self._held[0][0] <= version - self._lag:
+      due = self._held.popleft()
+    if due is not None:
+      self.seconds += self._slot.publish(due[1], due[0])
 
 
 def _group_index(prompt_ids: np.ndarray) -> np.ndarray:
@@ -192,6 +279,14 @@ def _to_device_batch(batch: dict[str, np.ndarray], config: Any, mesh,
   return sharding.make_global_batch(batch, mesh, rules)
 
 
+def _write_json_atomic(path: str, obj: Any) -> None:
+  """Writes ``obj`` as JSON to ``path`` via rename (the run-finished marker)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+
+
 def _sampler_cores(config: Any) -> tuple[int, ...]:
   """``sampler.devices`` as CPU core ids ('0,1' or '0-3'); '' = no pinning."""
   spec = str(config.sampler.devices).strip()
@@ -219,6 +314,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   mode = str(config.train.mode)
   max_staleness = 0 if mode in ("sync", "group") else int(
       config.train.max_staleness)
+  publish_lag = int(config.train.publish_lag)
+  token_budget = int(config.train.max_generated_tokens)
   n_roll = int(config.sampler.n_rollouts)
   if mode == "group" and n_roll < 2:
     raise ValueError("train.mode='group' needs sampler.n_rollouts >= 2.")
@@ -277,11 +374,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       lam_policy_alpha=float(config.rl.lam_policy_alpha),
       critic_updates_per_step=int(config.rl.critic_updates_per_step),
       temperature=float(config.sampler.temperature),
-      value_clip=config.rl.value_clip, max_groups=int(config.train.batch_size))
+      value_clip=config.rl.value_clip, max_groups=int(config.train.batch_size),
+      running_mean_global=config.rl.running_mean_scope == "global")
   running_mean = None
   if step_cfg.advantage == "running_mean":
-    running_mean = adv_lib.running_mean_init(len(train_tasks),
-                                             int(config.rl.running_mean_k))
+    running_mean = adv_lib.running_mean_init(
+        1 if step_cfg.running_mean_global else len(train_tasks),
+        int(config.rl.running_mean_k))
   state = step_lib.create_train_state(policy_params, value_params, policy_tx,
                                       value_tx, running_mean=running_mean)
 
@@ -316,7 +415,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         eval_tasks, version=int(state.policy_version))
     logging.info("Held-out accuracy before RL: %.3f",
                  meta["eval_before"]["eval/accuracy"])
-    writer.write_scalars(start_step, meta["eval_before"])
+    writer.write_scalars(start_step, {**meta["eval_before"],
+                                      "tokens/generated_total": 0.0})
 
   summary: dict[str, float] = {}
   sampler = None
@@ -332,14 +432,15 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   signal.signal(signal.SIGTERM, on_sigterm)
   try:
     clock = _Clock()
-    slot.publish(jax.device_get(state.policy_params),
-                 int(state.policy_version))
+    publish = _Publisher(slot, publish_lag)
+    publish(state.policy_params, int(state.policy_version))
     sampler = sampler_lib.SamplerHandle(sampler_lib.SamplerSpec(
         config=config, model_config=mcfg, tokenizer_proto=tokenizer.serialized_proto(),
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),
         start_episode=int(meta["episodes_consumed"]) // nproc,
-        max_staleness=max_staleness,
+        # The held-back versions use up part of the staleness bound.
+        max_staleness=max_staleness - publish_lag,
         cores=_sampler_cores(config)))
     sampler.set_trainer_step(start_step)
     sampler.start()
@@ -369,8 +470,9 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       version_box["v"] = int(state.policy_version)
       done = step + 1
       if done % int(config.train.publish_every) == 0 or done == total_steps:
-        clock.publish += slot.publish(jax.device_get(state.policy_params),
-                                      version_box["v"])
+        publish(state.policy_params, version_box["v"])
+      generated = stream.counters.action_tokens_read * nproc
+      out_of_tokens = bool(token_budget) and generated >= token_budget
       sampler.set_trainer_step(done)
       if done == start_step + 2:  # Trainer and sampler have compiled by now.
         steady = {"t0": time.perf_counter(), "steps": 0}
@@ -378,7 +480,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         steady["steps"] += 1
         steady["t1"] = time.perf_counter()
 
-      if done % int(config.train.log_every) == 0 or done == total_steps:
+      if (done % int(config.train.log_every) == 0 or done == total_steps
+          or out_of_tokens):
         scalars = {k: float(v) for k, v in jax.device_get(m).items()}
         scalars.update(_staleness_stats(host_batch))
         now = time.perf_counter()
@@ -395,7 +498,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                 / max(now - last["time"], 1e-9)),
             "idle/trainer_frac": clock.trainer_wait / clock.elapsed,
             "idle/sampler_frac": _sampler_idle_frac(sstats),
-            "weights/publish_s_total": clock.publish,
+            "weights/publish_s_total": publish.seconds,
+            "tokens/generated_total": float(generated),
             "stream/dropped_stale": counters["dropped_stale"],
             "stream/multi_version_frac": counters["multi_version"] / max(
                 1, counters["admitted"]),
@@ -420,19 +524,24 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       policy_steps = done - warmup
       if (int(config.train.eval_every) and policy_steps > 0
           and policy_steps % int(config.train.eval_every) == 0
-          and done != total_steps):
+          and done != total_steps and not out_of_tokens):
         ev = eval_lib.evaluate(jax.device_get(state.policy_params), mcfg,
                                config, tokenizer, eval_tasks,
                                version=version_box["v"])
-        writer.write_scalars(done, ev)
+        writer.write_scalars(done, {**ev,
+                                    "tokens/generated_total": generated})
         logging.info("step %d: held-out accuracy %.3f", done,
                      ev["eval/accuracy"])
       meta.update(episodes_consumed=consumed,
                   stream=stream.counters.as_dict())
       if (int(config.train.checkpoint_every)
           and done % int(config.train.checkpoint_every) == 0
-          and done != total_steps):
+          and done != total_steps and not out_of_tokens):
         ckpt.save(done, state, meta)
+      if out_of_tokens:
+        logging.info("Generated-token budget reached: %d >= %d tokens at "
+                     "step %d.", generated, token_budget, done)
+        break
 
     final_step = int(state.step)
     if final_step > start_step or ckpt.latest_step() != final_step:
@@ -440,8 +549,10 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     ev = eval_lib.evaluate(jax.device_get(state.policy_params), mcfg, config,
                            tokenizer, eval_tasks,
                            version=int(state.policy_version))
-    writer.write_scalars(final_step, ev)
     counters = stream.counters.as_dict()
+    writer.write_scalars(final_step, {
+        **ev, "tokens/generated_total": float(
+            counters["action_tokens_read"] * nproc)})
     sstats = sampler.stats_dict()
     summary = {
         "accuracy_before": meta["eval_before"]["eval/accuracy"],
@@ -452,6 +563,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         "trajectories_read_from_ring": float(counters["records_read"]),
         "trajectories_trained": float(counters["admitted"]),
         "dropped_stale": float(counters["dropped_stale"]),
+        "generated_tokens": float(counters["action_tokens_read"] * nproc),
         "staleness_mean": float(counters["staleness_mean"]),
         "staleness_max": float(counters["staleness_max"]),
         "sampler_episodes": sstats["sampler/episodes"],
@@ -467,6 +579,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     writer.write_scalars(final_step, {f"summary/{k}": v
                                       for k, v in summary.items()})
     logging.info("Summary: %s", summary)
+    _write_json_atomic(os.path.join(workdir, "summary.json"), summary)
     return summary
   finally:
     signal.signal(signal.SIGTERM, previous_sigterm)

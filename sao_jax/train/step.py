@@ -78,6 +78,8 @@ class StepConfig:
     temperature: Sampling temperature (log-probs use logits / T).
     value_clip: Optional clipped value loss range.
     max_groups: Static bound on groups per batch (group estimators).
+    running_mean_global: 'running_mean' over the last k rewards of all
+      prompts (one table row; the online simulation) instead of per prompt.
   """
 
   loss: str = "sao"
@@ -90,6 +92,7 @@ class StepConfig:
   temperature: float = 1.0
   value_clip: float | None = None
   max_groups: int = 1
+  running_mean_global: bool = False
 
   def __post_init__(self):
     registry.get_spec(self.loss)  # Raises listing the known names.
@@ -155,8 +158,11 @@ def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
     if running_mean is None:
       raise ValueError("advantage='running_mean' needs TrainState.running_mean "
                        "(adv_lib.running_mean_init(num_prompts, k)).")
+    ids = batch["prompt_id"]
+    if cfg.running_mean_global:
+      ids = jnp.zeros_like(ids)
     seq_adv, running_mean = adv_lib.running_mean_advantages(
-        running_mean, batch["prompt_id"], seq_reward)
+        running_mean, ids, seq_reward)
     adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
   return adv, returns, running_mean
 
