@@ -93,7 +93,7 @@ def check_key_path(path: str, base: ml_collections.ConfigDict | None = None
     done.append(part)
 
 
-def _get_path(config: Any, path: str) -> tuple[bool, Any]:
+def get_path(config: Any, path: str) -> tuple[bool, Any]:
   """(True, value) at the dotted `path` of `config`, or (False, None)."""
   node = config
   for part in path.split("."):
@@ -158,7 +158,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
     if not isinstance(key, str) or not key:
       raise ConfigError(f"overrides: expected dotted config keys, got {key!r}")
     check_key_path(key, base)
-    found, current = _get_path(config, key)
+    found, current = get_path(config, key)
     if found and isinstance(current, tuple) and isinstance(value, list):
       value = _to_tuples(value)
     try:

@@ -3,6 +3,10 @@ r"""Entry point: validate an experiment config, then train.
   python -m sao_jax.main --config=configs/base.py --workdir=/tmp/sao \
       --config.rl.eps_low=0.2 --config.train.mode=sync
 
+`--overrides=PATH.json` applies a JSON object of dotted keys
+({"rl.loss": "grpo", "train.seed": 1}) after the config file and the
+`--config.x=...` flags; experiments/sweep.py uses it for each sweep point.
+
 A bad config (unknown key, wrong type, out of range, inconsistent) stops the
 run before any compute with a one-line message naming the key.
 """
@@ -30,6 +34,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", None,
     "Directory for checkpoints, TensorBoard events and the tokenizer.")
+_OVERRIDES = flags.DEFINE_string(
+    "overrides", None,
+    "JSON file with an object of dotted config keys to values, applied after "
+    "--config and the --config.x=... flags (e.g. {\"rl.eps_low\": 0.2}).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 # The override forms config_flags accepts: --config.a.b=v, -config.a.b v,
@@ -95,6 +103,9 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
   try:
+    if _OVERRIDES.value:
+      config_validation.apply_overrides(
+          config, config_validation.load_overrides(_OVERRIDES.value))
     config_validation.validate_config(config)
   except config_validation.ConfigError as e:
     sys.exit(str(e))
