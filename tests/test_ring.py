@@ -163,6 +163,40 @@ def test_checksum_catches_a_corrupted_committed_record(checksum):
       del data
 
 
+@pytest.mark.parametrize("copy", [True, False])
+@pytest.mark.parametrize("size,flip", [
+    (10_003, 10_002),  # Last byte: the sub-word tail of sum64.
+    (10_000, 0),  # First byte: the 64-bit word path.
+    (1 << 16, (1 << 16) - 1),
+])
+def test_sum64_catches_a_flip_in_gathered_record(size, flip, copy):
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 18) as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      payload = np.random.default_rng(size).integers(0, 256, size, np.uint8)
+      w.write(payload[:7], payload[7:], timeout=1.0)  # Gathered: 2 buffers.
+      data = r._seg.data[0]
+      start = int(r._seg.ctl[0][ring._TAIL]) % r.lane_bytes + ring.HEADER_BYTES
+      np.testing.assert_array_equal(data[start:start + size], payload)
+      data[start + flip] ^= 0x01
+      with pytest.raises(ring.CorruptRecordError, match="sum64 mismatch"):
+        r.read(timeout=1.0, copy=copy)
+      del data
+
+
+def test_backoff_yields_before_it_sleeps(monkeypatch):
+  calls = []
+  monkeypatch.setattr(ring, "_sched_yield", lambda: calls.append("yield"))
+  monkeypatch.setattr(ring.time, "sleep", calls.append)
+  backoff = ring._Backoff(max_sleep=1e-3)
+  for _ in range(ring._Backoff._SPINS + 12):
+    backoff.wait()
+  assert calls[:ring._Backoff._SPINS] == ["yield"] * ring._Backoff._SPINS
+  sleeps = calls[ring._Backoff._SPINS:]
+  # Never time.sleep(0): on CPython 3.11/Linux it sleeps the timer slack.
+  assert all(0 < s <= 1e-3 for s in sleeps)
+  assert sleeps == sorted(sleeps) and sleeps[-1] == 1e-3
+
+
 def test_unchecked_ring_still_validates_headers():
   with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12,
                               checksum="none") as r:
