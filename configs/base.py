@@ -166,6 +166,9 @@ def get_config() -> ml_collections.ConfigDict:
   # answering (env 'tool'); the rest answer directly.
   config.train.sft_tool_frac = 0.0
   config.train.sft_seed = 0  # Init + data order of the SFT warm start.
+  # SFT demonstrations: None = the first RL training tasks; an int = problems
+  # of their own item seeds [sft_data_seed, +4096), disjoint from RL's.
+  config.train.sft_data_seed = config_dict.placeholder(int)
   # Directory shared by runs to cache SFT warm starts (keyed by a hash of
   # everything they depend on), e.g. one per sweep; '' = workdir/sft.
   config.train.sft_cache_dir = ""

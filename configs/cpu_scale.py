@@ -8,8 +8,11 @@ arm is about. The setting is the quickstart's agentic task (reasoning-gym
 * one shared SFT warm start (`train.sft_seed` fixed, cached by the sweep in
   `<sweep dir>/sft_cache`), so every arm and seed starts from the same policy
   and `train.seed` varies only the RL run (sampling, critic head init);
-* a 512-problem training set, so prompts recur (~8 visits per prompt for
-  SAO), which the per-prompt running-mean baseline needs;
+* SFT demonstrations drawn from their own problems (`train.sft_data_seed`),
+  disjoint from RL's and from the held-out ones, so RL's prompts are new to
+  the policy;
+* a 1,024-problem RL training set, so prompts recur (~4 visits per prompt
+  for SAO), which the per-prompt running-mean baseline needs;
 * an equal budget of generated tokens for every arm
   (`train.max_generated_tokens`); `train.num_steps` is only a cap. The critic
   warm-up's trajectories count against the budget.
@@ -34,7 +37,8 @@ TOKEN_BUDGET = 36_000
 def get_config() -> ml_collections.ConfigDict:
   config = quickstart.get_config()
   config.model.name = "cpu-scale-1m"
-  config.env.size = 512
+  config.env.size = 1024
+  config.train.sft_data_seed = 5_000_000
   config.train.num_steps = 400  # Cap; the token budget ends the run first.
   config.train.max_generated_tokens = TOKEN_BUDGET
   config.train.eval_every = 20

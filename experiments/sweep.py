@@ -262,12 +262,14 @@ def _read_json(path: pathlib.Path) -> Any:
 
 
 def plan(config_path: str | os.PathLike[str], workdir: str | os.PathLike[str],
-         points: list[Point], validate: bool = True) -> list[PlannedPoint]:
+         points: list[Point], validate: bool = True,
+         sft_cache_dir: str | os.PathLike[str] | None = None
+         ) -> list[PlannedPoint]:
   """Resolves points against `workdir`; raises SweepError on conflicts.
 
-  Adds `train.sft_cache_dir = WORKDIR/sft_cache` to each point's overrides
-  unless the config or the point sets it (and only where configs/base.py has
-  the key). With `validate`, each point's config (config file + overrides) must
+  Adds `train.sft_cache_dir = sft_cache_dir` (default WORKDIR/sft_cache) to
+  each point's overrides unless the config or the point sets it (and only
+  where configs/base.py has the key). With `validate`, each point's config (config file + overrides) must
   pass `config_validation.validate_config`.
 
   Args:
@@ -275,6 +277,8 @@ def plan(config_path: str | os.PathLike[str], workdir: str | os.PathLike[str],
     workdir: the sweep's directory.
     points: from `load_points` (possibly a subset).
     validate: check every point's full config before anything runs.
+    sft_cache_dir: shared SFT cache (several sweeps may share one); default
+      `workdir/sft_cache`.
 
   Returns:
     One PlannedPoint per point, in order.
@@ -304,7 +308,9 @@ def plan(config_path: str | os.PathLike[str], workdir: str | os.PathLike[str],
   for point in points:
     overrides = _json_roundtrip(point.name, point.overrides)
     if has_cache_key and not config_cache and not overrides.get(SFT_CACHE_KEY):
-      overrides[SFT_CACHE_KEY] = str(workdir / "sft_cache")
+      overrides[SFT_CACHE_KEY] = str(
+          pathlib.Path(sft_cache_dir).resolve() if sft_cache_dir
+          else workdir / "sft_cache")
     if validate:
       config = module.get_config()
       try:
@@ -422,7 +428,9 @@ def run_sweep(config_path: str | os.PathLike[str],
               workdir: str | os.PathLike[str], parallel: int = 1,
               only: str | Sequence[str] | None = None, dry_run: bool = False,
               command_fn: CommandFn = main_command, poll_s: float = 0.1,
-              grace_s: float = 60.0) -> list[dict[str, Any]]:
+              grace_s: float = 60.0,
+              sft_cache_dir: str | os.PathLike[str] | None = None
+              ) -> list[dict[str, Any]]:
   """Runs the sweep's unfinished points, `parallel` at a time.
 
   Args:
@@ -435,6 +443,7 @@ def run_sweep(config_path: str | os.PathLike[str],
     command_fn: builds a point's command (default: sao_jax.main).
     poll_s: seconds between checks of the running children.
     grace_s: on interruption, seconds children get to exit after SIGTERM.
+    sft_cache_dir: shared SFT cache directory (default `workdir/sft_cache`).
 
   Returns:
     One record per point ({"point", "status", "wall_s", "log"}, status
@@ -450,7 +459,8 @@ def run_sweep(config_path: str | os.PathLike[str],
   workdir = pathlib.Path(workdir).resolve()
   points = load_points(config_path)
   selected = _select(points, only)
-  planned = plan(config_path, workdir, selected)
+  planned = plan(config_path, workdir, selected,
+                 sft_cache_dir=sft_cache_dir)
   if dry_run:
     records = []
     for p in planned:
@@ -531,6 +541,10 @@ def define_flags() -> None:
   flags.DEFINE_string(
       "only", None,
       "Comma-separated names of the points to run (default all).")
+  flags.DEFINE_string(
+      "sft_cache_dir", None,
+      "Directory for shared SFT warm starts (default WORKDIR/sft_cache); give "
+      "several sweeps the same one to train the warm start once.")
   flags.DEFINE_bool(
       "dry_run", False, "Print the plan and commands; run and write nothing.")
   flags.mark_flags_as_required(["config", "workdir"])
@@ -547,7 +561,8 @@ def main(argv: Sequence[str]) -> None:
   signal.signal(signal.SIGTERM, _raise_terminated)
   try:
     records = run_sweep(FLAGS.config, FLAGS.workdir, FLAGS.parallel,
-                        only=FLAGS.only, dry_run=FLAGS.dry_run)
+                        only=FLAGS.only, dry_run=FLAGS.dry_run,
+                        sft_cache_dir=FLAGS.sft_cache_dir)
   except SweepError as e:
     sys.exit(str(e))
   except KeyboardInterrupt:

@@ -46,6 +46,7 @@ from sao_jax import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import evolving
 from sao_jax.envs import from_config
+from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import tool_env
 from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import weights as weights_lib
@@ -131,7 +132,8 @@ def sft_cache_key(config: Any, mcfg: ModelConfig,
       "tokenizer": hashlib.sha256(tokenizer.serialized_proto()).hexdigest(),
       "env": json.loads(config.env.to_json_best_effort(sort_keys=True)),
       "sft": [int(t.sft_steps), int(t.sft_batch_size), float(t.sft_lr),
-              int(t.sft_max_len), float(t.sft_tool_frac), int(t.sft_seed)],
+              int(t.sft_max_len), float(t.sft_tool_frac), int(t.sft_seed),
+              t.sft_data_seed],
   }
   blob = json.dumps(parts, sort_keys=True, default=str).encode()
   return hashlib.sha256(blob).hexdigest()[:16]
@@ -151,8 +153,15 @@ def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
       seed=int(config.train.sft_seed))
   styles = (tuple(config.env.styles) if str(config.env.name) == "evolving"
             else ())
-  examples = sft_examples(train_tasks, tokenizer,
-                          min(len(train_tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
+  sft_tasks = train_tasks
+  if config.train.sft_data_seed is not None:
+    sft_tasks, eval_tasks = reasoning_gym_env.train_eval_split(
+        config.env.dataset, dict(config.env.dataset_config),
+        train_seed=int(config.train.sft_data_seed), train_size=_MAX_SFT_EXAMPLES,
+        eval_seed=int(config.env.eval_seed), eval_size=int(config.env.eval_size))
+    del eval_tasks  # Built only to check that the seeds are disjoint.
+  examples = sft_examples(sft_tasks, tokenizer,
+                          min(len(sft_tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
                           float(config.train.sft_tool_frac), styles)
   logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
                len(examples))
@@ -240,8 +249,7 @@ class _Publisher:
     if self._lag == 0 or not self._published:
       self.seconds += self._slot.publish(host, version)
       self._published = True
-      if self._lag == 0:
-        return
+      return
     self._held.append((version, host))
     due = None
     while self._held and self._held[0][0] <= version - self._lag:

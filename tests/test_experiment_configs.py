@@ -1,0 +1,113 @@
+"""Every config in configs/ builds and validates, and so does every sweep point.
+
+Also the experiment knobs of the loop: the weight-publication holdback, the
+SFT styles of the evolving env, the SFT cache key and the global running mean.
+"""
+
+import importlib
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sao_jax import config_validation as cv
+from sao_jax.envs import evolving
+from sao_jax.rl import advantages as adv_lib
+from sao_jax.train import loop
+from sao_jax.train import step as step_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
+                 if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_and_its_sweep_points_validate(name):
+  module = importlib.import_module(f"configs.{name}")
+  base = cv.base_config()
+  cv.validate_config(module.get_config(), base)
+  points = getattr(module, "get_sweep", lambda: [{}])()
+  assert points, f"configs/{name}.py: get_sweep() returned no points"
+  names = [p.get("_name") for p in points]
+  assert len(set(names)) == len(names), names
+  for point in points:
+    config = module.get_config()
+    cv.apply_overrides(config, {k: v for k, v in point.items()
+                                if k != "_name"}, base)
+    cv.validate_config(config, base)
+
+
+def test_arms_differ_only_in_what_they_ablate():
+  from configs import cpu_scale, grpo, grpo_dis, sao, sao_no_fast_value  # pylint: disable=g-import-not-at-top,g-multiple-import
+  flat = lambda c: dict(_flatten(c.to_dict()))
+  ref = flat(sao.get_config())
+  diff = lambda c: {k for k, v in flat(c).items() if ref[k] != v}
+  assert diff(sao_no_fast_value.get_config()) == {"rl.critic_updates_per_step"}
+  assert diff(grpo.get_config()) == {
+      "rl.loss", "rl.advantage", "sampler.n_rollouts",
+      "rl.critic_warmup_steps"}
+  assert diff(grpo_dis.get_config()) == diff(grpo.get_config())
+  # Equal generated-token budgets and one shared SFT warm start.
+  for c in (grpo.get_config(), grpo_dis.get_config(), sao.get_config()):
+    assert c.train.max_generated_tokens == cpu_scale.TOKEN_BUDGET
+    assert c.train.sft_seed == 0 and c.train.sft_data_seed is not None
+
+
+def _flatten(d, prefix=""):
+  for k, v in d.items():
+    if isinstance(v, dict):
+      yield from _flatten(v, f"{prefix}{k}.")
+    else:
+      yield f"{prefix}{k}", v
+
+
+class _FakeSlot:
+
+  def __init__(self):
+    self.published = []
+
+  def publish(self, params, version):
+    self.published.append((version, float(params["w"])))
+    return 0.0
+
+
+@pytest.mark.parametrize("lag,expected", [
+    (0, [0, 1, 2, 3, 4, 5]),
+    (2, [0, 1, 2, 3]),  # v0 at start; then v-2 once v >= 2.
+    (4, [0, 1]),
+])
+def test_publisher_holds_weights_back(lag, expected):
+  slot = _FakeSlot()
+  publish = loop._Publisher(slot, lag)  # pylint: disable=protected-access
+  for v in range(6):
+    publish({"w": np.float32(v)}, v)
+  assert [v for v, _ in slot.published] == expected
+  # Each version carries its own weights, not the newest ones.
+  assert all(v == w for v, w in slot.published)
+
+
+def test_format_style_round_trips():
+  assert evolving.format_style("12", "boxed") == "\\boxed{12}"
+  assert evolving.format_style("12", "answer_tag") == "<answer>12</answer>"
+  assert evolving.format_style("12", "plain") == "12"
+  for style in evolving.STYLES:
+    assert evolving.parse_style(evolving.format_style("7", style)) == (
+        style, "7")
+  with pytest.raises(ValueError, match="Unknown style"):
+    evolving.format_style("1", "bold")
+
+
+def test_global_running_mean_pools_all_prompts():
+  cfg = step_lib.StepConfig(advantage="running_mean", running_mean_global=True)
+  state = adv_lib.running_mean_init(1, 4)
+  mask = jnp.ones((3, 2), jnp.float32)
+  batch = {"rewards": jnp.array([[0, 1], [0, 0], [0, 1]], jnp.float32),
+           "action_mask": mask, "prompt_id": jnp.array([5, 9, 700])}
+  adv, _, state = step_lib.compute_advantages(cfg, batch, jnp.zeros_like(mask), state)
+  # Empty history: baseline 0, advantage = reward.
+  np.testing.assert_allclose(np.asarray(adv[:, 0]), [1, 0, 1])
+  adv, _, state = step_lib.compute_advantages(cfg, batch, jnp.zeros_like(mask), state)
+  # Baseline = mean of the 3 rewards seen (any prompt) = 2/3.
+  np.testing.assert_allclose(np.asarray(adv[:, 0]), [1 / 3, -2 / 3, 1 / 3],
+                             rtol=1e-6)
