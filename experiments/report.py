@@ -61,8 +61,17 @@ _COLLAPSE_FRAC = flags.DEFINE_float(
 _COLLAPSE_DROP = flags.DEFINE_float(
     "collapse_drop", 0.1,
     "Collapsed if final accuracy < initial accuracy - collapse_drop.")
+_SWITCHES = flags.DEFINE_list(
+    "switch_versions", [],
+    "Policy versions at which the online simulation's required style switches "
+    "(e.g. 100,200); adds an adaptation table and a reward-vs-version plot.")
+_RECOVER_FRAC = flags.DEFINE_float(
+    "recover_frac", 0.8,
+    "Adaptation: recovered when the training reward is back to this share of "
+    "its mean over the last versions before the switch.")
 
 DASH = "—"
+ADAPT_WINDOW = 20  # Policy versions before a switch that set the reference.
 EV_LAST_N = 3
 Series = tuple[np.ndarray, np.ndarray]  # (steps, values), sorted by step.
 
@@ -396,7 +405,9 @@ def group_table(groups: Sequence[dict[str, Any]]) -> str:
 def render_markdown(rows: Sequence[dict[str, Any]],
                     groups: Sequence[dict[str, Any]], plots: dict[str, str], *,
                     title: str, target: float, collapse_frac: float,
-                    collapse_drop: float, sources: Sequence[str] = ()) -> str:
+                    collapse_drop: float, sources: Sequence[str] = (),
+                    adapt: Sequence[dict[str, Any]] = (),
+                    recover_frac: float = 0.8) -> str:
   """The whole report: tables, their footnotes and the plot links."""
   parts = [f"# {title}", ""]
   if sources:
@@ -418,11 +429,81 @@ def render_markdown(rows: Sequence[dict[str, Any]],
               "Mean ± sample standard deviation (ddof=1) over the seeds of a "
               "group; tokens to target: mean over the seeds that reached "
               "it.", ""]
+  if adapt:
+    parts += ["## Adaptation after each style switch", "",
+              adaptation_table(adapt), "",
+              f"*Reward before*: mean training `reward/mean` over the "
+              f"{ADAPT_WINDOW} policy versions before the switch; *dip*: its "
+              f"minimum after the switch until it is back to ≥ "
+              f"{recover_frac:g} × before; *versions to recover*: policy "
+              f"versions from the switch until then ({DASH}: never).", ""]
   if plots:
     parts += ["## Plots", ""]
     for name, caption in plots.items():
       parts += [f"![{caption}]({name})", ""]
   return "\n".join(parts).rstrip() + "\n"
+
+
+# -----------------------------------------------------------------------------
+# Online simulation: adaptation after each style switch.
+
+
+def reward_by_version(run: RunData) -> Series | None:
+  """(policy version, reward/mean) at the logged steps, or None."""
+  if not (run.has("reward/mean") and run.has("policy_version")):
+    return None
+  steps, reward = run.series("reward/mean")
+  vsteps, versions = run.series("policy_version")
+  return np.interp(steps, vsteps, versions), reward
+
+
+def adaptation(run: RunData, switches: Sequence[int], *,
+               recover_frac: float = 0.8,
+               window: int = ADAPT_WINDOW) -> list[dict[str, Any]]:
+  """Per switch: reward before, its dip after, versions until it recovers.
+
+  *Before*: mean training reward over the ``window`` versions before the
+  switch. The dip starts at the first logged point at or after the switch
+  whose reward is < ``recover_frac`` x before (trajectories of older versions,
+  still scored under the old style, may come first); *recovered*: the first
+  later point with reward >= ``recover_frac`` x before. Versions to recover
+  count from the switch; 0 if the reward never dipped, None if it never
+  recovered.
+  """
+  rv = reward_by_version(run)
+  rows = []
+  for sw in switches:
+    row = {"run": run.label, "switch": int(sw), "before": None, "dip": None,
+           "versions_to_recover": None}
+    rows.append(row)
+    if rv is None:
+      continue
+    versions, reward = rv
+    before = reward[(versions >= sw - window) & (versions < sw)]
+    after = np.nonzero(versions >= sw)[0]
+    if not before.size or not after.size:
+      continue
+    row["before"] = float(before.mean())
+    level = recover_frac * row["before"]
+    low = [i for i in after if reward[i] < level]
+    if not low:
+      row["dip"] = float(reward[after].min())
+      row["versions_to_recover"] = 0.0
+      continue
+    nxt = [i for i in after if i > low[0] and reward[i] >= level]
+    end = nxt[0] if nxt else after[-1] + 1
+    row["dip"] = float(reward[low[0]:end].min())
+    if nxt:
+      row["versions_to_recover"] = float(versions[nxt[0]] - sw)
+  return rows
+
+
+def adaptation_table(rows: Sequence[dict[str, Any]]) -> str:
+  body = [[r["run"], str(r["switch"]), _fmt(r["before"]), _fmt(r["dip"]),
+           DASH if r["versions_to_recover"] is None
+           else f"{r['versions_to_recover']:.0f}"] for r in rows]
+  return _table(["run", "switch at version", "reward before", "dip",
+                 "versions to recover"], body)
 
 
 # -----------------------------------------------------------------------------
@@ -472,7 +553,8 @@ def _plot_series(run: RunData, name: str) -> tuple[Series, str] | None:
 
 
 def plot(runs: Sequence[RunData], out_dir: str, *,
-         target: float | None = None) -> dict[str, str]:
+         target: float | None = None,
+         switches: Sequence[int] = ()) -> dict[str, str]:
   """Writes one PNG per plot that some run has data for; ``{file: title}``."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -490,8 +572,15 @@ def plot(runs: Sequence[RunData], out_dir: str, *,
     seen_in_group[g] += 1
 
   written = {}
-  for name, title, ylabel, xaxis in PLOT_SPECS:
-    curves = [(run, _plot_series(run, name)) for run in runs]
+  specs = PLOT_SPECS + ((("reward_vs_version.png",
+                          "Training reward vs policy version",
+                          "reward/mean", "version"),) if switches else ())
+  for name, title, ylabel, xaxis in specs:
+    if name == "reward_vs_version.png":
+      curves = [(run, reward_by_version(run)) for run in runs]
+      curves = [(run, (c, "")) for run, c in curves if c is not None]
+    else:
+      curves = [(run, _plot_series(run, name)) for run in runs]
     curves = [(run, c) for run, c in curves if c is not None]
     if not curves:
       continue
@@ -504,9 +593,12 @@ def plot(runs: Sequence[RunData], out_dir: str, *,
     if name == "accuracy_vs_tokens.png" and target is not None:
       ax.axhline(target, color="grey", linestyle=":", linewidth=1,
                  label=f"target {target:g}")
+    if name == "reward_vs_version.png":
+      for sw in switches:
+        ax.axvline(sw, color="grey", linestyle=":", linewidth=1)
     ax.set_title(title)
-    ax.set_xlabel("generated action tokens" if xaxis == "tokens"
-                  else "trainer step")
+    ax.set_xlabel({"tokens": "generated action tokens", "step": "trainer step",
+                   "version": "policy version"}[xaxis])
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", loc="best")
@@ -524,17 +616,20 @@ def plot(runs: Sequence[RunData], out_dir: str, *,
 def make_report(directories: Sequence[str], out_dir: str, *,
                 target: float = 0.8, title: str = "Results report",
                 collapse_frac: float = 0.5,
-                collapse_drop: float = 0.1) -> str:
+                collapse_drop: float = 0.1, switches: Sequence[int] = (),
+                recover_frac: float = 0.8) -> str:
   """Reads the runs, writes ``out_dir/report.md`` and the PNGs; the Markdown."""
   runs = load_runs(directories)
   rows = [summarize(r, target, collapse_frac=collapse_frac,
                     collapse_drop=collapse_drop) for r in runs]
   os.makedirs(out_dir, exist_ok=True)
-  plots = plot(runs, out_dir, target=target)
+  plots = plot(runs, out_dir, target=target, switches=switches)
+  adapt = [row for r in runs
+           for row in adaptation(r, switches, recover_frac=recover_frac)]
   markdown = render_markdown(
       rows, group_rows(rows), plots, title=title, target=target,
       collapse_frac=collapse_frac, collapse_drop=collapse_drop,
-      sources=directories)
+      sources=directories, adapt=adapt, recover_frac=recover_frac)
   with open(os.path.join(out_dir, "report.md"), "w") as f:
     f.write(markdown)
   return markdown
@@ -549,7 +644,9 @@ def main(argv: Sequence[str]) -> None:
   try:
     markdown = make_report(
         directories, _OUT.value, target=_TARGET.value, title=_TITLE.value,
-        collapse_frac=_COLLAPSE_FRAC.value, collapse_drop=_COLLAPSE_DROP.value)
+        collapse_frac=_COLLAPSE_FRAC.value, collapse_drop=_COLLAPSE_DROP.value,
+        switches=[int(v) for v in _SWITCHES.value],
+        recover_frac=_RECOVER_FRAC.value)
   except FileNotFoundError as e:
     sys.exit(f"report.py: error: {e}")
   print(markdown, end="")

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Runs every experiment of experiments/RESULTS.md, then writes its reports.
 #
-#   bash experiments/reproduce.sh [RUNS_DIR]      (default: runs)
+#   bash experiments/reproduce.sh [RUNS_DIR] [REPORTS_DIR]
+#       (defaults: runs, experiments/results)
 #
 # Each sweep skips finished points and resumes unfinished ones, so the script
 # can be stopped and rerun. All CPU-scale arms share one SFT warm start
-# (RUNS_DIR/sft_cache). Reports go to RUNS_DIR/reports/<study>/report.md.
+# (RUNS_DIR/sft_cache). Reports go to REPORTS_DIR/<study>/report.md (+ PNGs);
+# experiments/RESULTS.md discusses the committed ones.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 RUNS="${1:-runs}"
+REPORTS="${2:-experiments/results}"
 PY="${PYTHON:-.venv/bin/python}"
 CACHE="${RUNS}/sft_cache"
 
@@ -33,15 +36,19 @@ sweep configs/sao_long.py "${RUNS}/sao_long"
 # Online-learning simulation (its own SFT warm start: all three styles).
 sweep configs/online.py "${RUNS}/online"
 
-report() {  # report OUT TARGET DIR...
-  local out="$1" target="$2"
+report() {  # report NAME TITLE DIR... [--flags]
+  local name="$1" title="$2"
   shift 2
-  "${PY}" experiments/report.py "$@" --out="${RUNS}/reports/${out}" \
-      --target="${target}" > /dev/null
+  "${PY}" experiments/report.py "$@" --out="${REPORTS}/${name}" \
+      --title="${title}" > /dev/null
 }
-report main 0.8 "${RUNS}/main/sao" "${RUNS}/main/grpo" "${RUNS}/main/grpo_dis"
-report staleness 0.8 "${RUNS}/staleness"
-report ablations 0.8 "${RUNS}/main/sao" "${RUNS}"/ablations/*
-report sao_long 0.8 "${RUNS}/sao_long"
-report online 0.5 "${RUNS}/online"
-echo "Reports: ${RUNS}/reports/*/report.md"
+report main "Main comparison: SAO vs GRPO+DIS vs GRPO" --target=0.9 \
+    "${RUNS}/main/sao" "${RUNS}/main/grpo_dis" "${RUNS}/main/grpo"
+report staleness "Staleness study: SAO and GRPO at eta = 0, 1, 4, 16" \
+    --target=0.9 "${RUNS}/staleness"
+report ablations "Ablations and other baselines (SAO seeds for reference)" \
+    --target=0.9 "${RUNS}/main/sao" "${RUNS}"/ablations/*
+report sao_long "SAO for 1,000 policy steps" --target=0.9 "${RUNS}/sao_long"
+report online "Online-learning simulation (style switches at 100, 200)" \
+    --target=0.5 --switch_versions=100,200 "${RUNS}/online"
+echo "Reports: ${REPORTS}/*/report.md"

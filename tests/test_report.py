@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from sao_jax.train import metrics
@@ -298,3 +299,32 @@ def test_cli_missing_dir_fails_clearly(sweep, tmp_path):
   proc = _cli(str(not_a_run), f"--out={tmp_path / 'o'}")
   assert proc.returncode != 0
   assert "neither a run dir" in proc.stderr
+
+
+def test_adaptation_after_style_switches(tmp_path):
+  run_dir = tmp_path / "online" / "sao"
+  # Version = step; reward 0.9 before the switch at 10, two stale batches
+  # still scored under the old style, the dip, then recovery at version 16.
+  rewards = {5: 0.9, 7: 0.9, 9: 0.9, 10: 0.9, 11: 0.9, 12: 0.1, 14: 0.5,
+             16: 0.75, 18: 0.9, 30: 0.2}
+  with metrics.MetricWriter(str(run_dir / "tb")) as w:
+    for step, r in rewards.items():
+      w.write_scalars(step, {"reward/mean": r, "policy_version": step})
+  run = report.load_run(str(run_dir), "online/sao")
+  rows = report.adaptation(run, [10, 30, 50], recover_frac=0.8, window=20)
+  first, second, third = rows
+  assert first["before"] == pytest.approx(0.9)
+  assert first["dip"] == pytest.approx(0.1)
+  assert first["versions_to_recover"] == 6.0  # 16 - 10: 0.75 >= 0.72.
+  # Before 30: versions 10..29 -> mean of 0.9, 0.9, 0.1, 0.5, 0.75, 0.9.
+  assert second["before"] == pytest.approx(np.mean([0.9, 0.9, 0.1, 0.5, 0.75,
+                                                     0.9]))
+  assert second["dip"] == pytest.approx(0.2)
+  assert second["versions_to_recover"] is None  # Never recovered.
+  assert third["before"] is None  # Nothing logged around version 50.
+  out = tmp_path / "out"
+  markdown = report.make_report([str(tmp_path / "online")], str(out),
+                                switches=[10, 30])
+  assert "| online/sao | 10 | 0.900 | 0.100 | 6 |" in markdown
+  assert "| online/sao | 30 | 0.675 | 0.200 | — |" in markdown
+  assert (out / "reward_vs_version.png").read_bytes()[:8] == _PNG_SIGNATURE
