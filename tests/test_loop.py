@@ -67,7 +67,17 @@ def tiny_config(**overrides):
 
 
 def _our_segments():
-  return set(glob.glob(f"/dev/shm/{segment.PREFIX}*"))
+  """Segments created by this process or by an exited one (a killed run's).
+
+  Segments of other live processes (e.g. an experiment running on the same
+  machine) are not this test's to count.
+  """
+  ours = set()
+  for path in glob.glob(f"/dev/shm/{segment.PREFIX}*"):
+    pid = int(os.path.basename(path).split("_")[-2])
+    if pid == os.getpid() or not psutil.pid_exists(pid):
+      ours.add(path)
+  return ours
 
 
 def test_async_run_writes_every_required_metric(tmp_path):
