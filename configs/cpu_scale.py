@@ -29,7 +29,7 @@ import ml_collections
 from configs import quickstart
 
 # Seeds of the main comparison (>= 2 per arm).
-SEEDS = (0, 1)
+SEEDS = (0, 1, 2)
 # Generated (action) tokens per run: ~120 SAO steps of 32 trajectories.
 TOKEN_BUDGET = 36_000
 
@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.sft_data_seed = 5_000_000
   config.train.num_steps = 400  # Cap; the token budget ends the run first.
   config.train.max_generated_tokens = TOKEN_BUDGET
-  config.train.eval_every = 20
+  config.train.eval_every = 5  # Fine enough to time tokens-to-target.
   config.train.log_every = 5
   config.train.checkpoint_every = 50
   config.train.sft_seed = 0
