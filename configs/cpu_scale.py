@@ -29,7 +29,7 @@ import ml_collections
 from configs import quickstart
 
 # Seeds of the main comparison (>= 2 per arm).
-SEEDS = (0, 1)
+SEEDS = (0, 1, 2)
 # Generated (action) tokens per run: ~120 SAO steps of 32 trajectories.
 TOKEN_BUDGET = 36_000
 
