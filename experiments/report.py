@@ -142,6 +142,11 @@ def read_event_scalars(tb_dir: str) -> dict[str, Series]:
   return out
 
 
+def _natural_key(name: str) -> list[Any]:
+  """Sorts 'eta4' before 'eta16' (digit runs compare as numbers)."""
+  return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
 def find_runs(directory: str) -> list[tuple[str, str]]:
   """Returns ``[(label, run_dir)]`` for a run dir or a sweep dir.
 
@@ -155,7 +160,7 @@ def find_runs(directory: str) -> list[tuple[str, str]]:
   if os.path.isdir(os.path.join(directory, "tb")):
     return [(base, directory)]
   runs = [(f"{base}/{point}", os.path.join(directory, point))
-          for point in sorted(os.listdir(directory))
+          for point in sorted(os.listdir(directory), key=_natural_key)
           if os.path.isdir(os.path.join(directory, point, "tb"))]
   if not runs:
     raise FileNotFoundError(

@@ -328,3 +328,10 @@ def test_adaptation_after_style_switches(tmp_path):
   assert "| online/sao | 10 | 0.900 | 0.100 | 6 |" in markdown
   assert "| online/sao | 30 | 0.675 | 0.200 | — |" in markdown
   assert (out / "reward_vs_version.png").read_bytes()[:8] == _PNG_SIGNATURE
+
+
+def test_points_sorted_naturally(tmp_path):
+  for point in ("eta16", "eta4", "eta0", "eta1"):
+    metrics.MetricWriter(str(tmp_path / "st" / point / "tb")).close()
+  labels = [label for label, _ in report.find_runs(str(tmp_path / "st"))]
+  assert labels == ["st/eta0", "st/eta1", "st/eta4", "st/eta16"]
