@@ -1,10 +1,13 @@
 r"""Online-learning simulation: the reward's required answer style changes.
 
 The evolving environment (sao_jax.envs.evolving) scores reasoning-gym
-`basic_arithmetic` answers and also requires a style: plain until policy
-version 100, then \boxed{...}, from version 200 <answer>...</answer>. The SFT
-warm start shows all three styles (one per example in turn), so RL must find
-out from the reward alone which one is wanted now. Two arms, same samples:
+`basic_arithmetic` answers (sums of two digits, which the warm-started
+policy mostly gets right without a tool, so the style is what RL must
+track) and also requires a style: plain until policy version 60, then
+\boxed{...}, from version 120 <answer>...</answer>. The SFT warm start
+shows all three styles (one per example in turn), so RL must find out from
+the reward alone which one is wanted now; each phase first drives the other
+styles down, which the next phase has to undo. Two arms, same samples:
 SAO (critic) and the running-mean baseline over the last 128 rewards of any
 prompt (`rl.running_mean_scope = 'global'`).
 
@@ -24,16 +27,20 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.name = "evolving"
   config.env.max_turns = 1
   config.env.styles = ("plain", "boxed", "answer_tag")
-  config.env.style_change_steps = (100, 200)
+  config.env.style_change_steps = (60, 120)
+  config.env.dataset_config = ml_collections.ConfigDict({
+      "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+      "operators": ("+",), "allow_parentheses": False,
+      "allow_negation": False})
   # "<answer>12</answer>" is ~20 byte-fallback tokens.
   config.sampler.max_new_tokens = 32
   config.sampler.max_total_tokens = 64
   config.train.max_seq_len = 64
   config.train.sft_max_len = 64
   config.train.sft_tool_frac = 0.0
-  config.train.num_steps = 300
+  config.train.num_steps = 180
   config.train.max_generated_tokens = 0
-  config.train.eval_every = 25
+  config.train.eval_every = 10
   config.rl.loss = "sao"
   config.rl.advantage = "decoupled_gae"
   return config

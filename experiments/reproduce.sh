@@ -49,6 +49,6 @@ report staleness "Staleness study: SAO and GRPO at eta = 0, 1, 4, 16" \
 report ablations "Ablations and other baselines (SAO seeds for reference)" \
     --target=0.9 "${RUNS}/main/sao" "${RUNS}"/ablations/*
 report sao_long "SAO for 1,000 policy steps" --target=0.9 "${RUNS}/sao_long"
-report online "Online-learning simulation (style switches at 100, 200)" \
-    --target=0.5 --switch_versions=100,200 "${RUNS}/online"
+report online "Online-learning simulation (style switches at 60, 120)" \
+    --target=0.8 --switch_versions=60,120 "${RUNS}/online"
 echo "Reports: ${REPORTS}/*/report.md"
