@@ -35,6 +35,7 @@ done
 sweep configs/sao_long.py "${RUNS}/sao_long"
 # Online-learning simulation (its own SFT warm start: all three styles).
 sweep configs/online.py "${RUNS}/online"
+sweep configs/online_short.py "${RUNS}/online_short"
 
 report() {  # report NAME TITLE DIR... [--flags]
   local name="$1" title="$2"
@@ -51,4 +52,6 @@ report ablations "Ablations and other baselines (SAO seeds for reference)" \
 report sao_long "SAO for 1,000 policy steps" --target=0.9 "${RUNS}/sao_long"
 report online "Online-learning simulation (style switches at 60, 120)" \
     --target=0.8 --switch_versions=60,120 "${RUNS}/online"
+report online_short "Online-learning simulation, short phases (switches at 25, 50)" \
+    --target=0.8 --switch_versions=25,50 "${RUNS}/online_short"
 echo "Reports: ${REPORTS}/*/report.md"
