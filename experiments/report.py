@@ -473,7 +473,7 @@ def adaptation(run: RunData, switches: Sequence[int], *,
   still scored under the old style, may come first); *recovered*: the first
   later point with reward >= ``recover_frac`` x before. Versions to recover
   count from the switch; 0 if the reward never dipped, None if it never
-  recovered.
+  recovered or if the reward before the switch was 0 (shown as n/a).
   """
   rv = reward_by_version(run)
   rows = []
@@ -489,6 +489,8 @@ def adaptation(run: RunData, switches: Sequence[int], *,
     if not before.size or not after.size:
       continue
     row["before"] = float(before.mean())
+    if row["before"] <= 0.0:  # Nothing was earned before: nothing to regain.
+      continue
     level = recover_frac * row["before"]
     low = [i for i in after if reward[i] < level]
     if not low:
@@ -504,9 +506,15 @@ def adaptation(run: RunData, switches: Sequence[int], *,
 
 
 def adaptation_table(rows: Sequence[dict[str, Any]]) -> str:
+  def recover(r: dict[str, Any]) -> str:
+    if r["before"] is not None and r["before"] <= 0.0:
+      return "n/a (reward 0 before)"
+    if r["versions_to_recover"] is None:
+      return DASH
+    return f"{r['versions_to_recover']:.0f}"
+
   body = [[r["run"], str(r["switch"]), _fmt(r["before"]), _fmt(r["dip"]),
-           DASH if r["versions_to_recover"] is None
-           else f"{r['versions_to_recover']:.0f}"] for r in rows]
+           recover(r)] for r in rows]
   return _table(["run", "switch at version", "reward before", "dip",
                  "versions to recover"], body)
 

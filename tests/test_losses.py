@@ -465,6 +465,11 @@ def test_explained_variance_cases():
   ev_mean = float(losses.explained_variance(mean, ret, m))
   assert ev_mean == pytest.approx(0.0, abs=1e-6)
   assert float(losses.explained_variance(ret, ret, jnp.zeros_like(m))) == 0.0
+  # Returns constant up to float32 rounding (Var ~1e-15): undefined -> 0, not
+  # 1 - Var(R - V) / 1e-15 ~ -1e13 (seen when every reward of a batch is 0).
+  flat = jnp.array([[0.1, 0.1 + 3e-8, 0.1, 0.1]], jnp.float32)
+  off = jnp.full_like(flat, 0.5)
+  assert float(losses.explained_variance(off, flat, jnp.ones_like(flat))) == 0.0
 
 
 # ----------------------------------------------------------------------------

@@ -322,6 +322,14 @@ def test_adaptation_after_style_switches(tmp_path):
   assert second["dip"] == pytest.approx(0.2)
   assert second["versions_to_recover"] is None  # Never recovered.
   assert third["before"] is None  # Nothing logged around version 50.
+  # The reward before version 30 is 0 after a second switch at 30 with
+  # all-zero rewards: nothing to recover, not "recovered at once".
+  zero = report.RunData("z", "", {
+      "reward/mean": (np.arange(0, 40, 2), np.zeros(20)),
+      "policy_version": (np.arange(0, 40, 2), np.arange(0, 40, 2) * 1.0)})
+  (row,) = report.adaptation(zero, [30])
+  assert row["before"] == 0.0 and row["versions_to_recover"] is None
+  assert "n/a (reward 0 before)" in report.adaptation_table([row])
   out = tmp_path / "out"
   markdown = report.make_report([str(tmp_path / "online")], str(out),
                                 switches=[10, 30])

@@ -77,11 +77,12 @@ def masked_whiten(x: Array, mask: Array, eps: float = 1e-8,
 def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
   """1 − Var(R − V)/Var(R) over action tokens (SAO §3.2 critic diagnostic).
 
-  Returns 0 when Var(R) is 0 (e.g. an empty mask or constant returns), where the
-  ratio is undefined; 1 means a perfect critic, ≤ 0 a critic no better than the
-  mean.
+  Returns 0 when Var(R) is ~0 (≤ 1e-8: an empty mask or constant returns, up
+  to float32 rounding), where the ratio is undefined; 1 means a perfect
+  critic, ≤ 0 a critic no better than the mean.
   """
   var_r = masked_var(returns, mask)
   var_res = masked_var(returns - values, mask)
-  safe = jnp.where(var_r > 0, var_r, 1.0)
-  return jnp.where(var_r > 0, 1.0 - var_res / safe, 0.0)
+  defined = var_r > 1e-8
+  safe = jnp.where(defined, var_r, 1.0)
+  return jnp.where(defined, 1.0 - var_res / safe, 0.0)
