@@ -16,6 +16,8 @@ from sao_jax import config_validation
 from sao_jax.ipc import segment
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
+from tiny_settings import DATASET_CONFIG
+from tiny_settings import TINY_OVERRIDES
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -32,25 +34,6 @@ REQUIRED_TAGS = (
     "throughput/trainer_tokens_per_s", "throughput/sampler_tokens_per_s",
     "weights/publish_s_total",
 )
-
-TINY_OVERRIDES = {
-    "model.vocab_size": 294, "model.hidden_size": 32,
-    "model.intermediate_size": 64, "model.num_layers": 1,
-    "model.num_heads": 2, "model.num_kv_heads": 1, "model.head_dim": 16,
-    "tokenizer.vocab_size": 294, "tokenizer.datasets": ("basic_arithmetic",),
-    "tokenizer.corpus_size": 2000,
-    "env.dataset": "basic_arithmetic", "env.size": 1000,
-    "env.eval_seed": 100_000, "env.eval_size": 8,
-    "sampler.max_new_tokens": 4, "sampler.max_total_tokens": 32,
-    "sampler.batch_size": 8, "train.batch_size": 8, "train.max_seq_len": 32,
-    "rl.critic_warmup_steps": 1, "rl.critic_updates_per_step": 2,
-    "optim.actor_lr": 1e-3, "optim.critic_lr": 1e-3,
-    "train.log_every": 1, "train.eval_every": 0, "train.sft_steps": 0,
-    "ring.get_timeout_s": 120.0,
-}
-DATASET_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1,
-                  "max_digits": 1, "operators": ("+", "-"),
-                  "allow_parentheses": False, "allow_negation": False}
 
 
 def tiny_config(**overrides):

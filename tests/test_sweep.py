@@ -12,6 +12,7 @@ import time
 import pytest
 
 from sao_jax import config_validation as cv
+import tiny_settings
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _BASE = str(_REPO / "configs" / "base.py")
@@ -445,26 +446,10 @@ def test_cli_refuses_unknown_point(tmp_path, seeds_config):
 
 # ------------------------------------------------------ the real trainer ---
 
-# Tiny settings of tests/test_loop.py.
-TINY_OVERRIDES = {
-    "model.vocab_size": 294, "model.hidden_size": 32,
-    "model.intermediate_size": 64, "model.num_layers": 1,
-    "model.num_heads": 2, "model.num_kv_heads": 1, "model.head_dim": 16,
-    "tokenizer.vocab_size": 294, "tokenizer.datasets": ("basic_arithmetic",),
-    "tokenizer.corpus_size": 2000,
-    "env.dataset": "basic_arithmetic", "env.size": 1000,
-    "env.eval_seed": 100_000, "env.eval_size": 8,
-    "sampler.max_new_tokens": 4, "sampler.max_total_tokens": 32,
-    "sampler.batch_size": 8, "train.batch_size": 8, "train.max_seq_len": 32,
-    "rl.critic_warmup_steps": 1, "rl.critic_updates_per_step": 2,
-    "optim.actor_lr": 1e-3, "optim.critic_lr": 1e-3,
-    "train.log_every": 1, "train.eval_every": 0, "train.sft_steps": 0,
-    "ring.get_timeout_s": 120.0,
-    "train.mode": "sync", "train.num_steps": 2, "train.checkpoint_every": 0,
-}
-DATASET_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1,
-                  "max_digits": 1, "operators": ("+", "-"),
-                  "allow_parentheses": False, "allow_negation": False}
+# The tiny settings of the end-to-end tests, as a 2-step sync run.
+TINY_OVERRIDES = {**tiny_settings.TINY_OVERRIDES, "train.mode": "sync",
+                  "train.num_steps": 2, "train.checkpoint_every": 0}
+DATASET_CONFIG = tiny_settings.DATASET_CONFIG
 
 
 def _run_cli(config, workdir):

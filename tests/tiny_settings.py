@@ -1,0 +1,21 @@
+"""Tiny trainer settings (flattened config overrides) shared by the end-to-end
+tests: a 1-layer model on two-term one-digit arithmetic, seconds per step."""
+
+TINY_OVERRIDES = {
+    "model.vocab_size": 294, "model.hidden_size": 32,
+    "model.intermediate_size": 64, "model.num_layers": 1,
+    "model.num_heads": 2, "model.num_kv_heads": 1, "model.head_dim": 16,
+    "tokenizer.vocab_size": 294, "tokenizer.datasets": ("basic_arithmetic",),
+    "tokenizer.corpus_size": 2000,
+    "env.dataset": "basic_arithmetic", "env.size": 1000,
+    "env.eval_seed": 100_000, "env.eval_size": 8,
+    "sampler.max_new_tokens": 4, "sampler.max_total_tokens": 32,
+    "sampler.batch_size": 8, "train.batch_size": 8, "train.max_seq_len": 32,
+    "rl.critic_warmup_steps": 1, "rl.critic_updates_per_step": 2,
+    "optim.actor_lr": 1e-3, "optim.critic_lr": 1e-3,
+    "train.log_every": 1, "train.eval_every": 0, "train.sft_steps": 0,
+    "ring.get_timeout_s": 120.0,
+}
+DATASET_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                  "max_digits": 1, "operators": ("+", "-"),
+                  "allow_parentheses": False, "allow_negation": False}
