@@ -24,6 +24,7 @@ setuptools.setup(
         "reasoning-gym>=0.1.25,<0.2",
         "absl-py>=2.1,<3",
         "numpy>=2.0,<3",
+        "xxhash>=3.4,<5",  # Ring record checksums (sao_jax/ipc/ring.py).
         "rich>=13,<16",
         "matplotlib>=3.8,<4",
     ],

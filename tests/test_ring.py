@@ -6,9 +6,11 @@ import signal
 import stat
 import struct
 import time
+import zlib
 
 import numpy as np
 import pytest
+import xxhash
 
 from sao_jax.ipc import codec
 from sao_jax.ipc import ring
@@ -143,7 +145,7 @@ def test_oversize_full_empty_and_drained():
       r.read(timeout=1.0)
 
 
-@pytest.mark.parametrize("checksum", ["sum64", "crc32"])
+@pytest.mark.parametrize("checksum", ["xxh3", "crc32"])
 def test_checksum_catches_a_corrupted_committed_record(checksum):
   with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 15,
                               checksum=checksum) as r:
@@ -152,7 +154,7 @@ def test_checksum_catches_a_corrupted_committed_record(checksum):
         payload = np.arange(size, dtype=np.uint8) * 3
         w.write(payload)
         np.testing.assert_array_equal(r.read(timeout=1.0).data, payload)
-      w.write(b"a" * 10_000)  # Above the 8 KiB crc32 cut-over of sum64.
+      w.write(b"a" * 10_000)
       w.write(b"b" * 10_000)
       data = r._seg.data[0]
       start = int(r._seg.ctl[0][ring._TAIL]) % r.lane_bytes + ring.HEADER_BYTES
@@ -163,13 +165,35 @@ def test_checksum_catches_a_corrupted_committed_record(checksum):
       del data
 
 
+@pytest.mark.parametrize("checksum,expected", [
+    ("xxh3", xxhash.xxh3_64_intdigest),
+    ("crc32", zlib.crc32),
+    ("none", lambda b: 0),
+])
+def test_gathered_record_checksum_is_that_of_the_concatenation(checksum,
+                                                               expected):
+  payload = np.random.default_rng(7).integers(0, 256, 70_001, np.uint8)
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 18,
+                              checksum=checksum) as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      for parts in ([payload], [payload[:7], payload[7:]],
+                    [payload[:1000], b"", payload[1000:5000].tobytes(),
+                     payload[5000:].view(np.uint8)]):
+        off = int(r._seg.ctl[0][ring._HEAD]) % r.lane_bytes
+        w.write(*parts)
+        header = ring._HDR.unpack_from(r._seg.lanes[0], off)
+        assert header[4] == expected(payload.tobytes())
+        np.testing.assert_array_equal(r.read(timeout=1.0).data, payload)
+
+
 @pytest.mark.parametrize("copy", [True, False])
 @pytest.mark.parametrize("size,flip", [
-    (10_003, 10_002),  # Last byte: the sub-word tail of sum64.
-    (10_000, 0),  # First byte: the 64-bit word path.
+    (10_003, 10_002),  # Last byte.
+    (10_000, 0),  # First byte.
     (1 << 16, (1 << 16) - 1),
+    (1 << 16, -1),  # Two 8-byte words swapped: the byte multiset is kept.
 ])
-def test_sum64_catches_a_flip_in_gathered_record(size, flip, copy):
+def test_xxh3_catches_a_change_in_gathered_record(size, flip, copy):
   with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 18) as r:
     with ring.RingWriter(r.name, lane=0) as w:
       payload = np.random.default_rng(size).integers(0, 256, size, np.uint8)
@@ -177,8 +201,14 @@ def test_sum64_catches_a_flip_in_gathered_record(size, flip, copy):
       data = r._seg.data[0]
       start = int(r._seg.ctl[0][ring._TAIL]) % r.lane_bytes + ring.HEADER_BYTES
       np.testing.assert_array_equal(data[start:start + size], payload)
-      data[start + flip] ^= 0x01
-      with pytest.raises(ring.CorruptRecordError, match="sum64 mismatch"):
+      if flip >= 0:
+        data[start + flip] ^= 0x01
+      else:
+        words = data[start:start + 64].view(np.uint64)
+        words[[0, 5]] = words[[5, 0]]
+        assert not np.array_equal(data[start:start + size], payload)
+        del words
+      with pytest.raises(ring.CorruptRecordError, match="xxh3 mismatch"):
         r.read(timeout=1.0, copy=copy)
       del data
 
@@ -472,3 +502,35 @@ def test_producer_killed_mid_write_is_reported_and_never_torn():
   # The half-written bytes sit past the committed head, never delivered.
   assert stats["lanes"][0]["records_written"] == n_small
   assert stats["lanes"][0]["occupancy_bytes"] == 0
+
+
+def test_write_takes_any_bytes_like_and_array_layout():
+  base = np.arange(24, dtype=np.float32).reshape(4, 6)
+  cases = [
+      base,  # 2-D, native float32: cast to bytes without a copy.
+      base[:, ::2],  # Non-contiguous: copied once.
+      base.astype(">f4"),  # Big-endian: no memoryview cast, copied once.
+      np.array([True, False, True]),
+      bytearray(b"abc"),
+      memoryview(b"xyz"),
+  ]
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12) as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      for c in cases:
+        w.write(c)
+        expected = (np.ascontiguousarray(c).tobytes()
+                    if isinstance(c, np.ndarray) else bytes(c))
+        assert r.read(timeout=1.0).data.tobytes() == expected
+
+
+def test_close_while_a_caller_holds_lane_arrays():
+  r = ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12)
+  name = r.name
+  with ring.RingWriter(name, lane=0) as w:
+    w.write(b"held")
+    rec = r.read(timeout=1.0, copy=False)
+  lane_array = r._seg.data[0]
+  r.close()  # Must neither raise nor leave the segment linked.
+  assert bytes(rec.data) == b"held"
+  assert lane_array[ring.HEADER_BYTES:ring.HEADER_BYTES + 4].tobytes() == b"held"
+  assert not os.path.exists(f"/dev/shm/{name}")

@@ -4,10 +4,10 @@ Producer and consumer run in separate processes (spawn). For each record size
 the producer sends the same NumPy payload ``count`` times; the consumer gets a
 private copy of every record. Figures:
 
-* ``ring``          RingWriter.write -> RingReader.read (default sum64 checksum)
+* ``ring``          RingWriter.write -> RingReader.read (default xxh3 checksum)
 * ``ring_crc32``    the same with ``checksum="crc32"``
 * ``ring_nocheck``  the same with ``checksum="none"``
-* ``ring_view``     sum64 checksum, zero-copy consumer: ``read(copy=False)``
+* ``ring_view``     xxh3 checksum, zero-copy consumer: ``read(copy=False)``
   (the checksum pass still reads every byte of the record)
 * ``queue``        multiprocessing.Queue.put(ndarray) -> get()
 * ``memcpy``       same-process ``np.copyto`` of the same bytes
@@ -176,7 +176,7 @@ def run_memcpy(size: int, count: int) -> tuple[float, float]:
 def ceiling(size: int, rounds: int) -> dict:
   """Per-record CPU of each ring side, one process, vs memcpy of the record.
 
-  Writes a burst of records, then reads them (``sum64`` and ``none``); min
+  Writes a burst of records, then reads them (``xxh3`` and ``none``); min
   over ``rounds``. A two-process pipeline with a free core per side cannot
   beat ``memcpy_us / max(write_us, read_us)`` of memcpy, before any cost of
   moving cache lines between cores.
@@ -193,7 +193,7 @@ def ceiling(size: int, rounds: int) -> dict:
     best[key] = min(best.get(key, dt), dt)
 
   rings = {cs: ring.RingReader.create(1, _lane_bytes(size), checksum=cs)
-           for cs in ("sum64", "none")}
+           for cs in ("xxh3", "none")}
   writers = {cs: ring.RingWriter(r.name, lane=0) for cs, r in rings.items()}
   try:
     for _ in range(rounds):
@@ -228,10 +228,10 @@ def main():
             flush=True)
     return
   impls = {
-      "ring": lambda s, n: run_ring(s, n, checksum="sum64"),
+      "ring": lambda s, n: run_ring(s, n, checksum="xxh3"),
       "ring_crc32": lambda s, n: run_ring(s, n, checksum="crc32"),
       "ring_nocheck": lambda s, n: run_ring(s, n, checksum="none"),
-      "ring_view": lambda s, n: run_ring(s, n, checksum="sum64", copy=False),
+      "ring_view": lambda s, n: run_ring(s, n, checksum="xxh3", copy=False),
       "queue": run_queue,
       "memcpy": run_memcpy,
   }
