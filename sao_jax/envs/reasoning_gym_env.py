@@ -63,16 +63,21 @@ class ReasoningGymTasks:
     return float(self.dataset.score_answer(answer, self.entry(index)))
 
 
-def check_disjoint(train: ReasoningGymTasks, evaluation: ReasoningGymTasks):
-  """Raises ValueError if held-out items could repeat training items."""
+def check_disjoint(
+    train: ReasoningGymTasks, evaluation: ReasoningGymTasks, *,
+    labels: tuple[str, str] = ("training", "Evaluation"),
+    fix: str = ("choose an eval_seed >= train_seed + train_size (or below "
+                "train_seed - eval_size)")) -> None:
+  """Raises ValueError if ``evaluation``'s items could repeat ``train``'s.
+
+  ``labels`` name the two sets in the message; ``fix`` says what to change.
+  """
   a, b = train.item_seeds(), evaluation.item_seeds()
   lo, hi = max(a.start, b.start), min(a.stop, b.stop)
   if train.name == evaluation.name and lo < hi:
     raise ValueError(
-        f"Evaluation seeds [{b.start}, {b.stop}) overlap training seeds "
-        f"[{a.start}, {a.stop}) of {train.name!r} on [{lo}, {hi}); choose an "
-        "eval_seed >= train_seed + train_size (or below train_seed - "
-        "eval_size).")
+        f"{labels[1]} seeds [{b.start}, {b.stop}) overlap {labels[0]} seeds "
+        f"[{a.start}, {a.stop}) of {train.name!r} on [{lo}, {hi}); {fix}.")
 
 
 def train_eval_split(name: str, config: Mapping[str, Any] | None, *,

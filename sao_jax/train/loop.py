@@ -139,8 +139,31 @@ def sft_cache_key(config: Any, mcfg: ModelConfig,
   return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def sft_tasks(config: Any, train_tasks: reasoning_gym_env.ReasoningGymTasks,
+              eval_tasks: reasoning_gym_env.ReasoningGymTasks
+              ) -> reasoning_gym_env.ReasoningGymTasks:
+  """The SFT demonstrations' problems (``train.sft_data_seed``).
+
+  None: the RL training tasks themselves. An int: ``_MAX_SFT_EXAMPLES``
+  problems of their own item seeds, which must not overlap the RL training
+  or the held-out problems.
+  """
+  if config.train.sft_data_seed is None:
+    return train_tasks
+  tasks = reasoning_gym_env.ReasoningGymTasks(
+      train_tasks.name, dict(config.env.dataset_config),
+      seed=int(config.train.sft_data_seed), size=_MAX_SFT_EXAMPLES)
+  for other, label in ((train_tasks, "RL training"), (eval_tasks, "held-out")):
+    reasoning_gym_env.check_disjoint(
+        other, tasks, labels=(label, "SFT (train.sft_data_seed)"),
+        fix="choose a train.sft_data_seed outside the RL training and "
+            "held-out item seeds")
+  return tasks
+
+
 def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
-             train_tasks, writer: metrics_lib.MetricWriter) -> Any:
+             tasks: reasoning_gym_env.ReasoningGymTasks,
+             writer: metrics_lib.MetricWriter) -> Any:
   """Random init + supervised warm start (``train.sft_*``)."""
   tok = jnp.zeros((1, 1), jnp.int32)
   params = nn.unbox(transformer.Transformer(mcfg).init(
@@ -153,15 +176,8 @@ def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
       seed=int(config.train.sft_seed))
   styles = (tuple(config.env.styles) if str(config.env.name) == "evolving"
             else ())
-  sft_tasks = train_tasks
-  if config.train.sft_data_seed is not None:
-    sft_tasks, eval_tasks = reasoning_gym_env.train_eval_split(
-        config.env.dataset, dict(config.env.dataset_config),
-        train_seed=int(config.train.sft_data_seed), train_size=_MAX_SFT_EXAMPLES,
-        eval_seed=int(config.env.eval_seed), eval_size=int(config.env.eval_size))
-    del eval_tasks  # Built only to check that the seeds are disjoint.
-  examples = sft_examples(sft_tasks, tokenizer,
-                          min(len(sft_tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
+  examples = sft_examples(tasks, tokenizer,
+                          min(len(tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
                           float(config.train.sft_tool_frac), styles)
   logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
                len(examples))
@@ -172,7 +188,7 @@ def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
 
 
 def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
-                   train_tasks, workdir: str,
+                   train_tasks, eval_tasks, workdir: str,
                    writer: metrics_lib.MetricWriter) -> Any:
   """HF checkpoint, cached SFT result, or random init + SFT (cached).
 
@@ -205,7 +221,8 @@ def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
     if os.path.exists(os.path.join(sft_dir, "config.json")):
       logging.info("Using the SFT warm start cached in %s", sft_dir)
       return hf.load_hf_checkpoint(sft_dir)[1]
-    params = _run_sft(config, mcfg, tokenizer, train_tasks, writer)
+    params = _run_sft(config, mcfg, tokenizer,
+                      sft_tasks(config, train_tasks, eval_tasks), writer)
     if os.path.exists(sft_dir):  # Left by a run killed while saving.
       shutil.rmtree(sft_dir)
     tmp = f"{sft_dir}.tmp{os.getpid()}"
@@ -347,8 +364,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   p_shard = sharding.param_shardings(_abstract_boxed(mcfg, False), mesh, rules)
   v_shard = sharding.param_shardings(_abstract_boxed(mcfg, True), mesh, rules)
 
-  policy_params = initial_policy(config, mcfg, tokenizer, train_tasks, workdir,
-                                 writer)
+  policy_params = initial_policy(config, mcfg, tokenizer, train_tasks,
+                                 eval_tasks, workdir, writer)
   value_params = transformer.value_params_from_policy(
       policy_params, mcfg, jax.random.PRNGKey(int(config.train.seed) + 7))
   policy_params = sharding.shard_params(policy_params, p_shard)
