@@ -269,8 +269,8 @@ def plan(config_path: str | os.PathLike[str], workdir: str | os.PathLike[str],
 
   Adds `train.sft_cache_dir = sft_cache_dir` (default WORKDIR/sft_cache) to
   each point's overrides unless the config or the point sets it (and only
-  where configs/base.py has the key). With `validate`, each point's config (config file + overrides) must
-  pass `config_validation.validate_config`.
+  where configs/base.py has the key). With `validate`, each point's config
+  (config file + overrides) must pass `config_validation.validate_config`.
 
   Args:
     config_path: the sweep's config file.
@@ -304,13 +304,13 @@ def plan(config_path: str | os.PathLike[str], workdir: str | os.PathLike[str],
   if has_cache_key:
     _, config_cache = config_validation.get_path(module.get_config(),
                                                  SFT_CACHE_KEY)
+  default_cache = str(pathlib.Path(sft_cache_dir).resolve() if sft_cache_dir
+                      else workdir / "sft_cache")
   planned = []
   for point in points:
     overrides = _json_roundtrip(point.name, point.overrides)
     if has_cache_key and not config_cache and not overrides.get(SFT_CACHE_KEY):
-      overrides[SFT_CACHE_KEY] = str(
-          pathlib.Path(sft_cache_dir).resolve() if sft_cache_dir
-          else workdir / "sft_cache")
+      overrides[SFT_CACHE_KEY] = default_cache
     if validate:
       config = module.get_config()
       try:

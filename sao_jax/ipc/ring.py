@@ -229,14 +229,14 @@ class _Segment:
             _GLOBAL_BYTES + (i + 1) * _CTL_BYTES].cast("q")
         for i in range(self.num_lanes)
     ]
-    self.check = _CHECK_FNS[self.checksum]
+    # One buffer / several buffers (their concatenation) -> checksum.
+    self.check, self.check_parts = _CHECKSUM_FNS[self.checksum]
     data_off = _data_offset(self.num_lanes)
-    self.starts = [data_off + i * self.lane_bytes
-                   for i in range(self.num_lanes)]
+    starts = [data_off + i * self.lane_bytes for i in range(self.num_lanes)]
     # Per lane: a writable memoryview (copies, headers: cheapest per call),
     # a NumPy array (tests poke bytes through it) and a read-only NumPy view
     # whose slices are the records of ``read(copy=False)``.
-    self.lanes = [buf[s:s + self.lane_bytes] for s in self.starts]
+    self.lanes = [buf[s:s + self.lane_bytes] for s in starts]
     self.data = [np.frombuffer(lane, np.uint8) for lane in self.lanes]
     self.rodata = [np.frombuffer(lane.toreadonly(), np.uint8)
                    for lane in self.lanes]
@@ -641,7 +641,7 @@ class RingWriter:
     self._mv = seg.lanes[lane]
     self._cap = seg.lane_bytes
     self._check = seg.check
-    self._check_parts = _CHECK_PARTS_FNS[seg.checksum]
+    self._check_parts = seg.check_parts
     self._timeout = timeout
     self._hook = _mid_write_hook
     self._seq = self._next_seq()
@@ -836,13 +836,6 @@ class RingWriter:
     self.close()
 
 
-_CHECK_FNS = {
-    "none": lambda b: 0,
-    "xxh3": xxhash.xxh3_64_intdigest,
-    "crc32": zlib.crc32,
-}
-
-
 def _xxh3_parts(parts: Sequence[memoryview]) -> int:
   h = xxhash.xxh3_64()
   for p in parts:
@@ -857,11 +850,10 @@ def _crc32_parts(parts: Sequence[memoryview]) -> int:
   return c
 
 
-# The same checksums over the concatenation of several buffers.
-_CHECK_PARTS_FNS = {
-    "none": lambda parts: 0,
-    "xxh3": _xxh3_parts,
-    "crc32": _crc32_parts,
+_CHECKSUM_FNS = {  # name: (of one buffer, of several concatenated)
+    "none": (lambda b: 0, lambda parts: 0),
+    "xxh3": (xxhash.xxh3_64_intdigest, _xxh3_parts),
+    "crc32": (zlib.crc32, _crc32_parts),
 }
 
 
