@@ -11,6 +11,17 @@ private copy of every record. Figures:
   (the checksum pass still reads every byte of the record)
 * ``queue``        multiprocessing.Queue.put(ndarray) -> get()
 * ``memcpy``       same-process ``np.copyto`` of the same bytes
+* ``native_copy``  the bound: ``ring_native.c``, the same two-process transfer
+  in C with no checksum (memcpy in, memcpy out), same lane size
+* ``native_view``  the same, consumer reads every byte in place (no copy out)
+* ``native_copy_xxh3`` / ``native_view_xxh3``  the same with the ring's
+  checksum (XXH3-64) fused into the copies; only with ``--xxhash_include DIR``,
+  a folder holding ``xxhash.h`` (e.g. ``deps/xxhash`` of the ``xxhash`` sdist:
+  ``pip download xxhash==4.1.0 --no-binary :all: --no-deps``)
+
+The native figures (``--native``, default when a C compiler is found; built
+with ``cc -O3 -march=native`` into a temporary folder) show what this machine
+allows any implementation: what they do not reach, no Python ring can.
 
 Payloads and the memcpy buffers are page-aligned (``_page_aligned``: a copy
 1-63 bytes "ahead" of its source modulo 4 KiB is ~10x slower on this CPU, and
@@ -40,7 +51,13 @@ figures are lower bounds.
 import argparse
 import json
 import multiprocessing as mp
+import os
+import pathlib
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -173,6 +190,47 @@ def run_memcpy(size: int, count: int) -> tuple[float, float]:
   return _figures(size * count, dt, dc)
 
 
+def build_native(folder: str, xxhash_include: str | None = None) -> str:
+  """Compiles ``ring_native.c`` into ``folder``; returns the executable.
+
+  With ``xxhash_include`` (a folder holding ``xxhash.h``) it also has the
+  ``*_xxh3`` modes.
+  """
+  cc = shutil.which(os.environ.get("CC", "cc"))
+  if cc is None:
+    raise FileNotFoundError(
+        "No C compiler (cc or $CC) on PATH for the native bound; install gcc "
+        "or run with --no-native.")
+  src = pathlib.Path(__file__).with_name("ring_native.c")
+  exe = os.path.join(folder, "ring_native")
+  flags = ["-O3", "-march=native"]
+  if xxhash_include is not None:
+    if not os.path.isfile(os.path.join(xxhash_include, "xxhash.h")):
+      raise FileNotFoundError(
+          f"--xxhash_include {xxhash_include} has no xxhash.h; pass the "
+          "deps/xxhash folder of the unpacked xxhash sdist.")
+    flags += ["-DRING_NATIVE_XXH3", "-I", xxhash_include]
+  proc = subprocess.run([cc, *flags, "-o", exe, str(src)],
+                        capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"{cc} failed on {src}:\n{proc.stderr}")
+  return exe
+
+
+def run_native(exe: str, size: int, count: int,
+               mode: str) -> tuple[float, float]:
+  """The C two-process transfer (a ``ring_native.c`` mode), same lane."""
+  proc = subprocess.run(
+      [exe, str(size), str(_lane_bytes(size)), str(count), mode],
+      capture_output=True, text=True, check=False, timeout=600)
+  if proc.returncode:
+    raise RuntimeError(f"{exe} {mode} failed ({proc.returncode}): "
+                       f"{proc.stderr.strip()}")
+  out = json.loads(proc.stdout)
+  return _figures(size * count, out["seconds"], out["consumer_cpu_s"],
+                  out["producer_cpu_s"])
+
+
 def ceiling(size: int, rounds: int) -> dict:
   """Per-record CPU of each ring side, one process, vs memcpy of the record.
 
@@ -221,12 +279,34 @@ def main():
   parser.add_argument("--sizes", type=int, nargs="*", default=_SIZES)
   parser.add_argument("--ceiling", action="store_true",
                       help="only print the one-process per-side cost ceiling")
+  parser.add_argument("--native", action=argparse.BooleanOptionalAction,
+                      default=None,
+                      help="also run the C bound (default: if cc is found)")
+  parser.add_argument("--xxhash_include", default=None,
+                      help="folder with xxhash.h: adds the C bound with the "
+                      "ring's checksum (native_*_xxh3)")
   args = parser.parse_args()
   if args.ceiling:
     for size in args.sizes:
       print(json.dumps(ceiling(size, rounds=max(5, 4 * args.repeats))),
             flush=True)
     return
+  native = args.native
+  if native is None:
+    native = shutil.which(os.environ.get("CC", "cc")) is not None
+    if not native:
+      print("No C compiler found: skipping the native bound.", file=sys.stderr)
+  modes = ("copy", "view")
+  if args.xxhash_include is not None:
+    native, modes = True, modes + ("copy_xxh3", "view_xxh3")
+  with tempfile.TemporaryDirectory(prefix="ring_native_") as folder:
+    exe = build_native(folder, args.xxhash_include) if native else None
+    _throughput(args, exe, modes)
+
+
+def _throughput(args: argparse.Namespace, exe: str | None,
+                modes: tuple[str, ...]) -> None:
+  """Runs every implementation per size, alternating; prints the figures."""
   impls = {
       "ring": lambda s, n: run_ring(s, n, checksum="xxh3"),
       "ring_crc32": lambda s, n: run_ring(s, n, checksum="crc32"),
@@ -235,6 +315,10 @@ def main():
       "queue": run_queue,
       "memcpy": run_memcpy,
   }
+  if exe is not None:
+    for mode in modes:
+      impls[f"native_{mode}"] = (
+          lambda s, n, mode=mode: run_native(exe, s, n, mode))
   medians, cpu_medians = {}, {}
   for size in args.sizes:
     count = _count(size, args.total_mib << 20)
@@ -277,7 +361,31 @@ def main():
       "ratio_vs_queue_by_size": {
           str(s): round(medians[("ring", s)] / medians[("queue", s)], 2)
           for s in args.sizes},
+      **_native_summary(medians, args.sizes, modes if exe else ()),
   }), flush=True)
+
+
+def _native_summary(medians: dict, sizes: list[int],
+                    modes: tuple[str, ...]) -> dict:
+  """Per size: the C bound's fractions of memcpy, and the ring's of the C."""
+  if not modes:
+    return {}
+  ratio = lambda a, b, s: round(medians[(a, s)] / medians[(b, s)], 3)
+  out = {}
+  for mode in modes:
+    out[f"fraction_of_memcpy_native_{mode}_by_size"] = {
+        str(s): ratio(f"native_{mode}", "memcpy", s) for s in sizes}
+  # Each Python figure over the C one that does the same work.
+  for py, mode in _SAME_WORK:
+    if mode in modes:
+      out[f"{py}_of_native_{mode}_by_size"] = {
+          str(s): ratio(py, f"native_{mode}", s) for s in sizes}
+  return out
+
+
+# (Python ring figure, C mode that moves and checks the bytes the same way).
+_SAME_WORK = (("ring_nocheck", "copy"), ("ring", "copy_xxh3"),
+              ("ring_view", "view_xxh3"))
 
 
 if __name__ == "__main__":
