@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from absl import logging
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
@@ -237,6 +238,21 @@ def make_global_batch(local_batch: Any, mesh: Mesh,
   return jax.tree.map(
       lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
       local_batch)
+
+
+def to_host(tree: Any) -> Any:
+  """NumPy copies of a pytree of (possibly multi-host) global arrays.
+
+  Every process gets the whole value of every leaf: `jax.device_get` when
+  this process can address all shards, else an all-gather over processes
+  (`multihost_utils.process_allgather`), which every process must call at
+  the same point (a collective).
+  """
+  leaves = jax.tree.leaves(tree)
+  if all(not isinstance(x, jax.Array) or x.is_fully_addressable
+         or x.is_fully_replicated for x in leaves):
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
 
 
 @contextlib.contextmanager

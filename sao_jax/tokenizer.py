@@ -217,8 +217,12 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
   out_dir = os.path.dirname(os.fspath(out_path))
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
-  with open(out_path, "wb") as f:
+  # Write-then-rename: the processes of a multi-host run all train the same
+  # model and write it here, and none may load a half-written file.
+  tmp = f"{os.fspath(out_path)}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
     f.write(proto)
+  os.replace(tmp, out_path)
   logging.info("Trained a %d-piece tokenizer on %d texts -> %s", vocab_size,
                len(texts), out_path)
   return Tokenizer(proto)

@@ -1,6 +1,7 @@
 """End-to-end tests of the asynchronous loop: events, sync resume, SIGKILL resume."""
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from sao_jax import config_validation
 from sao_jax.ipc import segment
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
+import multihost
 from tiny_settings import DATASET_CONFIG
 from tiny_settings import TINY_OVERRIDES
 
@@ -164,3 +166,46 @@ def test_sigkill_trainer_then_resume(tmp_path):
   assert steps_done == 13  # 1 warm-up + 12 policy steps.
   time.sleep(1.0)  # The killed run's resource tracker unlinks its segments.
   assert _our_segments() <= before, _our_segments() - before
+
+
+def test_two_process_run_trains_one_global_model(tmp_path):
+  """Two trainer processes (jax.distributed on localhost, gloo), one sampler
+  and ring each, one shared workdir: the multi-host shape of a TPU pod run."""
+  before = _our_segments()
+  workdir = tmp_path / "run"
+  port = multihost.free_port()
+  procs, logs = [], []
+  for pid in range(2):
+    logs.append(tmp_path / f"process{pid}.log")
+    cmd = _main_cmd(workdir, 3) + [
+        "--config.sampler.batch_size=4",  # Each host's half of 8 rows.
+        f"--config.distributed.coordinator_address=localhost:{port}",
+        "--config.distributed.num_processes=2",
+        f"--config.distributed.process_id={pid}"]
+    with open(logs[-1], "w") as log:
+      procs.append(subprocess.Popen(
+          cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+          env=dict(os.environ, JAX_PLATFORMS="cpu")))
+  try:
+    rcs = [p.wait(timeout=900) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  texts = [log.read_text() for log in logs]
+  assert rcs == [0, 0], "\n\n".join(t[-3000:] for t in texts)
+  for pid, text in enumerate(texts):
+    assert f"Distributed: process {pid} of 2" in text
+    # 1 critic warm-up step + 3 policy steps, in lockstep on both hosts.
+    assert "step 4/4 | v3 |" in text
+  assert texts[1].count("Trained a ") == 0  # Host 1 loaded host 0's file.
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["steps"] == 4 and summary["policy_version"] == 3
+  # Host 0's stream: 4 of the 8 rows of each of the 4 steps.
+  assert summary["trajectories_trained"] == 4 * 4
+  events = glob.glob(str(workdir / "tb" / "events.out.tfevents*"))
+  assert len(events) == 1, events  # Only process 0 writes events.
+  scalars = metrics_lib.read_scalars(str(workdir / "tb"))
+  assert [s for s, _ in scalars["policy/loss"]] == [2, 3, 4]
+  assert sorted(int(d) for d in os.listdir(workdir / "checkpoints")
+                if d.isdigit()) == [2, 4]
+  assert _our_segments() <= before

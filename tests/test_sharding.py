@@ -9,7 +9,6 @@ model equals the single-device one.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 from sao_jax import sharding
+import multihost
 
 _MESH = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
 
@@ -337,16 +337,10 @@ def test_sharded_forward_backward_matches_single_device():
   assert 0.3 < val["ref_loss"] < 3.0
 
 
-def _free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("localhost", 0))
-    return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_gloo_match_single_device():
-  port = _free_port()
+  port = multihost.free_port()
   procs = [_run_self("multi", i, port, devices=4) for i in range(2)]
   try:
     results = [_result(p) for p in procs]

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -41,6 +40,7 @@ from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
+import multihost
 
 # Small enough for 2 shared cores, every sharded dim divisible by 2.
 _MODEL = dict(vocab_size=128, hidden_size=64, intermediate_size=128,
@@ -316,7 +316,7 @@ class _Runs:
   def __init__(self, tmp: str):
     self.single_path = os.path.join(tmp, "single.npz")
     self.multi_path = os.path.join(tmp, "multi.npz")
-    port = _free_port()
+    port = multihost.free_port()
     log = lambda name: os.path.join(tmp, name + ".log")
     self.procs = {"single": _run_self("single", self.single_path, devices=8,
                                       log=log("single"))}
@@ -335,12 +335,6 @@ class _Runs:
       if proc.poll() is None:
         proc.kill()
         proc.wait()
-
-
-def _free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("localhost", 0))
-    return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,18 @@ def test_closed_writer_raises(tmp_path):
     w.write_scalars(0, {"a": 1.0})
 
 
+def test_inactive_writer_writes_nothing(tmp_path):
+  logdir = tmp_path / "tb"
+  w = metrics.MetricWriter(str(logdir), active=False)  # A non-primary host.
+  w.write_scalars(1, {"reward": 0.5})
+  w.write_histograms(1, {"staleness": np.array([0, 1])})
+  w.flush()
+  w.close()
+  assert not logdir.exists()
+  with pytest.raises(RuntimeError, match="already closed"):
+    w.write_scalars(2, {"reward": 0.5})
+
+
 def _state():
   return {
       "params": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones((3,))},

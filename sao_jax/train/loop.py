@@ -38,6 +38,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 from absl import logging
 
@@ -262,7 +263,7 @@ class _Publisher:
     self.seconds = 0.0  # Time spent publishing.
 
   def __call__(self, params: Any, version: int) -> None:
-    host = jax.device_get(params)
+    host = sharding.to_host(params)
     if self._lag == 0 or not self._published:
       self.seconds += self._slot.publish(host, version)
       self._published = True
@@ -302,6 +303,22 @@ def _to_device_batch(batch: dict[str, np.ndarray], config: Any, mesh,
   for k in ("length", "staleness"):
     batch[k] = batch[k].astype(np.int32)
   return sharding.make_global_batch(batch, mesh, rules)
+
+
+def _run_tokenizer(config: Any, workdir: str,
+                   primary: bool) -> tok_lib.Tokenizer:
+  """The run's tokenizer (``tokenizer_from_config``), one for all processes.
+
+  In a multi-host run process 0 trains (or loads) it first and the others
+  wait at a barrier, then load the file it wrote to the shared workdir, so
+  every host maps text to the same ids.
+  """
+  if jax.process_count() == 1:
+    return tok_lib.tokenizer_from_config(config.tokenizer, workdir)
+  tokenizer = (tok_lib.tokenizer_from_config(config.tokenizer, workdir)
+               if primary else None)
+  multihost_utils.sync_global_devices("sao_jax tokenizer ready")
+  return tokenizer or tok_lib.tokenizer_from_config(config.tokenizer, workdir)
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
@@ -354,8 +371,12 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         "sampler.batch_size rounded down to a multiple of n_rollouts); "
         "otherwise sync mode cannot alternate.")
 
-  writer = metrics_lib.MetricWriter(os.path.join(workdir, "tb"))
-  tokenizer = tok_lib.tokenizer_from_config(config.tokenizer, workdir)
+  # One event file and one summary.json per run: process 0 writes them (the
+  # losses are global; ring, sampler and staleness figures are its host's).
+  primary = jax.process_index() == 0
+  writer = metrics_lib.MetricWriter(os.path.join(workdir, "tb"),
+                                    active=primary)
+  tokenizer = _run_tokenizer(config, workdir, primary)
   mcfg = model_config_from(config, tokenizer)
   train_tasks, eval_tasks = from_config.build_tasks(config.env)
 
@@ -436,7 +457,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
 
   if meta.get("eval_before") is None:
     meta["eval_before"] = eval_lib.evaluate(
-        jax.device_get(state.policy_params), mcfg, config, tokenizer,
+        sharding.to_host(state.policy_params), mcfg, config, tokenizer,
         eval_tasks, version=int(state.policy_version))
     logging.info("Held-out accuracy before RL: %.3f",
                  meta["eval_before"]["eval/accuracy"])
@@ -447,7 +468,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   sampler = None
   ring = ring_lib.RingReader.create(
       num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64)
-  slot = weights_lib.WeightSlot.create(jax.device_get(state.policy_params))
+  slot = weights_lib.WeightSlot.create(sharding.to_host(state.policy_params))
   previous_sigterm = signal.getsignal(signal.SIGTERM)
 
   def on_sigterm(signum, frame):
@@ -550,7 +571,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       if (int(config.train.eval_every) and policy_steps > 0
           and policy_steps % int(config.train.eval_every) == 0
           and done != total_steps and not out_of_tokens):
-        ev = eval_lib.evaluate(jax.device_get(state.policy_params), mcfg,
+        ev = eval_lib.evaluate(sharding.to_host(state.policy_params), mcfg,
                                config, tokenizer, eval_tasks,
                                version=version_box["v"])
         writer.write_scalars(done, {**ev,
@@ -571,7 +592,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     final_step = int(state.step)
     if final_step > start_step or ckpt.latest_step() != final_step:
       ckpt.save(final_step, state, meta)
-    ev = eval_lib.evaluate(jax.device_get(state.policy_params), mcfg, config,
+    ev = eval_lib.evaluate(sharding.to_host(state.policy_params), mcfg, config,
                            tokenizer, eval_tasks,
                            version=int(state.policy_version))
     counters = stream.counters.as_dict()
@@ -604,7 +625,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     writer.write_scalars(final_step, {f"summary/{k}": v
                                       for k, v in summary.items()})
     logging.info("Summary: %s", summary)
-    _write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+    if primary:
+      _write_json_atomic(os.path.join(workdir, "summary.json"), summary)
     return summary
   finally:
     signal.signal(signal.SIGTERM, previous_sigterm)

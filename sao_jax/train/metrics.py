@@ -36,11 +36,19 @@ def _histogram_proto(values: np.ndarray, bins: int) -> summary_pb2.HistogramProt
 
 
 class MetricWriter:
-  """Writes scalar and histogram summaries to ``logdir`` (one event file per run)."""
+  """Writes scalar and histogram summaries to ``logdir`` (one event file per run).
 
-  def __init__(self, logdir: str, *, histogram_bins: int = 30):
-    os.makedirs(logdir, exist_ok=True)
-    self._writer = event_file_writer.EventFileWriter(logdir)
+  ``active=False`` (the non-primary processes of a multi-host run) makes every
+  write a no-op and creates no file, so a run has one event file, not one per
+  host.
+  """
+
+  def __init__(self, logdir: str, *, histogram_bins: int = 30,
+               active: bool = True):
+    self._writer = None
+    if active:
+      os.makedirs(logdir, exist_ok=True)
+      self._writer = event_file_writer.EventFileWriter(logdir)
     self._bins = histogram_bins
     self._closed = False
     self.logdir = logdir
@@ -48,6 +56,8 @@ class MetricWriter:
   def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
     if self._closed:
       raise RuntimeError(f"MetricWriter for {self.logdir} is already closed.")
+    if self._writer is None:
+      return
     event = event_pb2.Event(
         wall_time=time.time(), step=int(step),
         summary=summary_pb2.Summary(value=values))
@@ -71,14 +81,15 @@ class MetricWriter:
       self._write(step, values)
 
   def flush(self) -> None:
-    if not self._closed:
+    if not self._closed and self._writer is not None:
       self._writer.flush()
 
   def close(self) -> None:
     if not self._closed:
-      self._writer.close()
       self._closed = True
-      logging.info("Closed TensorBoard writer for %s", self.logdir)
+      if self._writer is not None:
+        self._writer.close()
+        logging.info("Closed TensorBoard writer for %s", self.logdir)
 
   def __enter__(self) -> "MetricWriter":
     return self
