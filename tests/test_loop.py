@@ -195,6 +195,7 @@ def test_two_process_run_trains_one_global_model(tmp_path):
   assert rcs == [0, 0], "\n\n".join(t[-3000:] for t in texts)
   for pid, text in enumerate(texts):
     assert f"Distributed: process {pid} of 2" in text
+    assert f"prompt shard {pid} of 2" in text  # Its sampler's prompts.
     # 1 critic warm-up step + 3 policy steps, in lockstep on both hosts.
     assert "step 4/4 | v3 |" in text
   assert texts[1].count("Trained a ") == 0  # Host 1 loaded host 0's file.

@@ -56,6 +56,11 @@ class SamplerSpec:
   start_episode: int
   max_staleness: int  # Admission bound (0 in sync/group mode).
   cores: tuple[int, ...] = ()
+  # The trainer's host in a multi-host run (its jax.process_index/count; the
+  # sampler itself is not part of the distributed job): this sampler draws
+  # only that host's shard of the prompts and fills its share of each batch.
+  process_index: int = 0
+  process_count: int = 1
 
 
 class SamplerHandle:
@@ -167,8 +172,9 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   n_roll = int(cfg.sampler.n_rollouts)
   prompts_per_batch = max(1, int(cfg.sampler.batch_size) // n_roll)
   episodes_per_batch = prompts_per_batch * n_roll
-  prompt_ds = prompts_lib.prompt_dataset(range(len(train_tasks)),
-                                         seed=int(cfg.train.seed))
+  prompt_ds = prompts_lib.prompt_dataset(
+      range(len(train_tasks)), seed=int(cfg.train.seed),
+      shard_index=spec.process_index, shard_count=spec.process_count)
   envs = from_config.make_envs(cfg.env, train_tasks, episodes_per_batch)
   limits = rollout.RolloutLimits.from_config(cfg)
   sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
@@ -184,8 +190,10 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
                                timeout=float(cfg.ring.put_timeout_s))
   max_staleness = int(spec.max_staleness)
-  train_batch = int(cfg.train.batch_size) // max(1, jax.process_count())
+  train_batch = int(cfg.train.batch_size) // spec.process_count
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
+  if spec.process_count > 1:  # Each host its own sampling noise.
+    base_key = jax.random.fold_in(base_key, spec.process_index)
   current = {"version": None, "params": None}
 
   def check_parent():
@@ -208,8 +216,9 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   episode = int(spec.start_episode)
   batch_index = episode // episodes_per_batch
   logging.info("sampler: starting at episode %d (batch %d), %d episodes per "
-               "batch, max_staleness=%d.", episode, batch_index,
-               episodes_per_batch, max_staleness)
+               "batch, max_staleness=%d, prompt shard %d of %d.", episode,
+               batch_index, episodes_per_batch, max_staleness,
+               spec.process_index, spec.process_count)
   try:
     while not stop_event.is_set():
       # 1. Admission: do not start work that would exceed the staleness bound.

@@ -299,7 +299,9 @@ def _to_device_batch(batch: dict[str, np.ndarray], config: Any, mesh,
   batch = dict(batch)
   batch["prompt_id"] = (batch["prompt_id"] - int(config.env.seed)).astype(
       np.int32)
-  batch["group_index"] = _group_index(batch["prompt_id"])
+  # Hosts draw disjoint prompt shards: offset so groups stay apart globally.
+  batch["group_index"] = _group_index(batch["prompt_id"]) + (
+      jax.process_index() * len(batch["prompt_id"]))
   for k in ("length", "staleness"):
     batch[k] = batch[k].astype(np.int32)
   return sharding.make_global_batch(batch, mesh, rules)
@@ -487,7 +489,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         start_episode=int(meta["episodes_consumed"]) // nproc,
         # The held-back versions use up part of the staleness bound.
         max_staleness=max_staleness - publish_lag,
-        cores=_sampler_cores(config)))
+        cores=_sampler_cores(config),
+        process_index=jax.process_index(), process_count=nproc))
     sampler.set_trainer_step(start_step)
     sampler.start()
     version_box = {"v": int(state.policy_version)}
