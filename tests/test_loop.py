@@ -168,16 +168,13 @@ def test_sigkill_trainer_then_resume(tmp_path):
   assert _our_segments() <= before, _our_segments() - before
 
 
-def test_two_process_run_trains_one_global_model(tmp_path):
-  """Two trainer processes (jax.distributed on localhost, gloo), one sampler
-  and ring each, one shared workdir: the multi-host shape of a TPU pod run."""
-  before = _our_segments()
-  workdir = tmp_path / "run"
+def _two_process_run(workdir, num_steps, logdir):
+  """Runs two trainer processes (one run on 2 hosts); returns their logs."""
   port = multihost.free_port()
   procs, logs = [], []
   for pid in range(2):
-    logs.append(tmp_path / f"process{pid}.log")
-    cmd = _main_cmd(workdir, 3) + [
+    logs.append(logdir / f"steps{num_steps}_process{pid}.log")
+    cmd = _main_cmd(workdir, num_steps) + [
         "--config.sampler.batch_size=4",  # Each host's half of 8 rows.
         f"--config.distributed.coordinator_address=localhost:{port}",
         "--config.distributed.num_processes=2",
@@ -193,6 +190,15 @@ def test_two_process_run_trains_one_global_model(tmp_path):
       p.kill()
   texts = [log.read_text() for log in logs]
   assert rcs == [0, 0], "\n\n".join(t[-3000:] for t in texts)
+  return texts
+
+
+def test_two_process_run_trains_one_global_model_and_resumes(tmp_path):
+  """Two trainer processes (jax.distributed on localhost, gloo), one sampler
+  and ring each, one shared workdir: the multi-host shape of a TPU pod run."""
+  before = _our_segments()
+  workdir = tmp_path / "run"
+  texts = _two_process_run(workdir, 3, tmp_path)
   for pid, text in enumerate(texts):
     assert f"Distributed: process {pid} of 2" in text
     assert f"prompt shard {pid} of 2" in text  # Its sampler's prompts.
@@ -205,8 +211,18 @@ def test_two_process_run_trains_one_global_model(tmp_path):
   assert summary["trajectories_trained"] == 4 * 4
   events = glob.glob(str(workdir / "tb" / "events.out.tfevents*"))
   assert len(events) == 1, events  # Only process 0 writes events.
-  scalars = metrics_lib.read_scalars(str(workdir / "tb"))
-  assert [s for s, _ in scalars["policy/loss"]] == [2, 3, 4]
+  assert [s for s, _ in metrics_lib.read_scalars(
+      str(workdir / "tb"))["policy/loss"]] == [2, 3, 4]
+
+  # Both hosts resume from the step-4 checkpoint into the mesh shardings.
+  texts = _two_process_run(workdir, 5, tmp_path)
+  for text in texts:
+    assert "Resumed from checkpoint step 4 (policy version 3)" in text
+    assert "step 6/6 | v5 |" in text
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["steps"] == 6 and summary["policy_version"] == 5
+  assert [s for s, _ in metrics_lib.read_scalars(
+      str(workdir / "tb"))["policy/loss"]] == [2, 3, 4, 5, 6]
   assert sorted(int(d) for d in os.listdir(workdir / "checkpoints")
-                if d.isdigit()) == [2, 4]
+                if d.isdigit()) == [2, 4, 6]
   assert _our_segments() <= before

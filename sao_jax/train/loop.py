@@ -432,15 +432,6 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   state = step_lib.create_train_state(policy_params, value_params, policy_tx,
                                       value_tx, running_mean=running_mean)
 
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
-  meta: dict[str, Any] = {"episodes_consumed": 0, "stream": {},
-                          "eval_before": None}
-  if ckpt.latest_step() is not None:
-    state, meta, step0 = ckpt.restore(state)
-    logging.info("Resumed from checkpoint step %d (policy version %d).",
-                 step0, int(state.policy_version))
-  start_step = int(state.step)
-
   # Params and optimizer moments keep their mesh shardings; scalars (step,
   # version, Adam counts) are replicated over the mesh (not one local device,
   # which would break multi-host runs).
@@ -449,6 +440,16 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       lambda x: x.sharding if isinstance(
           x.sharding, jax.sharding.NamedSharding) else replicated, state)
   state = jax.device_put(state, state_sharding)
+
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  meta: dict[str, Any] = {"episodes_consumed": 0, "stream": {},
+                          "eval_before": None}
+  if ckpt.latest_step() is not None:
+    # Restored straight into the mesh shardings (each host reads its shards).
+    state, meta, step0 = ckpt.restore(state)
+    logging.info("Resumed from checkpoint step %d (policy version %d).",
+                 step0, int(state.policy_version))
+  start_step = int(state.step)
   bsharding = sharding.batch_sharding(mesh, rules)
   step_fns = {
       flag: step_lib.make_step(mcfg, step_cfg, policy_tx, value_tx,
