@@ -217,8 +217,8 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
   out_dir = os.path.dirname(os.fspath(out_path))
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
-  # Write-then-rename: the processes of a multi-host run all train the same
-  # model and write it here, and none may load a half-written file.
+  # Write-then-rename: a run killed mid-write, or another host of a
+  # multi-host run loading it, never sees a half-written file.
   tmp = f"{os.fspath(out_path)}.tmp{os.getpid()}"
   with open(tmp, "wb") as f:
     f.write(proto)

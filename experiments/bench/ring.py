@@ -190,13 +190,18 @@ def run_memcpy(size: int, count: int) -> tuple[float, float]:
   return _figures(size * count, dt, dc)
 
 
+def _compiler() -> str | None:
+  """Path of the C compiler (``$CC``, else ``cc``), or None."""
+  return shutil.which(os.environ.get("CC", "cc"))
+
+
 def build_native(folder: str, xxhash_include: str | None = None) -> str:
   """Compiles ``ring_native.c`` into ``folder``; returns the executable.
 
   With ``xxhash_include`` (a folder holding ``xxhash.h``) it also has the
   ``*_xxh3`` modes.
   """
-  cc = shutil.which(os.environ.get("CC", "cc"))
+  cc = _compiler()
   if cc is None:
     raise FileNotFoundError(
         "No C compiler (cc or $CC) on PATH for the native bound; install gcc "
@@ -293,7 +298,7 @@ def main():
     return
   native = args.native
   if native is None:
-    native = shutil.which(os.environ.get("CC", "cc")) is not None
+    native = _compiler() is not None
     if not native:
       print("No C compiler found: skipping the native bound.", file=sys.stderr)
   modes = ("copy", "view")

@@ -1,6 +1,7 @@
 // The hardware bound for experiments/bench/ring.py: the same two-process
-// transfer as the shared-memory ring, written in C with no checksum and no
-// interpreter, so that what it cannot reach no Python ring can.
+// transfer as the shared-memory ring, written in C with no interpreter (and,
+// in its plain modes, no checksum), so that what it cannot reach no Python
+// ring can.
 //
 //   ring_native SIZE LANE_BYTES COUNT MODE     (MODE: copy | view)
 //
@@ -19,8 +20,9 @@
 // buffer (`copy`, like RingReader.read()) or reads every byte in place
 // (`view`, like read(copy=False), whose checksum pass reads every byte), and
 // frees it with a release store of `tail`. One untimed pass over the lane
-// first (page faults). Both sides check the bytes: the consumer compares each
-// record's 64-bit word sum with the payload's. Prints one JSON object:
+// first (page faults). The consumer checks every record's sequence number and
+// its bytes: the 64-bit word sum of each record (view), of the last copy
+// (copy), or the producer's XXH3 digest (*_xxh3). Prints one JSON object:
 // {"seconds": wall time of the COUNT timed records,
 //  "consumer_cpu_s": ..., "producer_cpu_s": ...}; exits 1 on a wrong byte.
 
