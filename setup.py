@@ -1,6 +1,45 @@
-"""Packaging for sao_jax: Single-rollout Asynchronous Optimization in JAX."""
+"""Packaging for sao_jax: Single-rollout Asynchronous Optimization in JAX.
+
+`INSTALL_REQUIRES` is everything the main job (`python -m sao_jax.main`), the
+sweep runner and the report import; tests/test_install_requires.py checks that
+against the imports of those files. Extras hold what only the tests, the
+reference comparisons or an optional model import path need.
+"""
 
 import setuptools
+
+INSTALL_REQUIRES = [
+    "jax>=0.10,<0.13",
+    "jaxlib>=0.10,<0.13",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12,<0.13",
+    "grain>=0.2.18,<0.3",
+    "sentencepiece>=0.2,<0.3",
+    "ml-collections>=1.1,<2",
+    "ml-dtypes>=0.5",  # bfloat16 weights in the weight slot (ipc/weights.py).
+    "tensorboard>=2.21,<3",
+    "reasoning-gym>=0.1.25,<0.2",
+    "absl-py>=2.1,<3",
+    "numpy>=2.0,<3",
+    "safetensors>=0.4,<1",  # HF checkpoints (models/hf.py): init_from, SFT cache.
+    "xxhash>=3.4,<5",  # Ring record checksums (sao_jax/ipc/ring.py).
+    "rich>=13,<16",
+    "matplotlib>=3.8,<4",
+]
+
+EXTRAS_REQUIRE = {
+    "test": [
+        "pytest>=8,<10",
+        "hypothesis>=6.100,<7",
+        "chex>=0.1.90,<0.2",
+        "psutil>=5.9",
+    ],
+    "ref": [
+        "torch==2.13.0",
+        "transformers>=5.0,<6",
+    ],
+}
 
 setuptools.setup(
     name="sao_jax",
@@ -9,36 +48,10 @@ setuptools.setup(
         "Asynchronous RL post-training of LLM policies with SAO "
         "(Single-rollout Asynchronous Optimization) in JAX/Flax."
     ),
-    packages=setuptools.find_packages(include=["sao_jax", "sao_jax.*", "configs"]),
+    # configs/ and experiments/ are not installed: they are run from the
+    # checkout (`--config=configs/NAME.py`), which puts them on sys.path.
+    packages=setuptools.find_packages(include=["sao_jax", "sao_jax.*"]),
     python_requires=">=3.11",
-    install_requires=[
-        "jax>=0.10,<0.13",
-        "jaxlib>=0.10,<0.13",
-        "flax>=0.12.8,<0.13",
-        "optax>=0.2.8,<0.3",
-        "orbax-checkpoint>=0.12,<0.13",
-        "grain>=0.2.18,<0.3",
-        "sentencepiece>=0.2,<0.3",
-        "ml-collections>=1.1,<2",
-        "tensorboard>=2.21,<3",
-        "reasoning-gym>=0.1.25,<0.2",
-        "absl-py>=2.1,<3",
-        "numpy>=2.0,<3",
-        "xxhash>=3.4,<5",  # Ring record checksums (sao_jax/ipc/ring.py).
-        "rich>=13,<16",
-        "matplotlib>=3.8,<4",
-    ],
-    extras_require={
-        "test": [
-            "pytest>=8,<10",
-            "hypothesis>=6.100,<7",
-            "chex>=0.1.90,<0.2",
-            "psutil>=5.9",
-        ],
-        "ref": [
-            "torch==2.13.0",
-            "transformers>=5.0,<6",
-            "safetensors>=0.4,<1",
-        ],
-    },
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
 )
