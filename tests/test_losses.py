@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from sao_jax.rl import losses
+from sao_jax.rl import metrics as rl_metrics
 from sao_jax.rl import registry
 
 
@@ -224,8 +225,9 @@ def test_ppo_clip_against_numpy(mode, eps):
 
 def test_dual_clip_ppo_against_numpy():
   logp, old, adv, mask = fixed_inputs(2)
-  loss, metrics = losses.dual_clip_ppo_loss(logp, old, adv, mask)
-  grad = grad_of(losses.dual_clip_ppo_loss, jnp.asarray(logp), old, adv, mask)
+  dual_clip_ppo = registry.get_spec("dual_clip_ppo").bind()
+  loss, metrics = dual_clip_ppo(logp, old, adv, mask)
+  grad = grad_of(dual_clip_ppo, jnp.asarray(logp), old, adv, mask)
   ref_loss, ref_grad = np_weighted_ppo(logp, old, adv, mask, 0.2, 0.2, dual=3.0)
   check(loss, grad, ref_loss, ref_grad)
   # Tokens with A<0 and r>3 (r=4, r=7) are dual-clipped: no gradient.
@@ -242,9 +244,9 @@ def test_grpo_with_k3_kl_against_numpy():
   logp, old, adv, mask = fixed_inputs(3)
   ref = old + np.float32(0.3) * np.sin(np.arange(old.size)).reshape(old.shape)
   ref = ref.astype(np.float32)
-  loss, metrics = losses.grpo_loss(logp, old, adv, mask, ref_logp=ref,
-                                   kl_coef=0.04)
-  grad = grad_of(losses.grpo_loss, jnp.asarray(logp), old, adv, mask,
+  grpo = registry.get_spec("grpo").bind()
+  loss, metrics = grpo(logp, old, adv, mask, ref_logp=ref, kl_coef=0.04)
+  grad = grad_of(grpo, jnp.asarray(logp), old, adv, mask,
                  ref_logp=ref, kl_coef=0.04)
   pg, pg_grad = np_weighted_ppo(logp, old, adv, mask, 0.2, 0.28,
                                 mode="seq_mean_token_mean")
@@ -258,8 +260,9 @@ def test_grpo_with_k3_kl_against_numpy():
 
 def test_dr_grpo_uses_constant_normaliser():
   logp, old, adv, mask = fixed_inputs(4)
-  loss, _ = losses.dr_grpo_loss(logp, old, adv, mask, constant=64)
-  grad = grad_of(losses.dr_grpo_loss, jnp.asarray(logp), old, adv, mask,
+  dr_grpo = registry.get_spec("dr_grpo").bind()
+  loss, _ = dr_grpo(logp, old, adv, mask, constant=64)
+  grad = grad_of(dr_grpo, jnp.asarray(logp), old, adv, mask,
                  constant=64)
   ref_loss, ref_grad = np_weighted_ppo(logp, old, adv, mask, 0.2, 0.2,
                                        mode="token_sum_norm", constant=64)
@@ -271,8 +274,9 @@ def test_dr_grpo_uses_constant_normaliser():
 
 def test_dapo_token_mean_clip_higher():
   logp, old, adv, mask = fixed_inputs(5)
-  loss, _ = losses.dapo_loss(logp, old, adv, mask)
-  grad = grad_of(losses.dapo_loss, jnp.asarray(logp), old, adv, mask)
+  dapo = registry.get_spec("dapo").bind()
+  loss, _ = dapo(logp, old, adv, mask)
+  grad = grad_of(dapo, jnp.asarray(logp), old, adv, mask)
   check(loss, grad, *np_weighted_ppo(logp, old, adv, mask, 0.2, 0.28))
 
 
@@ -460,16 +464,17 @@ def test_value_loss_clipped_hand_computed():
 def test_explained_variance_cases():
   ret = jnp.array([[1.0, 2.0, 3.0, 100.0]])
   m = jnp.array([[1, 1, 1, 0]])
-  assert float(losses.explained_variance(ret, ret, m)) == pytest.approx(1.0)
+  assert float(rl_metrics.explained_variance(ret, ret, m)) == pytest.approx(1.0)
   mean = jnp.full_like(ret, 2.0)
-  ev_mean = float(losses.explained_variance(mean, ret, m))
+  ev_mean = float(rl_metrics.explained_variance(mean, ret, m))
   assert ev_mean == pytest.approx(0.0, abs=1e-6)
-  assert float(losses.explained_variance(ret, ret, jnp.zeros_like(m))) == 0.0
+  ev = rl_metrics.explained_variance
+  assert float(ev(ret, ret, jnp.zeros_like(m))) == 0.0
   # Returns constant up to float32 rounding (Var ~1e-15): undefined -> 0, not
   # 1 - Var(R - V) / 1e-15 ~ -1e13 (seen when every reward of a batch is 0).
   flat = jnp.array([[0.1, 0.1 + 3e-8, 0.1, 0.1]], jnp.float32)
   off = jnp.full_like(flat, 0.5)
-  assert float(losses.explained_variance(off, flat, jnp.ones_like(flat))) == 0.0
+  assert float(ev(off, flat, jnp.ones_like(flat))) == 0.0
 
 
 # ----------------------------------------------------------------------------
