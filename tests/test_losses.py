@@ -504,7 +504,7 @@ def test_registry_has_every_algorithm_and_rejects_unknown():
 def test_registry_dispatch_defaults_and_overrides():
   logp, rollout, adv, mask = fixed_inputs(12)
   batch = make_batch(logp, rollout, adv, mask)
-  loss, _ = registry.policy_loss("sao", jnp.asarray(logp), batch)
+  loss, _ = registry.get_loss_fn("sao")(jnp.asarray(logp), batch)
   direct, _ = losses.dis_policy_loss(logp, rollout, adv, mask, eps_low=0.3,
                                      eps_high=5.0)
   assert float(loss) == float(direct)
@@ -519,12 +519,12 @@ def test_registry_dispatch_defaults_and_overrides():
       "eps_low": 0.2, "eps_high": 0.28, "kl_coef": 0.0}
   # PPO without old_logp takes the ratio against the rollout log-probs.
   no_old = batch.replace(old_logp=None, ref_logp=None)
-  loss, _ = registry.policy_loss("ppo", jnp.asarray(logp), no_old)
+  loss, _ = registry.get_loss_fn("ppo")(jnp.asarray(logp), no_old)
   direct, _ = losses.ppo_clip_loss(logp, rollout, adv, mask)
   assert float(loss) == float(direct)
   with pytest.raises(ValueError, match="prox_logp"):
-    registry.policy_loss("areal", jnp.asarray(logp),
-                         no_old.replace(prox_logp=None))
+    registry.get_loss_fn("areal")(jnp.asarray(logp),
+                                  no_old.replace(prox_logp=None))
   assert registry.get_spec("vapo").advantage == "vapo_gae"
   assert registry.get_spec("sao").advantage == "decoupled_gae"
 

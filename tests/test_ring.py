@@ -85,8 +85,10 @@ def test_trajectory_codec_round_trips_through_ring():
     with ring.RingWriter(r.name, lane=0) as w:
       w.write(*codec.encode(traj))
       data = r.read(timeout=1.0).data
-  assert data.nbytes == codec.encoded_size(n, traj.task, traj.error)
-  assert data.tobytes() == codec.encode_bytes(traj)
+  # 36-byte header padded to 40, 17 bytes per token, then task and error.
+  assert data.nbytes == 40 + 17 * n + len(traj.task.encode()) + len(traj.error)
+  assert data.tobytes() == b"".join(
+      bytes(memoryview(b).cast("B")) for b in codec.encode(traj))
   back = codec.decode(data)
   for f in ("tokens", "action_mask", "rollout_logp", "policy_version",
             "rewards"):

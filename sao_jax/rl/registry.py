@@ -206,9 +206,3 @@ def resolve_hparams(name: str, config: Optional[Any] = None) -> dict[str, Any]:
 def get_loss_fn(name: str, config: Optional[Any] = None) -> LossFn:
   """Returns ``fn(logp, batch) -> (loss, metrics)`` with hparams bound."""
   return functools.partial(get_spec(name), **resolve_hparams(name, config))
-
-
-def policy_loss(name: str, logp: Array, batch: PolicyBatch,
-                config: Optional[Any] = None):
-  """One-shot ``get_loss_fn(name, config)(logp, batch)``."""
-  return get_loss_fn(name, config)(logp, batch)
