@@ -58,11 +58,6 @@ def checksum_parts(parts) -> int:
   return h.intdigest()
 
 
-def record_bytes(n: int) -> int:
-  """Lane bytes a record of an ``n``-byte payload takes (header, padding)."""
-  return (HEADER_BYTES + n + ALIGN - 1) & -ALIGN
-
-
 class RingError(RuntimeError):
   """Base class of ring errors."""
 

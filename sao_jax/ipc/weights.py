@@ -9,10 +9,10 @@ The trainer ``publish``es a parameter pytree with its policy version; samplers
                                      [buffer 1: seq, version | leaves]
 
 ``publish`` writes the buffer that is not ``latest``: makes its sequence word
-odd, copies the leaves, makes it even again and flips ``latest``. It never waits for readers. A reader copies
-the ``latest`` buffer and accepts the copy only if the buffer's sequence word
-was even and unchanged across the copy, so it never returns a mix of two
-versions; if the writer lapped it, it retries.
+odd, copies the leaves, makes it even again and flips ``latest``. It never
+waits for readers. A reader copies the ``latest`` buffer and accepts the copy
+only if the buffer's sequence word was even and unchanged across the copy, so
+it never returns a mix of two versions; if the writer lapped it, it retries.
 
 Structure: the leaf table stores each leaf's key path, shape and dtype. A
 reader passes a template pytree (e.g. its own freshly initialised params or
