@@ -94,7 +94,7 @@ class Record(NamedTuple):
 new_record = functools.partial(tuple.__new__, Record)
 
 
-def stat(pid: int) -> list[bytes] | None:
+def proc_stat(pid: int) -> list[bytes] | None:
   """Fields of /proc/<pid>/stat after the command name; None if it is gone."""
   try:
     with open(f"/proc/{pid}/stat", "rb") as f:
@@ -105,13 +105,21 @@ def stat(pid: int) -> list[bytes] | None:
 
 def proc_start_time(pid: int) -> int:
   """Process start time (clock ticks since boot); 0 if unknown."""
-  fields = stat(pid)
+  fields = proc_stat(pid)
   return int(fields[19]) if fields else 0
 
 
 def pid_alive(pid: int, start_time: int = 0) -> bool:
   """Whether ``pid`` runs (not a zombie) and, if given, started then."""
-  fields = stat(pid) if pid > 0 else None
+  if pid > 0 and not os.path.isdir("/proc"):  # Not Linux: signal 0 only.
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    except PermissionError:
+      pass
+    return True
+  fields = proc_stat(pid) if pid > 0 else None
   return (fields is not None and fields[0] not in (b"Z", b"X")
           and (not start_time or int(fields[19]) == start_time))
 
