@@ -1,6 +1,6 @@
 """Tests for experiments/report.py on synthetic event files with known values."""
 
-import importlib.util
+import importlib
 import math
 import os
 import pathlib
@@ -18,14 +18,16 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _import_report():
-  spec = importlib.util.spec_from_file_location("sao_report", _SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up there.
-  spec.loader.exec_module(module)
-  return module
+  """experiments/ is no package: its scripts import their siblings by name."""
+  sys.path.insert(0, str(_SCRIPT.parent))
+  try:
+    return (importlib.import_module("report"),
+            importlib.import_module("report_runs"))
+  finally:
+    sys.path.remove(str(_SCRIPT.parent))
 
 
-report = _import_report()
+report, report_runs = _import_report()
 
 
 def _write_run(run_dir: pathlib.Path, *, evals: dict[int, float],
@@ -110,8 +112,8 @@ def fixture_sweep(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def _rows_by_label(directory: pathlib.Path, **kwargs) -> dict:
-  runs = report.load_runs([str(directory)])
-  return {r.label: report.summarize(r, 0.8, **kwargs) for r in runs}
+  runs = report_runs.load_runs([str(directory)])
+  return {r.label: report_runs.summarize(r, 0.8, **kwargs) for r in runs}
 
 
 def _cells(markdown: str, first_cell: str) -> list[str]:
@@ -124,10 +126,10 @@ def _cells(markdown: str, first_cell: str) -> list[str]:
 
 
 def test_find_runs_ignores_subdirs_without_tb(sweep):
-  labels = [label for label, _ in report.find_runs(str(sweep))]
+  labels = [label for label, _ in report_runs.find_runs(str(sweep))]
   assert labels == ["cmp/grpo_seed0", "cmp/grpo_seed1", "cmp/sao_seed0",
                     "cmp/sao_seed1"]
-  assert report.find_runs(str(sweep / "sao_seed0"))[0][0] == "sao_seed0"
+  assert report_runs.find_runs(str(sweep / "sao_seed0"))[0][0] == "sao_seed0"
 
 
 def test_summary_numbers(sweep):
@@ -182,18 +184,18 @@ def test_collapse_thresholds_are_parameters(sweep):
 
 
 def test_seed_group():
-  assert report.seed_group("cmp/sao_seed0") == "cmp/sao"
-  assert report.seed_group("cmp/sao_seed=12") == "cmp/sao"
-  assert report.seed_group("sweep/seed1") == "sweep"
-  assert report.seed_group("sweep/lr=1e-3_seed_2") == "sweep/lr=1e-3"
-  assert report.seed_group("sweep/seed-3_lr=1") == "sweep/lr=1"
-  assert report.seed_group("sweep/reseed1") == "sweep/reseed1"
-  assert report.seed_group("sao") == "sao"
+  assert report_runs.seed_group("cmp/sao_seed0") == "cmp/sao"
+  assert report_runs.seed_group("cmp/sao_seed=12") == "cmp/sao"
+  assert report_runs.seed_group("sweep/seed1") == "sweep"
+  assert report_runs.seed_group("sweep/lr=1e-3_seed_2") == "sweep/lr=1e-3"
+  assert report_runs.seed_group("sweep/seed-3_lr=1") == "sweep/lr=1"
+  assert report_runs.seed_group("sweep/reseed1") == "sweep/reseed1"
+  assert report_runs.seed_group("sao") == "sao"
 
 
 def test_grouped_numbers(sweep):
   rows = list(_rows_by_label(sweep).values())
-  groups = {g["group"]: g for g in report.group_rows(rows)}
+  groups = {g["group"]: g for g in report_runs.group_rows(rows)}
   assert sorted(groups) == ["cmp/grpo", "cmp/sao"]
   sao = groups["cmp/sao"]
   assert sao["n"] == 2 and sao["reached"] == 2
@@ -252,7 +254,7 @@ def test_run_without_tags(tmp_path):
   assert _cells(markdown, "empty_run") == ["empty_run"] + ["—"] * 11
   assert "## Plots" not in markdown and "Seeds aggregated" not in markdown
   assert not list(out.glob("*.png"))
-  row = report.summarize(report.load_run(str(run)))
+  row = report_runs.summarize(report_runs.load_run(str(run)))
   assert row["collapsed"] is None and row["reached_target"] is False
 
 
@@ -263,10 +265,10 @@ def test_resumed_run_newest_file_wins(tmp_path):
     w.write_scalars(10, {"eval/accuracy": 0.5, "tokens/generated_total": 100})
   with metrics.MetricWriter(str(run / "tb")) as w:  # Resumed from step 5.
     w.write_scalars(10, {"eval/accuracy": 0.75, "tokens/generated_total": 90})
-  r = report.load_run(str(run))
+  r = report_runs.load_run(str(run))
   steps, values = r.series("eval/accuracy")
   assert steps.tolist() == [0, 10] and values.tolist() == [0.25, 0.75]
-  row = report.summarize(r, target=0.7)
+  row = report_runs.summarize(r, target=0.7)
   assert row["tokens_to_target"] == 90.0 and row["best_acc"] == 0.75
 
 
@@ -310,8 +312,8 @@ def test_adaptation_after_style_switches(tmp_path):
   with metrics.MetricWriter(str(run_dir / "tb")) as w:
     for step, r in rewards.items():
       w.write_scalars(step, {"reward/mean": r, "policy_version": step})
-  run = report.load_run(str(run_dir), "online/sao")
-  rows = report.adaptation(run, [10, 30, 50], recover_frac=0.8, window=20)
+  run = report_runs.load_run(str(run_dir), "online/sao")
+  rows = report_runs.adaptation(run, [10, 30, 50], recover_frac=0.8, window=20)
   first, second, third = rows
   assert first["before"] == pytest.approx(0.9)
   assert first["dip"] == pytest.approx(0.1)
@@ -324,10 +326,10 @@ def test_adaptation_after_style_switches(tmp_path):
   assert third["before"] is None  # Nothing logged around version 50.
   # The reward before version 30 is 0 after a second switch at 30 with
   # all-zero rewards: nothing to recover, not "recovered at once".
-  zero = report.RunData("z", "", {
+  zero = report_runs.RunData("z", "", {
       "reward/mean": (np.arange(0, 40, 2), np.zeros(20)),
       "policy_version": (np.arange(0, 40, 2), np.arange(0, 40, 2) * 1.0)})
-  (row,) = report.adaptation(zero, [30])
+  (row,) = report_runs.adaptation(zero, [30])
   assert row["before"] == 0.0 and row["versions_to_recover"] is None
   assert "n/a (reward 0 before)" in report.adaptation_table([row])
   out = tmp_path / "out"
@@ -341,5 +343,5 @@ def test_adaptation_after_style_switches(tmp_path):
 def test_points_sorted_naturally(tmp_path):
   for point in ("eta16", "eta4", "eta0", "eta1"):
     metrics.MetricWriter(str(tmp_path / "st" / point / "tb")).close()
-  labels = [label for label, _ in report.find_runs(str(tmp_path / "st"))]
+  labels = [label for label, _ in report_runs.find_runs(str(tmp_path / "st"))]
   assert labels == ["st/eta0", "st/eta1", "st/eta4", "st/eta16"]

@@ -4,16 +4,13 @@ Producer and consumer run in separate processes (spawn). For each record size
 the producer sends the same NumPy payload ``count`` times; the consumer gets a
 private copy of every record. Figures:
 
-* ``ring``          RingWriter.write -> RingReader.read (default xxh3 checksum)
-* ``ring_crc32``    the same with ``checksum="crc32"``
-* ``ring_nocheck``  the same with ``checksum="none"``
-* ``ring_view``     xxh3 checksum, zero-copy consumer: ``read(copy=False)``
-  (the checksum pass still reads every byte of the record)
+* ``ring``         RingWriter.write -> RingReader.read (XXH3-64 checksum)
 * ``queue``        multiprocessing.Queue.put(ndarray) -> get()
 * ``memcpy``       same-process ``np.copyto`` of the same bytes
 * ``native_copy``  the bound: ``ring_native.c``, the same two-process transfer
   in C with no checksum (memcpy in, memcpy out), same lane size
-* ``native_view``  the same, consumer reads every byte in place (no copy out)
+* ``native_view``  the same, consumer reads every byte in place (no copy out:
+  the bound of a zero-copy consumer, which the ring does not offer)
 * ``native_copy_xxh3`` / ``native_view_xxh3``  the same with the ring's
   checksum (XXH3-64) fused into the copies; only with ``--xxhash_include DIR``,
   a folder holding ``xxhash.h`` (e.g. ``deps/xxhash`` of the ``xxhash`` sdist:
@@ -139,9 +136,8 @@ def _figures(nbytes: int, wall: float, *cpus: float) -> tuple[float, float]:
   return nbytes / wall / 1e9, nbytes / max(*cpus, 1e-9) / 1e9
 
 
-def run_ring(size: int, count: int, checksum: str,
-             copy: bool = True) -> tuple[float, float]:
-  with ring.RingReader.create(1, _lane_bytes(size), checksum=checksum) as r:
+def run_ring(size: int, count: int) -> tuple[float, float]:
+  with ring.RingReader.create(1, _lane_bytes(size)) as r:
     ready, go, cpu = _CTX.Event(), _CTX.Event(), _CTX.Value("d", 0.0)
     p = _CTX.Process(target=_ring_producer,
                      args=(r.name, size, count, ready, go, cpu))
@@ -152,7 +148,7 @@ def run_ring(size: int, count: int, checksum: str,
     t0, c0 = time.perf_counter(), time.process_time()
     go.set()
     for _ in range(count):
-      rec = r.read(timeout=120.0, copy=copy)
+      rec = r.read(timeout=120.0)
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
     assert rec.data.nbytes == size
     del rec
@@ -239,9 +235,8 @@ def run_native(exe: str, size: int, count: int,
 def ceiling(size: int, rounds: int) -> dict:
   """Per-record CPU of each ring side, one process, vs memcpy of the record.
 
-  Writes a burst of records, then reads them (``xxh3`` and ``none``); min
-  over ``rounds``. A two-process pipeline with a free core per side cannot
-  beat ``memcpy_us / max(write_us, read_us)`` of memcpy, before any cost of
+  Writes a burst of records, then reads them; min over ``rounds``. A
+  two-process pipeline with a free core per side cannot beat ``memcpy_us / max(write_us, read_us)`` of memcpy, before any cost of
   moving cache lines between cores.
   """
   payload, dst = _payload(size), _page_aligned(size)
@@ -255,24 +250,16 @@ def ceiling(size: int, rounds: int) -> dict:
     dt = (time.perf_counter() - t0) / n * 1e6
     best[key] = min(best.get(key, dt), dt)
 
-  rings = {cs: ring.RingReader.create(1, _lane_bytes(size), checksum=cs)
-           for cs in ("xxh3", "none")}
-  writers = {cs: ring.RingWriter(r.name, lane=0) for cs, r in rings.items()}
-  try:
-    for _ in range(rounds):
-      timed("memcpy_us", lambda: np.copyto(dst, payload), 4 * burst)
-      for cs, r in rings.items():
-        timed(f"{cs}_write_us", lambda w=writers[cs]: w.write(payload), burst)
-        timed(f"{cs}_read_us", r.read, burst)
-  finally:
-    for cs in rings:
-      writers[cs].close()
-      rings[cs].close()
+  with ring.RingReader.create(1, _lane_bytes(size)) as r:
+    with ring.RingWriter(r.name, lane=0) as w:
+      for _ in range(rounds):
+        timed("memcpy_us", lambda: np.copyto(dst, payload), 4 * burst)
+        timed("write_us", lambda: w.write(payload), burst)
+        timed("read_us", r.read, burst)
   out = {"bench": "ring_ceiling", "record_bytes": size}
   out.update({k: round(v, 1) for k, v in best.items()})
-  for cs in rings:
-    out[f"{cs}_max_fraction_of_memcpy"] = round(best["memcpy_us"] / max(
-        best[f"{cs}_write_us"], best[f"{cs}_read_us"]), 3)
+  out["max_fraction_of_memcpy"] = round(
+      best["memcpy_us"] / max(best["write_us"], best["read_us"]), 3)
   return out
 
 
@@ -313,10 +300,7 @@ def _throughput(args: argparse.Namespace, exe: str | None,
                 modes: tuple[str, ...]) -> None:
   """Runs every implementation per size, alternating; prints the figures."""
   impls = {
-      "ring": lambda s, n: run_ring(s, n, checksum="xxh3"),
-      "ring_crc32": lambda s, n: run_ring(s, n, checksum="crc32"),
-      "ring_nocheck": lambda s, n: run_ring(s, n, checksum="none"),
-      "ring_view": lambda s, n: run_ring(s, n, checksum="xxh3", copy=False),
+      "ring": run_ring,
       "queue": run_queue,
       "memcpy": run_memcpy,
   }
@@ -351,17 +335,9 @@ def _throughput(args: argparse.Namespace, exe: str | None,
       "ratio_vs_queue": round(
           medians[("ring", ref)] / medians[("queue", ref)], 2),
       "fraction_of_memcpy": frac("ring"),
-      "fraction_of_memcpy_crc32": frac("ring_crc32"),
-      "fraction_of_memcpy_nocheck": frac("ring_nocheck"),
-      "fraction_of_memcpy_view": frac("ring_view"),
       "fraction_of_memcpy_per_core": frac("ring", cpu_medians),
-      "fraction_of_memcpy_view_per_core": frac("ring_view", cpu_medians),
       "fraction_of_memcpy_by_size": {
           str(s): round(medians[("ring", s)] / medians[("memcpy", s)], 3)
-          for s in args.sizes},
-      "fraction_of_memcpy_nocheck_by_size": {
-          str(s): round(medians[("ring_nocheck", s)] / medians[("memcpy", s)],
-                        3)
           for s in args.sizes},
       "ratio_vs_queue_by_size": {
           str(s): round(medians[("ring", s)] / medians[("queue", s)], 2)
@@ -380,17 +356,11 @@ def _native_summary(medians: dict, sizes: list[int],
   for mode in modes:
     out[f"fraction_of_memcpy_native_{mode}_by_size"] = {
         str(s): ratio(f"native_{mode}", "memcpy", s) for s in sizes}
-  # Each Python figure over the C one that does the same work.
-  for py, mode in _SAME_WORK:
-    if mode in modes:
-      out[f"{py}_of_native_{mode}_by_size"] = {
-          str(s): ratio(py, f"native_{mode}", s) for s in sizes}
+  # The ring over the C transfer that moves and checks the bytes the same way.
+  if "copy_xxh3" in modes:
+    out["ring_of_native_copy_xxh3_by_size"] = {
+        str(s): ratio("ring", "native_copy_xxh3", s) for s in sizes}
   return out
-
-
-# (Python ring figure, C mode that moves and checks the bytes the same way).
-_SAME_WORK = (("ring_nocheck", "copy"), ("ring", "copy_xxh3"),
-              ("ring_view", "view_xxh3"))
 
 
 if __name__ == "__main__":

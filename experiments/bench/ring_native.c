@@ -18,7 +18,8 @@
 // release store of `head`; the consumer waits on `head` (sched_yield, as the
 // ring's first waits do), then either copies the record out into a private
 // buffer (`copy`, like RingReader.read()) or reads every byte in place
-// (`view`, like read(copy=False), whose checksum pass reads every byte), and
+// (`view`, the bound of a zero-copy consumer whose checksum reads every
+// byte), and
 // frees it with a release store of `tail`. One untimed pass over the lane
 // first (page faults). The consumer checks every record's sequence number and
 // its bytes: the 64-bit word sum of each record (view), of the last copy

@@ -53,19 +53,6 @@ def encode(traj: Trajectory) -> list:
   return bufs
 
 
-def encode_bytes(traj: Trajectory) -> bytes:
-  """The record as one ``bytes`` object."""
-  return b"".join(
-      b.tobytes() if isinstance(b, np.ndarray) else b for b in encode(traj)
-  )
-
-
-def encoded_size(length: int, task: str = "", error: str = "") -> int:
-  """Bytes of a record with ``length`` tokens (to size ring lanes)."""
-  return (HEADER_BYTES + _PAD + 17 * length + len(task.encode("utf-8"))
-          + len(error.encode("utf-8")))
-
-
 def decode(buf) -> Trajectory:
   """A Trajectory whose arrays are NumPy views into ``buf``."""
   mv = memoryview(buf).cast("B")

@@ -1,4 +1,6 @@
-"""A versioned weight slot in shared memory: trainer -> sampler (DESIGN.md §1).
+"""A versioned weight slot in shared memory: trainer -> sampler.
+
+See docs/DESIGN.md §1.
 
 The trainer ``publish``es a parameter pytree with its policy version; samplers
 ``read`` the newest *complete* version. Two buffers plus a seqlock:
@@ -7,11 +9,10 @@ The trainer ``publish``es a parameter pytree with its policy version; samplers
                                      [buffer 1: seq, version | leaves]
 
 ``publish`` writes the buffer that is not ``latest``: makes its sequence word
-odd, copies the leaves (optionally cast to bfloat16 via ml_dtypes), makes it
-even again and flips ``latest``. It never waits for readers. A reader copies
-the ``latest`` buffer and accepts the copy only if the buffer's sequence word
-was even and unchanged across the copy, so it never returns a mix of two
-versions; if the writer lapped it, it retries.
+odd, copies the leaves, makes it even again and flips ``latest``. It never
+waits for readers. A reader copies the ``latest`` buffer and accepts the copy
+only if the buffer's sequence word was even and unchanged across the copy, so
+it never returns a mix of two versions; if the writer lapped it, it retries.
 
 Structure: the leaf table stores each leaf's key path, shape and dtype. A
 reader passes a template pytree (e.g. its own freshly initialised params or
@@ -60,13 +61,11 @@ def _dtype_from_name(name: str) -> np.dtype:
   return np.dtype(name)
 
 
-def _leaf_table(template: PyTree, cast_floats_to) -> list[dict]:
+def _leaf_table(template: PyTree) -> list[dict]:
   leaves = jax.tree_util.tree_flatten_with_path(template)[0]
   table, off = [], 0
   for path, leaf in leaves:
     dtype = np.dtype(leaf.dtype)
-    if cast_floats_to is not None and np.issubdtype(dtype, np.floating):
-      dtype = np.dtype(cast_floats_to)
     shape = tuple(int(d) for d in leaf.shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     table.append({
@@ -111,15 +110,14 @@ class WeightSlot:
     self.retries = 0
 
   @classmethod
-  def create(cls, template: PyTree, *, cast_floats_to=None) -> WeightSlot:
+  def create(cls, template: PyTree) -> WeightSlot:
     """Creates a slot for pytrees shaped like ``template`` (owned by caller).
 
     Args:
-      template: A pytree of arrays or ``jax.ShapeDtypeStruct``s.
-      cast_floats_to: e.g. ``ml_dtypes.bfloat16`` to halve the bytes moved;
-        floating leaves are stored (and read back) in that dtype.
+      template: A pytree of arrays or ``jax.ShapeDtypeStruct``s; leaves are
+        stored (and read back) in their own dtypes.
     """
-    table = _leaf_table(template, cast_floats_to)
+    table = _leaf_table(template)
     raw = json.dumps(table).encode("utf-8")
     data_bytes = max(_ALIGN, table[-1]["offset"] + table[-1]["nbytes"]
                      if table else 0)

@@ -3,7 +3,8 @@
 The sampler records `log_softmax(logits / T)[token]` for each token it samples
 (`sao_jax.sampler.sampling`); these functions compute the same quantity from a
 full (cache-free) forward over the finished sequence, so the SAO importance
-ratio r_t = exp(logp_t - rollout_logp_t) (DESIGN §2, Eq. 1) is 1 on-policy.
+ratio r_t = exp(logp_t - rollout_logp_t) (docs/DESIGN.md §2, Eq. 1) is 1
+on-policy.
 """
 
 from __future__ import annotations

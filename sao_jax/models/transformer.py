@@ -309,7 +309,7 @@ class Transformer(nn.Module):
 
 
 class ValueHead(nn.Module):
-  """Scalar head ~N(0, 0.02), zero bias (DESIGN §2, critic)."""
+  """Scalar head ~N(0, 0.02), zero bias (docs/DESIGN.md §2, critic)."""
 
   config: ModelConfig
 

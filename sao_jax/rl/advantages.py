@@ -1,4 +1,4 @@
-"""Advantage estimators and reward shaping (DESIGN.md §2–§3); pure, jit-able.
+"""Advantage estimators and reward shaping (docs/DESIGN.md §2-§3), jit-able.
 
 Token-level estimators take ``[B, T]`` arrays with ``mask`` = 1 on action tokens
 (the policy produced them) and 0 on prompt, padding and environment
@@ -6,10 +6,11 @@ observations; they return 0 on non-action tokens. Trajectory-level estimators
 (group baselines, running mean) take one scalar reward per trajectory, ``[N]``;
 spread them over tokens with ``broadcast_to_tokens``.
 
-Estimator names used by ``sao_jax.rl.registry.LossSpec.advantage``:
-``decoupled_gae`` (SAO, α=1.5), ``vapo_gae`` (``decoupled_gae`` with α=0.05),
-``gae``, ``group_zscore``, ``group_mean``, ``rloo``, ``batch_whiten``
-(``reinforce_pp_advantages``), ``running_mean``.
+``ESTIMATORS`` names the estimators a config may pick (``config.rl.advantage``,
+``sao_jax.rl.registry.LossSpec.advantage``): ``decoupled_gae`` (SAO, α=1.5),
+``vapo_gae`` (``decoupled_gae`` with α=0.05), ``gae``, ``group_zscore``,
+``group_mean``, ``rloo``, ``batch_whiten`` (``reinforce_pp_advantages``),
+``running_mean``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ Scalar = Union[float, Array]
 
 SAO_ALPHA = 1.5
 VAPO_ALPHA = 0.05
+
+# Estimators that need a critic (token-level, from values) and those that
+# compare trajectories of one prompt group; the names are the functions here.
+CRITIC_ESTIMATORS = ("decoupled_gae", "gae", "vapo_gae")
+GROUP_ESTIMATORS = ("group_zscore", "group_mean", "rloo")
+ESTIMATORS = CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
+    "batch_whiten", "running_mean")
 
 
 # ----------------------------------------------------------------------------

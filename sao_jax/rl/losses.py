@@ -1,27 +1,22 @@
-"""Policy and value losses over ``[B, T]`` token arrays (DESIGN.md §2–§3).
+"""Policy and value losses over ``[B, T]`` token arrays (docs/DESIGN.md §2-§3).
 
-Every loss is a pure function of arrays returning ``(loss, metrics)``:
+Every loss is a pure function of arrays returning ``(loss, metrics)``. Inputs:
+``logp`` (log π_θ, the gradient flows here), ``rollout_logp`` (recorded by the
+sampler: the behaviour policy), ``old_logp`` / ``prox_logp`` (a trainer-side
+snapshot: PPO's π_old, AReaL's proximal policy; constants), ``advantages``
+(constants) and ``mask`` (1 on action tokens; 0 on prompt, padding and
+environment observations). ``sao_jax.rl.registry`` names each algorithm, with
+its settings, over these functions.
 
-* ``logp``: log π_θ of each token under the policy being trained (gradient flows
-  here);
-* ``rollout_logp``: log π_rollout recorded by the sampler (behaviour policy);
-* ``old_logp`` / ``prox_logp``: log-probs of a trainer-side snapshot (PPO's
-  π_old, AReaL's proximal policy), treated as constants;
-* ``advantages``: per-token advantages (constants);
-* ``mask``: 1 on action tokens (the policy produced them), 0 on prompt, padding
-  and environment observations.
+Conventions:
 
-Conventions shared by every loss here:
-
-* Inputs are cast to float32 and every masked-out entry is replaced by 0
-  *before* any arithmetic, so the contents of masked tokens (even NaN/inf) never
-  change a loss value or a gradient, and masked tokens always get exactly zero
-  gradient.
-* Log-ratios are clamped to ±``MAX_LOG_RATIO`` (=20, i.e. r ∈ [2e-9, 4.9e8])
-  before ``exp`` so values and gradients stay finite for arbitrarily stale or
-  mismatched tokens; beyond the clamp a token's ratio is constant (zero gradient
-  through r).
-* The aggregation over tokens is explicit (``aggregate``); empty rows / an
+* Inputs are cast to float32 and masked-out entries zeroed *before* any
+  arithmetic: masked tokens (even NaN/inf) never change a loss or a gradient,
+  and get exactly zero gradient.
+* Log-ratios are clamped to ±``MAX_LOG_RATIO`` (20: r ∈ [2e-9, 4.9e8]) before
+  ``exp``, so values and gradients stay finite however stale a token; beyond
+  the clamp a token's ratio is constant (zero gradient through r).
+* The aggregation over tokens is explicit (``aggregate``); empty rows and an
   all-zero mask give loss 0 and finite gradients.
 * Metrics are scalars (masked means over action tokens unless stated).
 """
@@ -40,17 +35,11 @@ Metrics = dict[str, Array]
 
 MAX_LOG_RATIO = 20.0
 
-AGGREGATIONS = (
-    "token_mean",
-    "seq_mean_token_mean",
-    "seq_mean_token_sum",
-    "token_sum_norm",
-)
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
+                "token_sum_norm")
 
 
-# ----------------------------------------------------------------------------
-# Helpers.
-# ----------------------------------------------------------------------------
+# --- Helpers ---
 
 
 def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
@@ -80,12 +69,10 @@ def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
   if mode == "token_mean":
     return rl_metrics.masked_mean(x, m)
   if mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
-    row_sum = rl_metrics.masked_sum(x, m, axis=-1)
+    row_val = rl_metrics.masked_sum(x, m, axis=-1)
     row_cnt = jnp.sum(m, axis=-1)
     if mode == "seq_mean_token_mean":
-      row_val = row_sum / jnp.maximum(row_cnt, 1.0)
-    else:
-      row_val = row_sum
+      row_val = row_val / jnp.maximum(row_cnt, 1.0)
     nonempty = (row_cnt > 0).astype(jnp.float32)
     return jnp.sum(row_val * nonempty) / jnp.maximum(jnp.sum(nonempty), 1.0)
   if mode == "token_sum_norm":
@@ -99,13 +86,8 @@ def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
 def _prepare(mask: Array, *arrays: Optional[Array]):
   """Float32 mask and arrays with masked-out entries zeroed (None passes)."""
   m = rl_metrics.as_mask(mask)
-  out = []
-  for a in arrays:
-    if a is None:
-      out.append(None)
-    else:
-      out.append(jnp.where(m > 0, jnp.asarray(a, jnp.float32), 0.0))
-  return m, out
+  return m, [None if a is None else
+             jnp.where(m > 0, jnp.asarray(a, jnp.float32), 0.0) for a in arrays]
 
 
 def _log_ratio(num: Array, den: Array) -> Array:
@@ -130,12 +112,9 @@ def _clipped_surrogate(ratio: Array, adv: Array, eps_low: float,
 
   PPO (Schulman 2017, Eq. 7) with asymmetric ε (clip-higher, DAPO Yu 2025).
   """
-  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
   unclipped_obj = ratio * adv
-  clipped_obj = clipped * adv
-  surr = jnp.minimum(unclipped_obj, clipped_obj)
-  is_clipped = clipped_obj < unclipped_obj
-  return surr, is_clipped
+  clipped_obj = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+  return jnp.minimum(unclipped_obj, clipped_obj), clipped_obj < unclipped_obj
 
 
 def k3_kl(logp: Array, ref_logp: Array) -> Array:
@@ -162,9 +141,7 @@ def _with_kl(loss: Array, metrics: Metrics, logp: Array, ref_logp, mask: Array,
   return loss + kl_coef * kl
 
 
-# ----------------------------------------------------------------------------
-# SAO: direct double-sided importance sampling.
-# ----------------------------------------------------------------------------
+# --- SAO: direct double-sided importance sampling ---
 
 
 def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
@@ -201,8 +178,7 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
   below = ratio <= 1.0 - eps_low
   above = ratio >= 1.0 + eps_high
   accept = jnp.logical_not(below | above)
-  f = jnp.where(accept, ratio, 0.0)
-  weight = jax.lax.stop_gradient(f * adv)
+  weight = jax.lax.stop_gradient(jnp.where(accept, ratio, 0.0) * adv)  # f(r)·A
   loss = -aggregate(weight * logp, m, aggregation, constant=constant)
   metrics = {
       "accept_frac": rl_metrics.masked_mean(accept.astype(jnp.float32), m),
@@ -213,9 +189,7 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
   return loss, metrics
 
 
-# ----------------------------------------------------------------------------
-# PPO family.
-# ----------------------------------------------------------------------------
+# --- PPO family ---
 
 
 def ppo_clip_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
@@ -234,7 +208,8 @@ def ppo_clip_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
   With ``dual_clip=c`` (> 1; Ye et al. 2020, "Mastering Complex Control in MOBA
   Games"), tokens with A<0 use max(min(r·A, clip(r)·A), c·A): r > c gets no
   gradient. With ``ref_logp`` and ``kl_coef`` > 0, adds kl_coef·agg(k3 KL)
-  (GRPO-style).
+  (GRPO-style). The registry's dual-clip PPO, GRPO, Dr. GRPO, DAPO, VAPO and
+  REINFORCE++ are this function with their settings.
 
   Returns:
     (loss, metrics): clip_frac (clipped branch active), dual_clip_frac, ratio
@@ -261,62 +236,6 @@ def ppo_clip_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
   loss = _with_kl(loss, metrics, logp, ref_logp, m, kl_coef, aggregation,
                   constant)
   return loss, metrics
-
-
-def dual_clip_ppo_loss(logp: Array, old_logp: Array, advantages: Array,
-                       mask: Array, *, eps_low: float = 0.2,
-                       eps_high: float = 0.2, dual_clip: float = 3.0,
-                       aggregation: str = "token_mean",
-                       constant: Optional[float] = None
-                       ) -> tuple[Array, Metrics]:
-  """Dual-clip PPO (Ye et al. 2020): PPO clip plus max(·, c·A) for A<0, c=3."""
-  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
-                       eps_high=eps_high, dual_clip=dual_clip,
-                       aggregation=aggregation, constant=constant)
-
-
-def grpo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
-              eps_low: float = 0.2, eps_high: float = 0.28,
-              aggregation: str = "seq_mean_token_mean",
-              ref_logp: Optional[Array] = None, kl_coef: float = 0.0
-              ) -> tuple[Array, Metrics]:
-  """GRPO objective (DeepSeekMath, Shao et al. 2024, Eq. 3).
-
-  PPO clip against π_old with clip-higher ε 0.2/0.28, per-sequence token mean
-  1/G Σ_i 1/|o_i| Σ_t, optional β·k3 KL to a reference policy (``kl_coef``=β;
-  DeepSeekMath used 0.04). Advantages come from the group z-score
-  (``advantages.group_zscore``).
-  """
-  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
-                       eps_high=eps_high, aggregation=aggregation,
-                       ref_logp=ref_logp, kl_coef=kl_coef)
-
-
-def dr_grpo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
-                 *, eps_low: float = 0.2, eps_high: float = 0.2,
-                 constant: Optional[float] = None) -> tuple[Array, Metrics]:
-  """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training").
-
-  GRPO without the 1/|o_i| length normalisation: Σ mask·surr / (B·C) with a
-  constant C (``constant``, default T = the padded max generation length).
-  Advantages are group-mean-centred without std (``advantages.group_mean``).
-  """
-  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
-                       eps_high=eps_high, aggregation="token_sum_norm",
-                       constant=constant)
-
-
-def dapo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
-              eps_low: float = 0.2, eps_high: float = 0.28
-              ) -> tuple[Array, Metrics]:
-  """DAPO (Yu et al. 2025): clip-higher (ε 0.2/0.28) with a token-level mean.
-
-  Clip-higher (DAPO §3.1) and the token-level policy-gradient loss (§3.3) over
-  all action tokens of the batch; dynamic sampling (§3.2) and overlong shaping
-  (§3.4) live in ``advantages``.
-  """
-  return ppo_clip_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
-                       eps_high=eps_high, aggregation="token_mean")
 
 
 def gspo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
@@ -457,10 +376,8 @@ def tis_loss(logp: Array, rollout_logp: Array, advantages: Array, mask: Array,
   """
 
   def weight_fn(k, m):
-    truncated = k > cap
-    return jnp.minimum(k, cap), {
-        "tis_truncated_frac": rl_metrics.masked_mean(
-            truncated.astype(jnp.float32), m)}
+    return jnp.minimum(k, cap), {"tis_truncated_frac": rl_metrics.masked_mean(
+        (k > cap).astype(jnp.float32), m)}
 
   return _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
                        eps_high, weight_fn)
@@ -489,9 +406,7 @@ def icepop_loss(logp: Array, rollout_logp: Array, advantages: Array,
                        eps_high, weight_fn)
 
 
-# ----------------------------------------------------------------------------
-# Critic.
-# ----------------------------------------------------------------------------
+# --- Critic ---
 
 
 def value_loss(values: Array, returns: Array, mask: Array, *,
@@ -528,12 +443,7 @@ def value_loss(values: Array, returns: Array, mask: Array, *,
       "value_loss": loss,
       "value_mean": rl_metrics.masked_mean(values, m),
       "return_mean": rl_metrics.masked_mean(returns, m),
-      "explained_variance": explained_variance(
+      "explained_variance": rl_metrics.explained_variance(
           jax.lax.stop_gradient(values), returns, m),
   })
   return loss, metrics
-
-
-def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
-  """1 − Var(R − V)/Var(R) over action tokens (SAO §3.2); 0 when Var(R)=0."""
-  return rl_metrics.explained_variance(values, returns, mask)

@@ -1,29 +1,35 @@
-"""Config name → policy loss, with one call signature for every algorithm.
+"""Config name -> policy loss, with one call signature for every algorithm.
 
-A config string picks the algorithm (DESIGN.md §2 "Baselines for ablations"):
+``config.rl.loss`` picks the algorithm (docs/DESIGN.md §2 "Baselines"); the
+trainer binds it once with the hyper-parameters of ``config.rl``:
 
-  loss_fn = registry.get_loss_fn(config.loss.name, config.loss)
+  loss_fn = registry.get_loss_fn(config.rl.loss, config.rl)
   loss, metrics = loss_fn(logp, registry.PolicyBatch(rollout_logp=..., ...))
 
-Every registered function takes ``(logp, batch: PolicyBatch)``; hyperparameters
-come from the algorithm's defaults overridden by any matching key of the config
-(keys an algorithm does not use are ignored, ``None`` means "keep the default").
-Each entry also names the advantage estimator it is meant to be paired with
-(``LossSpec.advantage``; see ``sao_jax.rl.advantages``), for the trainer to
-read.
+Each entry is a ``LossSpec``: a function of ``sao_jax.rl.losses``, the
+``PolicyBatch`` fields it reads, the settings that make the algorithm (e.g.
+GRPO is ``ppo_clip_loss`` with clip-higher and a per-sequence token mean), the
+tunable hyper-parameters and the advantage estimator it pairs with. A
+tunable's default is the loss function's own keyword default unless the entry
+overrides it, so each default is written once. Config keys a loss does not use
+are ignored, and ``None`` keeps the default.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, Callable, Mapping, Optional
 
 import flax.struct
 import jax
 
+from sao_jax.rl import advantages
 from sao_jax.rl import losses
 
 Array = jax.Array
+LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
 
 @flax.struct.dataclass
@@ -50,120 +56,122 @@ class PolicyBatch:
   ref_logp: Optional[Array] = None
 
 
-LossFn = Callable[..., tuple[Array, dict[str, Array]]]
+def _rollout(batch: PolicyBatch) -> Array:
+  return batch.rollout_logp
 
 
-@dataclasses.dataclass(frozen=True)
-class LossSpec:
-  """A registered algorithm: adapter, default hparams, advantage estimator."""
-
-  fn: LossFn
-  defaults: Mapping[str, Any]
-  advantage: str
-  description: str
-
-
-def _old(batch: PolicyBatch) -> Array:
+def _old_or_rollout(batch: PolicyBatch) -> Array:
   return batch.rollout_logp if batch.old_logp is None else batch.old_logp
 
 
-def _dis(logp, batch, **hp):
-  return losses.dis_policy_loss(logp, batch.rollout_logp, batch.advantages,
-                                batch.mask, **hp)
-
-
-def _ppo(logp, batch, **hp):
-  return losses.ppo_clip_loss(logp, _old(batch), batch.advantages, batch.mask,
-                              ref_logp=batch.ref_logp, **hp)
-
-
-def _dual_clip(logp, batch, **hp):
-  return losses.dual_clip_ppo_loss(logp, _old(batch), batch.advantages,
-                                   batch.mask, **hp)
-
-
-def _grpo(logp, batch, **hp):
-  return losses.grpo_loss(logp, _old(batch), batch.advantages, batch.mask,
-                          ref_logp=batch.ref_logp, **hp)
-
-
-def _dr_grpo(logp, batch, **hp):
-  return losses.dr_grpo_loss(logp, _old(batch), batch.advantages, batch.mask,
-                             **hp)
-
-
-def _dapo(logp, batch, **hp):
-  return losses.dapo_loss(logp, _old(batch), batch.advantages, batch.mask, **hp)
-
-
-def _gspo(logp, batch, **hp):
-  return losses.gspo_loss(logp, _old(batch), batch.advantages, batch.mask, **hp)
-
-
-def _cispo(logp, batch, **hp):
-  return losses.cispo_loss(logp, _old(batch), batch.advantages, batch.mask,
-                           **hp)
-
-
-def _areal(logp, batch, **hp):
+def _prox(batch: PolicyBatch) -> Array:
   prox = batch.prox_logp if batch.prox_logp is not None else batch.old_logp
   if prox is None:
     raise ValueError(
         "The 'areal' loss needs the proximal policy's log-probs: set "
         "PolicyBatch.prox_logp (or old_logp) to log π_prox recomputed by the "
         "trainer before the update.")
-  return losses.areal_loss(logp, prox, batch.rollout_logp, batch.advantages,
-                           batch.mask, **hp)
+  return prox
 
 
-def _tis(logp, batch, **hp):
-  return losses.tis_loss(logp, batch.rollout_logp, batch.advantages,
-                         batch.mask, old_logp=batch.old_logp, **hp)
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+  """A registered algorithm.
+
+  Attributes:
+    fn: The loss, ``fn(logp, *inputs, advantages, mask, **kwargs)``.
+    inputs: Per positional argument between ``logp`` and ``advantages``, the
+      function reading it from a ``PolicyBatch``.
+    advantage: The advantage estimator it pairs with (one of
+      ``advantages.ESTIMATORS``).
+    description: One line for listings.
+    hparams: The tunable keyword arguments.
+    overrides: Defaults of tunables that differ from ``fn``'s own.
+    fixed: Keyword arguments that make the algorithm (not tunable).
+    batch_kwargs: Optional ``PolicyBatch`` fields passed by keyword.
+  """
+
+  fn: LossFn
+  inputs: tuple[Callable[[PolicyBatch], Array], ...]
+  advantage: str
+  description: str
+  hparams: tuple[str, ...] = ("eps_low", "eps_high")
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  batch_kwargs: tuple[str, ...] = ()
+
+  @property
+  def defaults(self) -> dict[str, Any]:
+    """Each tunable's default: the override, else ``fn``'s keyword default."""
+    params = inspect.signature(self.fn).parameters
+    return {k: self.overrides.get(k, params[k].default) for k in self.hparams}
+
+  def bind(self, **hparams) -> LossFn:
+    """The array-level loss with this algorithm's settings and defaults."""
+    return functools.partial(self.fn, **self.fixed,
+                             **{**self.defaults, **hparams})
+
+  def __call__(self, logp: Array, batch: PolicyBatch, **hparams):
+    """The loss of ``logp`` on ``batch`` (tunables not given: defaults)."""
+    kwargs = {k: getattr(batch, k) for k in self.batch_kwargs}
+    return self.bind(**hparams)(
+        logp, *(get(batch) for get in self.inputs), batch.advantages,
+        batch.mask, **kwargs)
 
 
-def _icepop(logp, batch, **hp):
-  return losses.icepop_loss(logp, batch.rollout_logp, batch.advantages,
-                            batch.mask, old_logp=batch.old_logp, **hp)
-
-
-_DIS_HP = {"eps_low": 0.3, "eps_high": 5.0}
-_CLIP = {"eps_low": 0.2, "eps_high": 0.2}
-_CLIP_HIGHER = {"eps_low": 0.2, "eps_high": 0.28}
+_DIS = functools.partial(LossSpec, losses.dis_policy_loss, (_rollout,))
+_PPO = functools.partial(LossSpec, losses.ppo_clip_loss, (_old_or_rollout,))
+_CLIP_HIGHER = {"eps_high": 0.28}  # DAPO's ε_h (ε_l stays 0.2).
+_KL = {"hparams": ("eps_low", "eps_high", "kl_coef"),
+       "batch_kwargs": ("ref_logp",)}
 
 _REGISTRY: dict[str, LossSpec] = {
-    "sao": LossSpec(_dis, _DIS_HP, "decoupled_gae",
-                    "SAO: DIS (Eqs. 1-3) + critic with decoupled GAE"),
-    "dis": LossSpec(_dis, _DIS_HP, "decoupled_gae", "alias of 'sao'"),
-    "grpo_dis": LossSpec(_dis, _DIS_HP, "group_zscore",
-                         "DIS loss with GRPO group z-score advantages"),
-    "ppo": LossSpec(_ppo, {**_CLIP, "kl_coef": 0.0}, "gae",
-                    "PPO clip (Schulman 2017)"),
-    "dual_clip_ppo": LossSpec(_dual_clip, {**_CLIP, "dual_clip": 3.0}, "gae",
-                              "dual-clip PPO (Ye 2020)"),
-    "grpo": LossSpec(_grpo, {**_CLIP_HIGHER, "kl_coef": 0.0}, "group_zscore",
-                     "GRPO (DeepSeekMath 2024), clip-higher"),
-    "dr_grpo": LossSpec(_dr_grpo, {**_CLIP, "constant": None}, "group_mean",
-                        "Dr. GRPO (Liu 2025)"),
-    "dapo": LossSpec(_dapo, _CLIP_HIGHER, "group_zscore",
-                     "DAPO (Yu 2025) token-level loss"),
-    "gspo": LossSpec(_gspo, {"eps_low": 3e-4, "eps_high": 4e-4},
-                     "group_zscore", "GSPO (Zheng 2025) sequence ratio"),
-    "cispo": LossSpec(_cispo, {"eps_low": 1.0, "eps_high": 0.28},
-                      "group_zscore", "CISPO (MiniMax-M1 2025)"),
-    "areal": LossSpec(_areal, {**_CLIP, "behav_weight_cap": None}, "gae",
-                      "AReaL decoupled PPO (Fu 2025)"),
-    "tis": LossSpec(_tis, {**_CLIP, "cap": 2.0}, "group_zscore",
-                    "PPO + truncated IS mismatch factor (Yao 2025)"),
-    "icepop": LossSpec(_icepop, {**_CLIP_HIGHER, "mismatch_low": 0.5,
-                                 "mismatch_high": 5.0}, "group_zscore",
-                       "PPO + IcePop masked mismatch factor (Ling 2025)"),
-    "vapo": LossSpec(_dapo, _CLIP_HIGHER, "vapo_gae",
-                     "VAPO (Yue 2025): clip-higher token-mean PPO, "
-                     "length-adaptive GAE alpha=0.05"),
-    "reinforce_pp": LossSpec(_ppo, {**_CLIP, "kl_coef": 0.0}, "batch_whiten",
-                             "REINFORCE++ (Hu 2025): PPO clip on "
-                             "batch-whitened advantages"),
+    "sao": _DIS("decoupled_gae",
+                "SAO: DIS (Eqs. 1-3) + critic with decoupled GAE"),
+    "dis": _DIS("decoupled_gae", "alias of 'sao'"),
+    "grpo_dis": _DIS("group_zscore",
+                     "DIS loss with GRPO group z-score advantages"),
+    "ppo": _PPO("gae", "PPO clip (Schulman 2017)", **_KL),
+    "dual_clip_ppo": _PPO(
+        "gae", "dual-clip PPO (Ye 2020): max(·, c·A) for A<0, c=3",
+        hparams=("eps_low", "eps_high", "dual_clip"),
+        overrides={"dual_clip": 3.0}),
+    "grpo": _PPO("group_zscore",
+                 "GRPO (DeepSeekMath 2024, Eq. 3), clip-higher, per-sequence "
+                 "token mean, optional β·k3 KL",
+                 overrides=_CLIP_HIGHER,
+                 fixed={"aggregation": "seq_mean_token_mean"}, **_KL),
+    "dr_grpo": _PPO("group_mean",
+                    "Dr. GRPO (Liu 2025): no length normalisation, Σ/(B·C)",
+                    hparams=("eps_low", "eps_high", "constant"),
+                    fixed={"aggregation": "token_sum_norm"}),
+    "dapo": _PPO("group_zscore",
+                 "DAPO (Yu 2025): clip-higher (§3.1), token-level mean (§3.3)",
+                 overrides=_CLIP_HIGHER),
+    "gspo": LossSpec(losses.gspo_loss, (_old_or_rollout,), "group_zscore",
+                     "GSPO (Zheng 2025) sequence ratio"),
+    "cispo": LossSpec(losses.cispo_loss, (_old_or_rollout,), "group_zscore",
+                      "CISPO (MiniMax-M1 2025)"),
+    "areal": LossSpec(losses.areal_loss, (_prox, _rollout), "gae",
+                      "AReaL decoupled PPO (Fu 2025)",
+                      hparams=("eps_low", "eps_high", "behav_weight_cap")),
+    "tis": LossSpec(losses.tis_loss, (_rollout,), "group_zscore",
+                    "PPO + truncated IS mismatch factor (Yao 2025)",
+                    hparams=("eps_low", "eps_high", "cap"),
+                    batch_kwargs=("old_logp",)),
+    "icepop": LossSpec(losses.icepop_loss, (_rollout,), "group_zscore",
+                       "PPO + IcePop masked mismatch factor (Ling 2025)",
+                       hparams=("eps_low", "eps_high", "mismatch_low",
+                                "mismatch_high"),
+                       batch_kwargs=("old_logp",)),
+    "vapo": _PPO("vapo_gae",
+                 "VAPO (Yue 2025): clip-higher token-mean PPO, "
+                 "length-adaptive GAE alpha=0.05", overrides=_CLIP_HIGHER),
+    "reinforce_pp": _PPO("batch_whiten",
+                         "REINFORCE++ (Hu 2025): PPO clip on batch-whitened "
+                         "advantages", **_KL),
 }
+assert all(s.advantage in advantages.ESTIMATORS for s in _REGISTRY.values())
 
 
 def known_losses() -> tuple[str, ...]:
@@ -187,7 +195,7 @@ def resolve_hparams(name: str, config: Optional[Any] = None) -> dict[str, Any]:
   ``config`` may be a dict, an ``ml_collections.ConfigDict`` or None; keys the
   algorithm does not use are ignored.
   """
-  hp = dict(get_spec(name).defaults)
+  hp = get_spec(name).defaults
   if config is not None:
     for key in hp:
       if key in config and config[key] is not None:
@@ -197,18 +205,4 @@ def resolve_hparams(name: str, config: Optional[Any] = None) -> dict[str, Any]:
 
 def get_loss_fn(name: str, config: Optional[Any] = None) -> LossFn:
   """Returns ``fn(logp, batch) -> (loss, metrics)`` with hparams bound."""
-  spec = get_spec(name)
-  hp = resolve_hparams(name, config)
-
-  def loss_fn(logp: Array, batch: PolicyBatch):
-    return spec.fn(logp, batch, **hp)
-
-  loss_fn.__name__ = f"{name}_loss"
-  loss_fn.__doc__ = spec.description
-  return loss_fn
-
-
-def policy_loss(name: str, logp: Array, batch: PolicyBatch,
-                config: Optional[Any] = None):
-  """One-shot ``get_loss_fn(name, config)(logp, batch)``."""
-  return get_loss_fn(name, config)(logp, batch)
+  return functools.partial(get_spec(name), **resolve_hparams(name, config))

@@ -101,20 +101,30 @@ class MetricWriter:
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   """Reads every scalar series under ``logdir`` as ``{tag: [(step, value), ...]}``.
 
-  Uses tensorboard's ``EventAccumulator``; when several event files hold the same
-  step (a resumed run), the newest write wins.
+  Reads the raw records of each event file (not recursive; no reservoir
+  sampling, no purging of out-of-order steps), oldest file first by the
+  ``events.out.tfevents.<time>.<host>.<pid>.<uid>`` name, so when several
+  files hold the same (tag, step), e.g. a resumed run, the newest write wins.
+  Scalar tensor summaries count as scalars too.
   """
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.backend.event_processing import event_file_loader  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+
+  def age(name: str) -> tuple[int, int, str]:
+    parts = name.split(".")
+    wall = int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else 0
+    return wall, int(parts[-1]) if parts[-1].isdigit() else 0, name
 
   out: dict[str, dict[int, float]] = collections.defaultdict(dict)
-  for name in sorted(os.listdir(logdir)):
-    if not name.startswith("events.out.tfevents"):
-      continue
-    acc = event_accumulator.EventAccumulator(
-        os.path.join(logdir, name),
-        size_guidance={event_accumulator.SCALARS: 0})
-    acc.Reload()
-    for tag in acc.Tags()["scalars"]:
-      for e in acc.Scalars(tag):
-        out[tag][e.step] = e.value
+  names = [n for n in os.listdir(logdir) if n.startswith("events.out.tfevents")]
+  for name in sorted(names, key=age):
+    loader = event_file_loader.LegacyEventFileLoader(os.path.join(logdir, name))
+    for event in loader.Load():
+      for value in event.summary.value:
+        if value.WhichOneof("value") == "simple_value":
+          out[value.tag][int(event.step)] = float(value.simple_value)
+        elif value.WhichOneof("value") == "tensor":
+          array = tensor_util.make_ndarray(value.tensor)
+          if array.size == 1 and np.issubdtype(array.dtype, np.number):
+            out[value.tag][int(event.step)] = float(array.reshape(()))
   return {tag: sorted(d.items()) for tag, d in out.items()}
