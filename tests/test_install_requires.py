@@ -22,7 +22,7 @@ _REPO = pathlib.Path(__file__).absolute().parents[1]
 _FIRST_PARTY = {"sao_jax", "configs", "experiments"}
 # Files whose imports must all be installed by `pip install -e .`.
 _RUNTIME_GLOBS = ("sao_jax/**/*.py", "configs/**/*.py", "experiments/sweep.py",
-                  "experiments/report.py")
+                  "experiments/report*.py")
 # (file, top-level module) -> extra of setup.py that provides it, for imports
 # that sit on an optional path (e.g. a converter that needs transformers).
 _OPTIONAL: dict[tuple[str, str], str] = {}
@@ -66,8 +66,10 @@ def _runtime_files() -> list[pathlib.Path]:
   return sorted(files)
 
 
-def _third_party(module: str) -> bool:
-  return module not in _FIRST_PARTY and module not in sys.stdlib_module_names
+def _third_party(module: str, path: pathlib.Path) -> bool:
+  """Not the standard library, our packages or a script's sibling module."""
+  return (module not in _FIRST_PARTY and module not in sys.stdlib_module_names
+          and not (path.parent / f"{module}.py").exists())
 
 
 def test_runtime_imports_are_in_install_requires():
@@ -77,7 +79,8 @@ def test_runtime_imports_are_in_install_requires():
   problems = []
   for path in _runtime_files():
     rel = path.relative_to(_REPO).as_posix()
-    for module in sorted(filter(_third_party, _imported_modules(path))):
+    third_party = (m for m in _imported_modules(path) if _third_party(m, path))
+    for module in sorted(third_party):
       dists = {_canonical(d) for d in module_to_dists.get(module, [])}
       extra = _OPTIONAL.get((rel, module))
       allowed = (_requirement_names(extras[extra]) if extra is not None
