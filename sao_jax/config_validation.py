@@ -25,8 +25,6 @@ FREE_FORM = ("env.dataset_config",)
 TRAIN_MODES = ("async", "sync", "group")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
-# Estimators beyond those the loss registry names (sao_jax.rl.advantages).
-_EXTRA_ADVANTAGES = ("rloo", "running_mean")
 
 _BASE_CONFIG = (pathlib.Path(__file__).resolve().parents[1] / "configs" /
                 "base.py")
@@ -267,11 +265,10 @@ def _known_losses() -> tuple[str, ...] | None:
 
 def _known_advantages() -> tuple[str, ...] | None:
   try:
-    from sao_jax.rl import registry  # pylint: disable=g-import-not-at-top
+    from sao_jax.train import step  # pylint: disable=g-import-not-at-top
   except ImportError:
     return None
-  names = {registry.get_spec(n).advantage for n in registry.known_losses()}
-  return tuple(sorted(names | set(_EXTRA_ADVANTAGES)))
+  return step.ESTIMATORS
 
 
 def _known_envs() -> tuple[str, ...] | None:
@@ -338,7 +335,6 @@ def _check_env(c: Any) -> None:
   _check(c, "env.eval_size", _nonneg, "int >= 0")
   _check(c, "env.max_turns", _pos_int, "a positive int")
   _check(c, "env.max_tool_calls", _nonneg, "int >= 0")
-  _check(c, "env.tool_timeout_s", lambda v: v > 0, "float > 0")
   from sao_jax.envs import evolving  # pylint: disable=g-import-not-at-top
   _check(c, "env.styles",
          lambda v: bool(v) and all(s in evolving.STYLES for s in v),
@@ -367,8 +363,8 @@ def _check_rl(c: Any) -> None:
     _check(c, "rl.loss", lambda v: v in losses, f"a registered loss {losses}")
   advantages = _known_advantages()
   if advantages is not None:
-    _check(c, "rl.advantage", lambda v: v in advantages,
-           f"one of {advantages}")
+    _check(c, "rl.advantage", lambda v: v is None or v in advantages,
+           f"one of {advantages} or None (the loss's own)")
   _check(c, "rl.eps_low", lambda v: v is None or 0 < v <= 1,
          "None (the loss's default) or a float in (0, 1]")
   _check(c, "rl.eps_high", lambda v: v is None or v > 0,

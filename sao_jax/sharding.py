@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from absl import logging
 import flax.linen as nn
@@ -196,8 +196,7 @@ def shard_params(params: Any, shardings: Any) -> Any:
   """Places (boxed or plain) host-replicated `params` on the mesh.
 
   Every process must pass the same values (same seed or checkpoint); each
-  then keeps only the shards of its own devices. To create large parameters
-  directly in their shards use `sharded_init`.
+  then keeps only the shards of its own devices.
   """
   def put(x, s):
     if s.is_fully_addressable:
@@ -206,11 +205,6 @@ def shard_params(params: Any, shardings: Any) -> Any:
     return jax.make_array_from_callback(host.shape, s, lambda idx: host[idx])
 
   return jax.tree.map(put, unbox(params), shardings)
-
-
-def sharded_init(init_fn: Callable[[], Any], shardings: Any) -> Any:
-  """Runs `init_fn()` (returning boxed or plain params) straight into shards."""
-  return jax.jit(lambda: unbox(init_fn()), out_shardings=shardings)()
 
 
 def batch_axes(rules: Rules | None = None) -> MeshAxes:

@@ -251,7 +251,8 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
                   for i in range(prompts_per_batch) for _ in range(n_roll)]
       policy = rollout.ModelPolicy(
           mcfg, load_weights, limits.cache_len(), sampling,
-          rng=jax.random.fold_in(base_key, batch_index))
+          rng=jax.random.fold_in(base_key, batch_index),
+          min_bucket=limits.min_prompt_bucket)
       trajs = rollout.run_episodes(policy, envs, task_ids, tokenizer, limits)
       stats.busy_s += time.perf_counter() - t0
       # 4. Publish.

@@ -52,7 +52,8 @@ def evaluate(params: Any, model_config: ModelConfig, config: Any,
     ids += [ids[-1]] * (bs - len(ids))  # Pad the last batch (fixed shapes).
     policy = rollout.ModelPolicy(model_config, lambda: (params, version),
                                  limits.cache_len(), greedy,
-                                 rng=jax.random.PRNGKey(0))
+                                 rng=jax.random.PRNGKey(0),
+                                 min_bucket=limits.min_prompt_bucket)
     trajs = rollout.run_episodes(policy, envs, ids, tokenizer, limits)
     for traj in trajs[:min(n, start + bs) - start]:
       scores.append(traj.total_reward)
