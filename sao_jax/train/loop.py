@@ -208,8 +208,9 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
   """Steps until ``total_steps`` or the generated-token budget."""
   run, config, clock = trainer.run, trainer.run.config, trainer.clock
   token_budget = int(config.train.max_generated_tokens)
-  every = {k: int(config.train[f"{k}_every"])
-           for k in ("publish", "log", "eval", "checkpoint")}
+  t = config.train
+  every = {"publish": int(t.publish_every), "log": int(t.log_every),
+           "eval": int(t.eval_every), "checkpoint": int(t.checkpoint_every)}
   start_step = int(trainer.state.step)
   batches = iter(stream.dataset)
   for step in range(start_step, trainer.total_steps):
