@@ -16,7 +16,7 @@ from sao_jax.envs import evolving
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.rl import advantages as adv_lib
-from sao_jax.train import loop
+from sao_jax.train import publish as publish_lib
 from sao_jax.train import warm_start
 from sao_jax.train import step as step_lib
 
@@ -82,7 +82,7 @@ class _FakeSlot:
 ])
 def test_publisher_holds_weights_back(lag, expected):
   slot = _FakeSlot()
-  publish = loop._Publisher(slot, lag)  # pylint: disable=protected-access
+  publish = publish_lib.Publisher(slot, lag)
   for v in range(6):
     publish({"w": np.float32(v)}, v)
   assert [v for v, _ in slot.published] == expected

@@ -82,6 +82,21 @@ class SamplerSpec:
   process_count: int = 1
 
 
+def parse_cores(spec: str) -> tuple[int, ...]:
+  """``config.sampler.devices`` as CPU core ids ('0,1' or '0-3'); '' = none."""
+  spec = spec.strip()
+  cores: list[int] = []
+  for part in filter(None, spec.split(",")):
+    lo, _, hi = part.partition("-")
+    try:
+      cores.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+      raise ValueError(
+          f"config.sampler.devices={spec!r}: expected CPU core ids such as "
+          "'0' or '0,2' or '0-3'.") from None
+  return tuple(cores)
+
+
 class SamplerHandle:
   """Parent-side view of one sampler process and its shared control block."""
 

@@ -25,9 +25,6 @@ shared-memory segments unlinked on every exit path, SIGTERM included.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import json
 import os
 import time
 from typing import Any
@@ -44,88 +41,8 @@ from sao_jax.ipc import weights as weights_lib
 from sao_jax.sampler import process as sampler_lib
 from sao_jax.train import evaluate as eval_lib
 from sao_jax.train import metrics as metrics_lib
+from sao_jax.train import publish as publish_lib
 from sao_jax.train import setup as setup_lib
-
-
-@dataclasses.dataclass
-class _Clock:
-  """Wall time, the trainer's waits, and the steady state (compiles excluded)."""
-
-  start: float = dataclasses.field(default_factory=time.perf_counter)
-  trainer_wait: float = 0.0
-  steady_start: float = 0.0
-  steady_end: float = 0.0
-  steady_steps: int = 0
-
-  @property
-  def elapsed(self) -> float:
-    return time.perf_counter() - self.start
-
-  def step_done(self, done: int, start_step: int) -> None:
-    if done == start_step + 2:  # Trainer and sampler have compiled by now.
-      self.steady_start = time.perf_counter()
-    elif self.steady_start:
-      self.steady_steps += 1
-      self.steady_end = time.perf_counter()
-
-
-class _Publisher:
-  """Publishes policy weights to the slot, optionally held back (§4).
-
-  With ``lag`` = k > 0 the slot gets the weights of version v - k when the
-  trainer reaches version v, which forces the sampler to act with
-  k-versions-old weights: the staleness study's controlled lag. The first
-  call always publishes (the sampler needs weights to start), so for the
-  first k versions after a start or resume the lag is smaller.
-  """
-
-  def __init__(self, slot: weights_lib.WeightSlot, lag: int):
-    self._slot, self._lag = slot, int(lag)
-    self._held: collections.deque[tuple[int, Any]] = collections.deque()
-    self._published = False
-    self.seconds = 0.0  # Time spent publishing.
-
-  def __call__(self, params: Any, version: int) -> None:
-    host = sharding.to_host(params)
-    if self._lag == 0 or not self._published:
-      self.seconds += self._slot.publish(host, version)
-      self._published = True
-      return
-    self._held.append((version, host))
-    due = None
-    while self._held and self._held[0][0] <= version - self._lag:
-      due = self._held.popleft()
-    if due is not None:
-      self.seconds += self._slot.publish(due[1], due[0])
-
-
-def _sampler_cores(config: Any) -> tuple[int, ...]:
-  """``sampler.devices`` as CPU core ids ('0,1' or '0-3'); '' = no pinning."""
-  spec = str(config.sampler.devices).strip()
-  cores: list[int] = []
-  for part in filter(None, spec.split(",")):
-    lo, _, hi = part.partition("-")
-    try:
-      cores.extend(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-      raise ValueError(
-          f"config.sampler.devices={spec!r}: expected CPU core ids such as "
-          "'0' or '0,2' or '0-3'.") from None
-  return tuple(cores)
-
-
-def _local_batch_size(config: Any) -> int:
-  """This host's rows per step; whole sampler batches, so sync can alternate."""
-  local_batch = int(config.train.batch_size) // jax.process_count()
-  n_roll = int(config.sampler.n_rollouts)
-  episodes_per_batch = max(1, int(config.sampler.batch_size) // n_roll) * n_roll
-  if local_batch % episodes_per_batch:
-    raise ValueError(
-        f"train.batch_size/process_count={local_batch} must be a multiple of "
-        f"the sampler's episodes per batch ({episodes_per_batch} = "
-        "sampler.batch_size rounded down to a multiple of n_rollouts); "
-        "otherwise sync mode cannot alternate.")
-  return local_batch
 
 
 class _Trainer:
@@ -134,7 +51,7 @@ class _Trainer:
   def __init__(self, run: setup_lib.Setup, writer: metrics_lib.MetricWriter):
     self.run, self.writer = run, writer
     self.state = run.state
-    self.clock = _Clock()
+    self.clock = metrics_lib.RunClock()
     self.consumed = int(run.meta["episodes_consumed"])
     self.warmup = int(run.config.rl.critic_warmup_steps)
     self.total_steps = self.warmup + int(run.config.train.num_steps)
@@ -203,7 +120,7 @@ class _Trainer:
 
 
 def _train(trainer: _Trainer, ring: ring_lib.RingReader,
-           publish: _Publisher, sampler: sampler_lib.SamplerHandle,
+           publish: publish_lib.Publisher, sampler: sampler_lib.SamplerHandle,
            stream: stream_lib.TrajectoryStream) -> None:
   """Steps until ``total_steps`` or the generated-token budget."""
   run, config, clock = trainer.run, trainer.run.config, trainer.clock
@@ -247,7 +164,7 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
       break
 
 
-def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
+def _run_async(trainer: _Trainer) -> dict[str, float]:
   """Ring, weight slot and sampler around ``_train``; then the final eval."""
   run, config = trainer.run, trainer.run.config
   staleness = traj_lib.StalenessPolicy.from_config(config)
@@ -256,7 +173,7 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
   slot = weights_lib.WeightSlot.create(sharding.to_host(run.state.policy_params))
   sampler = None
   try:
-    publish = _Publisher(slot, staleness.publish_lag)
+    publish = publish_lib.Publisher(slot, staleness.publish_lag)
     publish(trainer.state.policy_params, trainer.policy_version())
     sampler = sampler_lib.SamplerHandle(sampler_lib.SamplerSpec(
         config=config, model_config=run.mcfg,
@@ -264,13 +181,13 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),
         start_episode=trainer.consumed // jax.process_count(),
-        staleness=staleness, cores=_sampler_cores(config),
+        staleness=staleness, cores=sampler_lib.parse_cores(str(config.sampler.devices)),
         process_index=jax.process_index(),
         process_count=jax.process_count()))
     sampler.set_trainer_step(int(trainer.state.step))
     sampler.start()
     stream = stream_lib.TrajectoryStream(
-        ring, batch_size=_local_batch_size(config),
+        ring, batch_size=setup_lib.local_batch_size(config),
         seq_len=int(config.train.max_seq_len),
         trainer_version=trainer.policy_version, staleness=staleness,
         overlong="truncate", pad_id=run.tokenizer.pad_id,
@@ -303,7 +220,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   """
   os.makedirs(workdir, exist_ok=True)
   workdir = os.path.abspath(workdir)
-  _local_batch_size(config)  # Fail before any compute.
+  setup_lib.local_batch_size(config)  # Fail before any compute.
   # One event file and one summary.json per run: process 0 writes them (the
   # losses are global; ring, sampler and staleness figures are its host's).
   primary = jax.process_index() == 0
@@ -318,22 +235,15 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       logging.info("Held-out accuracy before RL: %.3f",
                    run.meta["eval_before"]["eval/accuracy"])
     with segment.sigterm_unwinds():
-      summary = _run_async(trainer, workdir)
+      summary = _run_async(trainer)
     writer.write_scalars(int(trainer.state.step),
                          {f"summary/{k}": v for k, v in summary.items()})
     logging.info("Summary: %s", summary)
     if primary:
-      _write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+      metrics_lib.write_json_atomic(os.path.join(workdir, "summary.json"),
+                                  summary)
     return summary
   finally:
     writer.close()
     if run is not None:
       run.ckpt.close()
-
-
-def _write_json_atomic(path: str, obj: Any) -> None:
-  """Writes ``obj`` as JSON to ``path`` via rename (the run-finished marker)."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)

@@ -8,9 +8,11 @@ Uses tensorboard's own ``EventFileWriter`` and ``Summary`` protos, the same reco
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
 import os
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from absl import logging
@@ -201,3 +203,33 @@ def run_summary(eval_before: Mapping[str, float],
       "trainer_idle_frac": clock.trainer_wait / max(1e-9, elapsed),
       "sampler_idle_frac": sampler_stats.idle_frac(),
   }
+
+
+@dataclasses.dataclass
+class RunClock:
+  """Wall time, the trainer's waits, and the steady state (compiles excluded)."""
+
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  trainer_wait: float = 0.0
+  steady_start: float = 0.0
+  steady_end: float = 0.0
+  steady_steps: int = 0
+
+  @property
+  def elapsed(self) -> float:
+    return time.perf_counter() - self.start
+
+  def step_done(self, done: int, start_step: int) -> None:
+    if done == start_step + 2:  # Trainer and sampler have compiled by now.
+      self.steady_start = time.perf_counter()
+    elif self.steady_start:
+      self.steady_steps += 1
+      self.steady_end = time.perf_counter()
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes ``obj`` as JSON to ``path`` via rename (the run-finished marker)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)

@@ -63,6 +63,20 @@ def run_tokenizer(config: Any, workdir: str,
   return tokenizer or tok_lib.tokenizer_from_config(config.tokenizer, workdir)
 
 
+def local_batch_size(config: Any) -> int:
+  """This host's rows per step; whole sampler batches, so sync can alternate."""
+  local_batch = int(config.train.batch_size) // jax.process_count()
+  n_roll = int(config.sampler.n_rollouts)
+  episodes_per_batch = max(1, int(config.sampler.batch_size) // n_roll) * n_roll
+  if local_batch % episodes_per_batch:
+    raise ValueError(
+        f"train.batch_size/process_count={local_batch} must be a multiple of "
+        f"the sampler's episodes per batch ({episodes_per_batch} = "
+        "sampler.batch_size rounded down to a multiple of n_rollouts); "
+        "otherwise sync mode cannot alternate.")
+  return local_batch
+
+
 def optimizers(config: Any, value_params: Any
                ) -> tuple[optax.GradientTransformation,
                           optax.GradientTransformation]:
