@@ -1,6 +1,7 @@
 """The trajectory record: the one schema shared by sampler, ring, stream and trainer.
 
-docs/DESIGN.md §3: prompt id, token ids ``int32[T]``, action mask ``uint8[T]``, rollout
+docs/DESIGN.md §3: prompt id, token ids ``int32[T]``, action mask ``uint8[T]``,
+rollout
 log-probs ``float32[T]``, per-token policy version ``int32[T]``, reward (per token or
 terminal), env/task name, finish reason (stop, length, turns, error).
 
@@ -88,12 +89,18 @@ class Trajectory:
     return float(self.rewards.sum())
 
   def oldest_version(self) -> int:
-    """Oldest policy version among action tokens (docs/DESIGN.md §4); NO_VERSION if none."""
+    """Oldest policy version among action tokens; NO_VERSION if none.
+
+    See docs/DESIGN.md §4.
+    """
     v = self.policy_version[self.action_mask.astype(bool)]
     return int(v.min()) if v.size else NO_VERSION
 
   def staleness(self, trainer_version: int) -> int:
-    """trainer version − oldest token version (docs/DESIGN.md §4); 0 with no actions."""
+    """trainer version − oldest token version; 0 with no actions.
+
+    See docs/DESIGN.md §4.
+    """
     oldest = self.oldest_version()
     return 0 if oldest == NO_VERSION else trainer_version - oldest
 

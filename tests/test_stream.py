@@ -135,14 +135,16 @@ def test_waiting_stream_polls_check_producers_and_times_out():
   with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12) as r:
     s = stream.TrajectoryStream(
         r, batch_size=1, seq_len=4, trainer_version=lambda: 0,
-        staleness=StalenessPolicy(None), read_timeout=30.0, check_producers=check)
+        staleness=StalenessPolicy(None), read_timeout=30.0,
+        check_producers=check)
     with pytest.raises(_SamplerDied):
       next(iter(s.dataset))
     assert len(calls) == 2  # Once per second of waiting, not once at 30 s.
     assert 1.5 < s.counters.read_wait_s < 10
     quiet = stream.TrajectoryStream(
         r, batch_size=1, seq_len=4, trainer_version=lambda: 0,
-        staleness=StalenessPolicy(None), read_timeout=0.3, check_producers=lambda: None)
+        staleness=StalenessPolicy(None), read_timeout=0.3,
+        check_producers=lambda: None)
     with pytest.raises(ring.RingEmptyError):
       next(iter(quiet.dataset))
 

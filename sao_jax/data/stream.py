@@ -8,6 +8,7 @@ Pipeline (docs/DESIGN.md §1, §4)::
     -> .map(PadToLength)   fixed [T] rows (``trajectory.pad_row``); over-long
                            records dropped or truncated (counted)
     -> .batch(B)           dict of NumPy arrays [B, T] / [B]
+    -> .map(group index)   ``group_index`` [B] from the rows' ``group_id``
 
 The batches are process-local, ready for
 ``jax.make_array_from_process_local_data``; their keys are the batch schema of
@@ -260,6 +261,7 @@ class TrajectoryStream:
       read_timeout: float | None = None,
       drop_remainder: bool = True,
       check_producers: Callable[[], None] | None = None,
+      process_index: int = 0,
   ):
     """See the module docstring for the pipeline.
 
@@ -277,6 +279,8 @@ class TrajectoryStream:
       drop_remainder: Drop a last partial batch when the ring drains.
       check_producers: Called about once a second while waiting for a record;
         raise from it to abort (e.g. when the sampler process died).
+      process_index: This host's index; keeps its ``group_index`` values
+        apart from other hosts' (``trajectory.with_group_index``).
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers)
@@ -287,4 +291,4 @@ class TrajectoryStream:
                             pad_id=pad_id))
     self.dataset: grain.IterDataset = ds.batch(
         batch_size, drop_remainder=drop_remainder
-    )
+    ).map(lambda batch: traj_lib.with_group_index(batch, process_index))

@@ -76,7 +76,7 @@ def _unlink_all_owned() -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
-  """Unlinks our segments, then unwinds or acts as the previous handler would."""
+  """Unlinks our segments, then unwinds or acts as the previous handler."""
   _unlink_all_owned()
   if _unwind_depth:
     raise KeyboardInterrupt(f"signal {signum}")

@@ -12,10 +12,9 @@ One trainer process (this one) and one sampler host process (spawned)
 checkpoint in ``workdir/checkpoints`` if there is one; the sampler is told
 where to resume (``episodes_consumed``) so prompts continue exactly.
 
-Modes: ``async`` (sampler runs ahead up to ``max_staleness`` steps), ``sync``
-(bound 0: strict generate→train alternation, the baseline) and ``group``
-(sync, ``n_rollouts`` per prompt for GRPO-family losses); the bound is one
-``trajectory.StalenessPolicy`` shared by the sampler and the stream.
+Modes: ``async`` (the sampler runs ahead up to ``max_staleness`` steps),
+``sync`` (bound 0: strict generate→train alternation) and ``group`` (sync, with
+``n_rollouts`` per prompt); one ``StalenessPolicy`` bounds sampler and stream.
 
 Every ``log_every`` steps scalars go to TensorBoard (``workdir/tb``); held-out
 accuracy every ``eval_every`` policy steps; orbax checkpoints every
@@ -59,15 +58,13 @@ class _Trainer:
     self._version = int(self.state.policy_version)
 
   def policy_version(self) -> int:
-    """The version the stream measures staleness against (docs/DESIGN.md §4)."""
+    """The version staleness is measured against (docs/DESIGN.md §4)."""
     return self._version
 
   def step(self, step: int, host_batch: dict[str, Any]) -> dict[str, Any]:
     """One jitted step on the global batch; returns the step's metrics."""
     run = self.run
-    batch = sharding.make_global_batch(
-        traj_lib.with_group_index(host_batch, jax.process_index()), run.mesh,
-        run.rules)
+    batch = sharding.make_global_batch(host_batch, run.mesh, run.rules)
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
     with sharding.mesh_rules(run.mesh, run.rules):
       self.state, metrics = train_step(self.state, batch)
@@ -170,7 +167,8 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
   staleness = traj_lib.StalenessPolicy.from_config(config)
   ring = ring_lib.RingReader.create(
       num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64)
-  slot = weights_lib.WeightSlot.create(sharding.to_host(run.state.policy_params))
+  slot = weights_lib.WeightSlot.create(
+      sharding.to_host(trainer.state.policy_params))
   sampler = None
   try:
     publish = publish_lib.Publisher(slot, staleness.publish_lag)
@@ -181,7 +179,8 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),
         start_episode=trainer.consumed // jax.process_count(),
-        staleness=staleness, cores=sampler_lib.parse_cores(str(config.sampler.devices)),
+        staleness=staleness,
+        cores=sampler_lib.parse_cores(str(config.sampler.devices)),
         process_index=jax.process_index(),
         process_count=jax.process_count()))
     sampler.set_trainer_step(int(trainer.state.step))
@@ -192,7 +191,7 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
         trainer_version=trainer.policy_version, staleness=staleness,
         overlong="truncate", pad_id=run.tokenizer.pad_id,
         read_timeout=float(config.ring.get_timeout_s),
-        check_producers=sampler.check)
+        check_producers=sampler.check, process_index=jax.process_index())
     stream.counters.load(run.meta.get("stream", {}))
     start_step = int(trainer.state.step)
     _train(trainer, ring, publish, sampler, stream)

@@ -122,8 +122,8 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   return {tag: sorted(d.items()) for tag, d in out.items()}
 
 
-def step_scalars(step_metrics: Mapping[str, float], host_batch: Mapping[str,
-                                                                         np.ndarray],
+def step_scalars(step_metrics: Mapping[str, float],
+                 host_batch: Mapping[str, np.ndarray],
                  *, policy_version: int, trainer_tokens_per_s: float,
                  sampler_tokens_per_s: float, trainer_idle_frac: float,
                  sampler_stats: Mapping[str, float], sampler_idle_frac: float,
@@ -207,7 +207,7 @@ def run_summary(eval_before: Mapping[str, float],
 
 @dataclasses.dataclass
 class RunClock:
-  """Wall time, the trainer's waits, and the steady state (compiles excluded)."""
+  """Wall time, the trainer's waits and the steady state (compiles excluded)."""
 
   start: float = dataclasses.field(default_factory=time.perf_counter)
   trainer_wait: float = 0.0

@@ -1,4 +1,7 @@
-"""The trainer's side of the weight slot: publish, optionally held back (§4)."""
+"""The trainer's side of the weight slot: publishing, optionally held back.
+
+See docs/DESIGN.md §4 for the holdback's use in the staleness study.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from sao_jax.ipc import weights as weights_lib
 
 
 class Publisher:
-  """Publishes policy weights to the slot, optionally held back (docs/DESIGN.md §4).
+  """Publishes policy weights to the slot, optionally held back.
 
   With ``lag`` = k > 0 the slot gets the weights of version v - k when the
   trainer reaches version v, which forces the sampler to act with

@@ -38,7 +38,7 @@ StepFn = Callable[[step_lib.TrainState, Any], tuple[step_lib.TrainState, Any]]
 
 
 def model_config_from(config: Any, tokenizer: tok_lib.Tokenizer) -> ModelConfig:
-  """``ModelConfig`` from ``config.model``; its vocabulary must fit the tokenizer."""
+  """``ModelConfig`` from ``config.model``; its vocabulary fits the tokenizer."""
   mcfg = ModelConfig(**{k: config.model[k] for k in _MODEL_FIELDS})
   if mcfg.vocab_size < tokenizer.vocab_size:
     raise ValueError(

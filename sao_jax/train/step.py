@@ -1,4 +1,6 @@
-"""The SAO train step: critic updates, advantages, one policy update (docs/DESIGN.md §2).
+"""The SAO train step: critic updates, advantages, one policy update.
+
+The math is docs/DESIGN.md §2.
 
 Per batch of single-rollout trajectories ``[B, T]``:
 
@@ -10,7 +12,7 @@ Per batch of single-rollout trajectories ``[B, T]``:
    decoupled skip-observation GAE (λ_critic for targets, λ_policy = 1 − 1/(α·l)
    for advantages, Eqs. 4–5), computed once from the pre-update critic.
 3. ``critic_updates_per_step`` critic steps on the value loss ("faster value
-   update", §3.2), optionally with attention frozen (masked updates).
+   update", paper §3.2), optionally with attention frozen (masked updates).
 4. Unless still in critic warm-up, one policy step on the registered loss
    (SAO: DIS against the sampler's rollout log-probs, Eqs. 1–3), with the
    trainer's log-probs computed at the sampler's temperature. Policy version

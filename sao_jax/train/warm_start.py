@@ -1,4 +1,4 @@
-"""The policy a run starts from: an HF checkpoint, or random init + SFT warm start.
+"""The policy a run starts from: HF checkpoint, or random init + SFT warm start.
 
 The warm start trains on demonstrations in the sampler's template
 (``sft_examples``, drawn from ``sft_tasks``) with ``sft.run_sft``; the result
