@@ -157,8 +157,13 @@ def _train_state(config: Any, mcfg: ModelConfig, step_cfg: step_lib.StepConfig,
     running_mean = adv_lib.running_mean_init(
         1 if step_cfg.running_mean_global else num_prompts,
         int(config.rl.running_mean_k))
+  # The KL penalty's reference: the initial policy, frozen (a copy, since the
+  # step donates the state's buffers).
+  ref_params = (jax.tree.map(jnp.copy, policy_params)
+                if step_cfg.uses_reference else None)
   state = step_lib.create_train_state(policy_params, value_params, policy_tx,
-                                      value_tx, running_mean=running_mean)
+                                      value_tx, running_mean=running_mean,
+                                      ref_params=ref_params)
   # Params and optimizer moments keep their mesh shardings; scalars (step,
   # version, Adam counts) are replicated over the mesh (not one local device,
   # which would break multi-host runs).

@@ -18,6 +18,10 @@ Per batch of single-rollout trajectories ``[B, T]``:
    trainer's log-probs computed at the sampler's temperature. Policy version
    = number of policy optimizer steps.
 
+With ``TrainState.ref_params`` (the initial policy, kept when ``kl_coef`` > 0)
+the PPO/GRPO losses also get ``ref_logp``, the reference policy's log-probs,
+for their k3 KL penalty.
+
 Losses that need π_old (PPO/GRPO family) get ``old_logp = sg(logp)``: one
 update per batch, π_old is the trainer's current policy, as in verl/OpenRLHF
 with a single mini-batch. Their staleness is therefore *not* corrected: that
@@ -64,6 +68,9 @@ class TrainState:
   policy_opt_state: Any
   value_opt_state: Any
   running_mean: adv_lib.RunningMeanState | None = None
+  # Frozen reference policy for the k3 KL penalty (losses with ``kl_coef``);
+  # None when no KL is asked for.
+  ref_params: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +118,11 @@ class StepConfig:
     if self.advantage is not None:
       return self.advantage
     return registry.get_spec(self.loss).advantage
+
+  @property
+  def uses_reference(self) -> bool:
+    """Whether the loss has a KL penalty to a reference policy switched on."""
+    return bool(dict(self.loss_hparams).get("kl_coef") or 0.0)
 
   @property
   def uses_critic(self) -> bool:
@@ -212,13 +224,17 @@ def _policy_update(policy, tx, cfg: StepConfig, state: TrainState,
                    batch: Batch, adv: Array):
   loss_fn = registry.get_loss_fn(cfg.loss, dict(cfg.loss_hparams))
   mask = batch["action_mask"]
+  ref_logp = None
+  if state.ref_params is not None:
+    ref_logp = jax.lax.stop_gradient(_policy_logp(
+        policy, state.ref_params, batch, cfg.temperature)[0])
 
   def objective(p):
     logp, ent = _policy_logp(policy, p, batch, cfg.temperature)
     sg = jax.lax.stop_gradient(logp)
     policy_batch = registry.PolicyBatch(
         rollout_logp=batch["rollout_logp"], advantages=adv, mask=mask,
-        old_logp=sg, prox_logp=sg)
+        old_logp=sg, prox_logp=sg, ref_logp=ref_logp)
     loss, m = loss_fn(logp, policy_batch)
     m = dict(m)
     m["entropy"] = rl_metrics.masked_mean(ent, mask)
@@ -293,9 +309,13 @@ def make_step(model_config: ModelConfig, cfg: StepConfig,
 def create_train_state(policy_params: Any, value_params: Any,
                        policy_tx: optax.GradientTransformation,
                        value_tx: optax.GradientTransformation, *,
-                       running_mean: adv_lib.RunningMeanState | None = None
-                       ) -> TrainState:
-  """A fresh state at step 0, policy version 0 (params must be unboxed)."""
+                       running_mean: adv_lib.RunningMeanState | None = None,
+                       ref_params: Any = None) -> TrainState:
+  """A fresh state at step 0, policy version 0 (params must be unboxed).
+
+  ``ref_params``: the frozen reference policy of the KL penalty (a copy of
+  the initial policy), or None for no KL.
+  """
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       policy_version=jnp.zeros((), jnp.int32),
@@ -303,4 +323,4 @@ def create_train_state(policy_params: Any, value_params: Any,
       value_params=value_params,
       policy_opt_state=policy_tx.init(policy_params),
       value_opt_state=value_tx.init(value_params),
-      running_mean=running_mean)
+      running_mean=running_mean, ref_params=ref_params)
