@@ -393,14 +393,10 @@ def _check_cross_fields(c: Any) -> None:
 def _check_mesh(c: Any) -> None:
   from sao_jax import sharding  # pylint: disable=g-import-not-at-top
 
-  sizes = [c.mesh[a] for a in sharding.MESH_AXES]
-  for axis, size in zip(sharding.MESH_AXES, sizes):
-    if size == 0 or size < -1:
-      raise _fail(f"mesh.{axis}", "a positive int or -1 (fill)", size)
-  if sizes.count(-1) > 1:
-    raise ConfigError(
-        f"config.mesh: expected at most one of data/fsdp/tensor = -1, got "
-        f"{dict(zip(sharding.MESH_AXES, sizes))}")
+  try:
+    sharding.check_mesh_sizes([c.mesh[a] for a in sharding.MESH_AXES])
+  except sharding.MeshError as e:
+    raise _fail(e.key, e.expected, e.value) from None
   try:
     sharding.normalize_rules(c.mesh.rules)
   except sharding.MeshError as e:

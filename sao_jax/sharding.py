@@ -40,7 +40,32 @@ DEFAULT_RULES: Rules = (
 
 
 class MeshError(ValueError):
-  """Mesh sizes or rules that do not fit the available devices."""
+  """Mesh sizes or rules that do not fit the available devices.
+
+  ``key``, ``expected`` and ``value`` name the offending config entry
+  (``config_validation`` words its message from them).
+  """
+
+  def __init__(self, message: str, key: str = "mesh", expected: str = "",
+               value: Any = None):
+    super().__init__(message)
+    self.key, self.expected, self.value = key, expected, value
+
+
+def check_mesh_sizes(sizes: Sequence[int]) -> None:
+  """Raises MeshError unless each size is positive or -1, with at most one -1."""
+  sizes = tuple(int(s) for s in sizes)
+  named = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+  for axis, size in zip(MESH_AXES, sizes):
+    if size == 0 or size < -1:
+      raise MeshError(
+          f"mesh sizes must be positive or -1 (fill), got {named}.",
+          f"mesh.{axis}", "a positive int or -1 (fill)", size)
+  if sizes.count(-1) > 1:
+    raise MeshError(
+        f"at most one mesh size may be -1 (fill the remaining devices), got "
+        f"{named}.", "mesh", "at most one of data/fsdp/tensor = -1",
+        dict(zip(MESH_AXES, sizes)))
 
 
 def resolve_mesh_shape(sizes: Sequence[int],
@@ -51,14 +76,9 @@ def resolve_mesh_shape(sizes: Sequence[int],
     MeshError: sizes are not positive or -1, there is more than one -1, or they
       cannot multiply to `num_devices`.
   """
+  check_mesh_sizes(sizes)
   sizes = tuple(int(s) for s in sizes)
   named = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
-  if any(s == 0 or s < -1 for s in sizes):
-    raise MeshError(f"mesh sizes must be positive or -1 (fill), got {named}.")
-  if sizes.count(-1) > 1:
-    raise MeshError(
-        f"at most one mesh size may be -1 (fill the remaining devices), got "
-        f"{named}.")
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % fixed:
