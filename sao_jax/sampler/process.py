@@ -172,18 +172,73 @@ class _ParentGone(Exception):
   pass
 
 
+def _attach_slot(name: str, mcfg):
+  """The trainer's weight slot, read into the policy's params structure."""
+  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn
+  import jax
+  import numpy as np
+  from sao_jax.ipc import weights as weights_lib
+  from sao_jax.models import transformer
+  # pylint: enable=g-import-not-at-top
+  tok = np.zeros((1, 1), np.int32)
+  template = jax.eval_shape(
+      lambda: transformer.Transformer(mcfg).init(
+          jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
+  return weights_lib.WeightSlot.attach(name, nn.unbox(template))
+
+
+class _NewestWeights:
+  """``() -> (params, version)``: the slot's newest weights, or the last ones."""
+
+  def __init__(self, slot, stats: SamplerStats):
+    self._slot, self._stats = slot, stats
+    self.params, self.version = None, None
+
+  def __call__(self):
+    t0 = time.perf_counter()
+    got = self._slot.read(timeout=5.0)
+    if got is not None and got[0] != self.version:
+      self.version, self.params = got
+      self._stats.weight_load_s += time.perf_counter() - t0
+      self._stats.weights_version = self.version
+    return self.params, self.version  # Nothing new: keep what we have.
+
+
+def _publish(trajs, writer, stats: SamplerStats, stop_event,
+             check_parent) -> bool:
+  """Writes every trajectory to the ring, waiting out backpressure.
+
+  Returns False if told to stop while waiting for space.
+  """
+  from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
+  from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
+
+  t_idle = time.perf_counter()
+  for traj in trajs:
+    while True:
+      try:
+        writer.write(*codec.encode(traj), timeout=1.0)
+        break
+      except ring_lib.RingFullError:
+        check_parent()
+        if stop_event.is_set():
+          return False
+    stats.action_tokens += traj.num_action_tokens
+    stats.env_errors += int(traj.error != "")
+  stats.idle_s += time.perf_counter() - t_idle
+  stats.episodes += len(trajs)
+  return True
+
+
 def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   """The sampler loop (see module docstring)."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   from sao_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.envs import build as env_build  # pylint: disable=g-import-not-at-top
-  from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
-  from sao_jax.ipc import weights as weights_lib  # pylint: disable=g-import-not-at-top
-  from sao_jax.models import transformer  # pylint: disable=g-import-not-at-top
   from sao_jax.sampler import rollout  # pylint: disable=g-import-not-at-top
   from sao_jax.sampler.sampling import SamplingParams  # pylint: disable=g-import-not-at-top
 
@@ -202,13 +257,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
                             top_p=float(cfg.sampler.top_p),
                             top_k=int(cfg.sampler.top_k))
-  tok = np.zeros((1, 1), np.int32)
-  template = jax.eval_shape(
-      lambda: transformer.Transformer(mcfg).init(
-          jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  template = nn.unbox(template)
-  slot = weights_lib.WeightSlot.attach(spec.weights_name, template)
+  slot = _attach_slot(spec.weights_name, mcfg)
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
                                timeout=float(cfg.ring.put_timeout_s))
   staleness = spec.staleness
@@ -216,23 +265,11 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
   if spec.process_count > 1:  # Each host its own sampling noise.
     base_key = jax.random.fold_in(base_key, spec.process_index)
-  current = {"version": None, "params": None}
+  load_weights = _NewestWeights(slot, stats)
 
   def check_parent():
     if not _parent_alive(spec.parent_pid):
       raise _ParentGone()
-
-  def load_weights():
-    t0 = time.perf_counter()
-    got = slot.read(timeout=5.0)
-    if got is None:  # Nothing published yet: keep what we have.
-      return current["params"], current["version"]
-    version, params = got
-    if version != current["version"]:
-      current["version"], current["params"] = version, params
-      stats.weight_load_s += time.perf_counter() - t0
-      stats.weights_version = version
-    return current["params"], current["version"]
 
   stats.alive = 1
   episode = int(spec.start_episode)
@@ -271,22 +308,11 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       trajs = rollout.run_episodes(policy, envs, task_ids, tokenizer, limits)
       stats.busy_s += time.perf_counter() - t0
       # 4. Publish.
-      t_idle = time.perf_counter()
       for i, traj in enumerate(trajs):
         traj.group_id = ((first_prompt + i // n_roll) * spec.process_count
                          + spec.process_index)
-        while True:
-          try:
-            writer.write(*codec.encode(traj), timeout=1.0)
-            break
-          except ring_lib.RingFullError:
-            check_parent()
-            if stop_event.is_set():
-              return
-        stats.action_tokens += traj.num_action_tokens
-        stats.env_errors += int(traj.error != "")
-      stats.idle_s += time.perf_counter() - t_idle
-      stats.episodes += len(trajs)
+      if not _publish(trajs, writer, stats, stop_event, check_parent):
+        return
       episode += episodes_per_batch
       batch_index += 1
   finally:
