@@ -108,43 +108,47 @@ class Trajectory:
 # ------------------------------------------------------- the [B, T] batch ---
 #
 # What the trainer consumes (docs/DESIGN.md §3): the trajectory stream pads
-# each admitted record to a row of fixed length T (``pad_row``) and grain
-# stacks B rows. Per-token ``[B, T]``: tokens int32, action_mask uint8,
-# rollout_logp float32, policy_version int32 (NO_VERSION off actions), rewards
-# float32, attention_mask bool (real tokens). Per-row ``[B]``: prompt_id int32
-# (``Trajectory.prompt_id``), group_id int32 (``Trajectory.group_id``),
-# staleness int32, length int32 (tokens before padding/truncation).
-# ``with_group_index`` adds group_index int32 [B]: the dense group index the
-# group estimators (GRPO family) reduce over.
-TOKEN_FIELDS = ("tokens", "action_mask", "rollout_logp", "policy_version",
-                "rewards", "attention_mask")
-ROW_FIELDS = ("prompt_id", "group_id", "staleness", "length")
+# each admitted record to a row of fixed length T (``pad_row``), grain stacks B
+# rows and ``with_group_index`` adds the dense group index the group
+# estimators (GRPO family) reduce over.
+
+# Per-token fields, [B, T]: dtype and padding value (None: the pad token).
+TOKEN_FIELDS = {
+    "tokens": (np.int32, None),
+    "action_mask": (np.uint8, 0),  # 1 on policy-sampled tokens.
+    "rollout_logp": (np.float32, 0.0),
+    "policy_version": (np.int32, NO_VERSION),
+    "rewards": (np.float32, 0.0),
+    "attention_mask": (np.bool_, False),  # True on real tokens.
+}
+# Per-row fields, [B], all int32.
+ROW_FIELDS = (
+    "prompt_id",  # Trajectory.prompt_id.
+    "group_id",  # Trajectory.group_id: rows of one prompt's rollouts.
+    "staleness",  # Trainer version at consumption - oldest token version.
+    "length",  # Tokens before padding / truncation.
+    "group_index",  # Dense per batch (with_group_index).
+)
 
 
 def pad_row(traj: Trajectory, staleness: int, seq_len: int,
             pad_id: int = 0) -> dict[str, np.ndarray]:
-  """One batch row of length ``seq_len`` (see the schema above).
+  """One batch row of length ``seq_len`` (all fields but ``group_index``).
 
   A longer record keeps its first ``seq_len`` tokens and the rewards of the cut
   tail move onto the last kept action token, so its return is preserved.
   """
   t, n = seq_len, traj.length
   keep = min(n, t)
-  rewards = traj.rewards[:keep].copy()
+  row = {name: np.full(t, pad_id if fill is None else fill, dtype)
+         for name, (dtype, fill) in TOKEN_FIELDS.items()}
+  for name in ("tokens", "action_mask", "rollout_logp", "policy_version",
+               "rewards"):
+    row[name][:keep] = getattr(traj, name)[:keep]
   if n > t:
     acts = np.flatnonzero(traj.action_mask[:t])
-    rewards[acts[-1] if acts.size else t - 1] += float(traj.rewards[t:].sum())
-  row = {
-      "tokens": np.full(t, pad_id, np.int32),
-      "action_mask": np.zeros(t, np.uint8),
-      "rollout_logp": np.zeros(t, np.float32),
-      "policy_version": np.full(t, NO_VERSION, np.int32),
-      "rewards": np.zeros(t, np.float32),
-      "attention_mask": np.zeros(t, bool),
-  }
-  for name in ("tokens", "action_mask", "rollout_logp", "policy_version"):
-    row[name][:keep] = getattr(traj, name)[:keep]
-  row["rewards"][:keep] = rewards
+    row["rewards"][acts[-1] if acts.size else t - 1] += float(
+        traj.rewards[t:].sum())
   row["attention_mask"][:keep] = True
   row["prompt_id"] = np.int32(traj.prompt_id)
   row["group_id"] = np.int32(traj.group_id)

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from sao_jax import trajectory
 from sao_jax.data import prompts
 from sao_jax.data import stream
 from sao_jax.ipc import codec
@@ -80,6 +81,28 @@ def test_batches_padding_staleness_filter_and_counters():
     np.testing.assert_array_equal(x["rewards"][:n], t.rewards)
     assert x["attention_mask"].sum() == n == x["length"]
     assert x["staleness"] == t.staleness(10)
+
+
+def test_batch_schema_carries_group_id_to_a_dense_group_index():
+  trajs = [_traj(i, 5, 3) for i in range(4)]
+  for t, g in zip(trajs, (41, 7, 41, 9)):
+    t.group_id = g
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 16) as r:
+    _fill(r.name, trajs)
+    s = stream.TrajectoryStream(
+        r, batch_size=4, seq_len=6, trainer_version=lambda: 3,
+        staleness=StalenessPolicy(0), read_timeout=5.0, process_index=2)
+    (batch,) = list(s.dataset)
+  assert set(batch) == set(trajectory.TOKEN_FIELDS) | set(
+      trajectory.ROW_FIELDS)
+  for name, (dtype, _) in trajectory.TOKEN_FIELDS.items():
+    assert batch[name].shape == (4, 6) and batch[name].dtype == dtype, name
+  for name in trajectory.ROW_FIELDS:
+    assert batch[name].shape == (4,) and batch[name].dtype == np.int32, name
+  np.testing.assert_array_equal(batch["group_id"], [41, 7, 41, 9])
+  # Dense per host (7 -> 0, 9 -> 1, 41 -> 2), offset by process 2 * B = 8.
+  np.testing.assert_array_equal(batch["group_index"], [10, 8, 10, 9])
+  np.testing.assert_array_equal(batch["prompt_id"], [100, 101, 102, 103])
 
 
 def test_truncation_keeps_return_and_counts():
