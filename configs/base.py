@@ -22,7 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
   # Decoder LM (sao_jax.models.config.ModelConfig fields) shared by the policy
   # and the value model (same backbone + scalar head).
   config.model = ml_collections.ConfigDict()
-  config.model.name = "tiny"  # Label for logs / checkpoints.
   # HF checkpoint dir (safetensors + config.json) or orbax dir to start from;
   # '' = random init (then SFT, see train.sft_steps). When set, the
   # architecture fields below must match the checkpoint.
@@ -69,9 +68,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.eval_size = 256  # Held-out problems per evaluation.
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
-  config.env.tool_timeout_s = 1.0  # Wall-clock limit of one tool call.
   # Reward = r_quality * r_style in {0, 1}; the evolving env switches the
-  # required answer style at these policy versions (DESIGN §2, online).
+  # required answer style at these policy versions (docs/DESIGN.md §2, online).
   # ('plain', 'boxed', 'answer_tag'; sao_jax.envs.evolving.STYLES).
   config.env.styles = ("plain", "boxed", "answer_tag")
   config.env.style_change_steps = (100, 200)
@@ -83,7 +81,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.top_k = 0  # 0 disables top-k truncation.
   config.sampler.max_new_tokens = 64  # Per assistant turn.
   config.sampler.max_total_tokens = 256  # Whole trajectory, prompt included.
-  config.sampler.min_prompt_bucket = 16  # Prompts padded to powers of two >=.
+  # Prompts and observations are left-padded to powers of two >= this.
+  config.sampler.min_prompt_bucket = 8
   config.sampler.batch_size = 16  # Episodes decoded together.
   config.sampler.n_rollouts = 1  # SAO: one rollout per prompt (>1: groups).
   # CPU cores / local devices the sampler process uses ('' = JAX default).
@@ -104,11 +103,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.mismatch_high = config_dict.placeholder(float)
   config.rl.behav_weight_cap = config_dict.placeholder(float)
   config.rl.constant = config_dict.placeholder(float)
-  # Advantage estimator (sao_jax.rl.advantages): 'decoupled_gae' (SAO:
-  # skip-observation GAE, lam_critic for targets, length-adaptive policy
-  # lambda), 'gae' (one lambda = lam_critic), 'vapo_gae', 'group_zscore',
-  # 'group_mean', 'rloo', 'batch_whiten', 'running_mean'.
-  config.rl.advantage = "decoupled_gae"
+  # Advantage estimator (sao_jax.rl.advantages); None = the one the loss is
+  # registered with (sao: 'decoupled_gae', skip-observation GAE, lam_critic
+  # for targets, length-adaptive policy lambda). Others: 'gae' (one lambda =
+  # lam_critic), 'vapo_gae', 'group_zscore', 'group_mean', 'rloo',
+  # 'batch_whiten', 'running_mean'.
+  config.rl.advantage = config_dict.placeholder(str)
   config.rl.gamma = 1.0
   config.rl.lam_critic = 1.0  # lambda for value targets.
   # Policy lambda = 1 - 1 / (alpha * l), l = action tokens (length-adaptive).
@@ -121,7 +121,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.critic_updates_per_step = 2  # Critic steps per policy step.
   config.rl.critic_frozen_attention = True  # Train only MLP + head.
   config.rl.value_clip = config_dict.placeholder(float)  # None: plain MSE.
-  config.rl.log_entropy = True  # Token entropy of the policy (costs a pass).
 
   # ---------------------------------------------------------------- optim ---
   config.optim = ml_collections.ConfigDict()

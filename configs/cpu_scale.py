@@ -36,7 +36,6 @@ TOKEN_BUDGET = 36_000
 
 def get_config() -> ml_collections.ConfigDict:
   config = quickstart.get_config()
-  config.model.name = "cpu-scale-1m"
   config.env.size = 1024
   config.train.sft_data_seed = 5_000_000
   config.train.num_steps = 400  # Cap; the token budget ends the run first.

@@ -23,7 +23,6 @@ from configs import cpu_scale
 
 def get_config() -> ml_collections.ConfigDict:
   config = cpu_scale.get_config()
-  config.model.name = "online-1m"
   config.env.name = "evolving"
   config.env.max_turns = 1
   config.env.styles = ("plain", "boxed", "answer_tag")

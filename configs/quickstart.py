@@ -22,7 +22,6 @@ from configs import base
 
 def get_config() -> ml_collections.ConfigDict:
   config = base.get_config()
-  config.model.name = "quickstart-1m"
   config.model.vocab_size = 294
   config.model.hidden_size = 128
   config.model.intermediate_size = 384

@@ -25,8 +25,6 @@ FREE_FORM = ("env.dataset_config",)
 TRAIN_MODES = ("async", "sync", "group")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
-# Estimators beyond those the loss registry names (sao_jax.rl.advantages).
-_EXTRA_ADVANTAGES = ("rloo", "running_mean")
 
 _BASE_CONFIG = (pathlib.Path(__file__).resolve().parents[1] / "configs" /
                 "base.py")
@@ -240,15 +238,6 @@ def _fail(path: str, expected: str, value: Any) -> ConfigError:
   return ConfigError(f"config.{path}: expected {expected}, got {value!r}")
 
 
-def _check(config: Any, path: str, pred: Callable[[Any], bool],
-           expected: str) -> None:
-  value = config
-  for part in path.split("."):
-    value = value[part]
-  if not pred(value):
-    raise _fail(path, expected, value)
-
-
 def _pos_int(v) -> bool:
   return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
@@ -257,32 +246,68 @@ def _nonneg(v) -> bool:
   return v >= 0
 
 
-def _known_losses() -> tuple[str, ...] | None:
-  try:
-    from sao_jax.rl import registry  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return registry.known_losses()
+def _in(names: tuple[str, ...], what: str = "one of"):
+  return (lambda v: v in names), f"{what} {names}"
 
 
-def _known_advantages() -> tuple[str, ...] | None:
-  try:
-    from sao_jax.rl import registry  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  names = {registry.get_spec(n).advantage for n in registry.known_losses()}
-  return tuple(sorted(names | set(_EXTRA_ADVANTAGES)))
+_POS = (_pos_int, "a positive int")
+_NONNEG = (_nonneg, "int >= 0")
+_GT0 = ((lambda v: v > 0), "float > 0")
+_UNIT = ((lambda v: 0 <= v <= 1), "float in [0, 1]")
+_BETA = ((lambda v: 0 <= v < 1), "float in [0, 1)")
+
+# One-field checks: dotted key -> (predicate, what was expected).
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{f"model.{k}": _POS for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+        "num_heads", "num_kv_heads", "head_dim")},
+    "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
+    "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
+    "env.size": _POS, "env.eval_size": _NONNEG, "env.max_turns": _POS,
+    "env.max_tool_calls": _NONNEG,
+    "sampler.temperature": _GT0,
+    "sampler.top_p": ((lambda v: 0 < v <= 1), "float in (0, 1]"),
+    "sampler.top_k": (_nonneg, "int >= 0 (0 disables top-k)"),
+    "sampler.max_new_tokens": _POS, "sampler.min_prompt_bucket": _POS,
+    "sampler.batch_size": _POS, "sampler.n_rollouts": _POS,
+    "rl.eps_low": ((lambda v: v is None or 0 < v <= 1),
+                   "None (the loss's default) or a float in (0, 1]"),
+    "rl.eps_high": ((lambda v: v is None or v > 0),
+                    "None (the loss's default) or a float > 0"),
+    "rl.kl_coef": (_nonneg, "float >= 0"),
+    "rl.gamma": _UNIT, "rl.lam_critic": _UNIT, "rl.lam_policy_alpha": _GT0,
+    "rl.running_mean_k": _POS,
+    "rl.running_mean_scope": ((lambda v: v in ("prompt", "global")),
+                              "'prompt' or 'global'"),
+    "rl.critic_warmup_steps": _NONNEG, "rl.critic_updates_per_step": _POS,
+    "rl.value_clip": ((lambda v: v is None or v > 0), "None or float > 0"),
+    "optim.actor_lr": _GT0, "optim.critic_lr": _GT0,
+    "optim.warmup_steps": _NONNEG, "optim.schedule": _in(SCHEDULES),
+    "optim.weight_decay": (_nonneg, "float >= 0"), "optim.b1": _BETA,
+    "optim.b2": _BETA, "optim.eps": _GT0,
+    "train.mode": _in(TRAIN_MODES),
+    **{f"train.{k}": _POS for k in (
+        "num_steps", "batch_size", "max_seq_len", "publish_every",
+        "log_every", "sft_batch_size", "sft_max_len")},
+    **{f"train.{k}": _NONNEG for k in (
+        "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
+        "publish_lag", "max_generated_tokens", "sft_seed")},
+    "train.sft_lr": _GT0, "train.sft_tool_frac": _UNIT,
+    "ring.capacity_bytes": _POS, "ring.put_timeout_s": _GT0,
+    "ring.get_timeout_s": _GT0,
+    "distributed.num_processes": ((lambda v: v is None or v >= 1),
+                                  "None or int >= 1"),
+}
 
 
-def _known_envs() -> tuple[str, ...] | None:
-  try:
-    from sao_jax.envs import registry  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return registry.available_envs()
+def _check(config: Any, path: str, pred: Callable[[Any], bool],
+           expected: str) -> None:
+  value = get_path(config, path)[1]
+  if not pred(value):
+    raise _fail(path, expected, value)
 
 
-def _check_dataset_name(c: Any, path: str, name: str) -> None:
+def _check_dataset_name(path: str, name: str) -> None:
   """`name` must be a reasoning_gym dataset (suggesting the closest)."""
   from reasoning_gym import factory  # pylint: disable=g-import-not-at-top
 
@@ -294,19 +319,25 @@ def _check_dataset_name(c: Any, path: str, name: str) -> None:
         f"{name!r}{hint}")
 
 
-def _check_model(c: Any) -> None:
-  for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-              "num_heads", "num_kv_heads", "head_dim"):
-    _check(c, f"model.{key}", _pos_int, "a positive int")
-  m = c.model
-  if m.num_heads % m.num_kv_heads:
-    raise ConfigError(
-        f"config.model.num_heads: expected a multiple of model.num_kv_heads="
-        f"{m.num_kv_heads} (grouped-query attention), got {m.num_heads}")
-  _check(c, "model.rope_theta", lambda v: v > 0, "float > 0")
-  _check(c, "model.rms_norm_eps", lambda v: v > 0, "float > 0")
-  for key in ("dtype", "param_dtype"):
-    _check(c, f"model.{key}", lambda v: v in DTYPES, f"one of {DTYPES}")
+def _check_names(c: Any) -> None:
+  """Names that must be registered: loss, estimator, env, datasets, styles."""
+  # pylint: disable=g-import-not-at-top
+  from sao_jax.envs import evolving
+  from sao_jax.envs import registry as envs
+  from sao_jax.rl import registry as losses
+  from sao_jax.train import step
+  # pylint: enable=g-import-not-at-top
+  _check(c, "rl.loss", *_in(losses.known_losses(), "a registered loss"))
+  _check(c, "rl.advantage", lambda v: v is None or v in step.ESTIMATORS,
+         f"one of {step.ESTIMATORS} or None (the loss's own)")
+  _check(c, "env.name", *_in(envs.available_envs(), "a registered env"))
+  _check_dataset_name("env.dataset", c.env.dataset)
+  _check(c, "env.styles",
+         lambda v: bool(v) and all(s in evolving.STYLES for s in v),
+         f"at least one style, each one of {evolving.STYLES}")
+  _check(c, "env.style_change_steps",
+         lambda v: all(s >= 0 for s in v) and list(v) == sorted(v),
+         "non-decreasing steps >= 0")
 
 
 def _check_tokenizer(c: Any) -> None:
@@ -319,124 +350,53 @@ def _check_tokenizer(c: Any) -> None:
          lambda v: v >= tokenizer.MIN_VOCAB_SIZE,
          f"int >= {tokenizer.MIN_VOCAB_SIZE} (256 byte pieces + control and "
          "special tokens)")
-  _check(c, "tokenizer.corpus_size", _pos_int, "a positive int")
+  _check(c, "tokenizer.corpus_size", *_POS)
   _check(c, "tokenizer.datasets", bool, "at least one dataset name")
   for i, name in enumerate(t.datasets):
-    _check_dataset_name(c, f"tokenizer.datasets[{i}]", name)
+    _check_dataset_name(f"tokenizer.datasets[{i}]", name)
   if c.model.vocab_size < t.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size: expected >= tokenizer.vocab_size="
         f"{t.vocab_size}, got {c.model.vocab_size}")
 
 
-def _check_env(c: Any) -> None:
-  envs = _known_envs()
-  if envs is not None:
-    _check(c, "env.name", lambda v: v in envs, f"a registered env {envs}")
-  _check_dataset_name(c, "env.dataset", c.env.dataset)
-  _check(c, "env.size", _pos_int, "a positive int")
-  _check(c, "env.eval_size", _nonneg, "int >= 0")
-  _check(c, "env.max_turns", _pos_int, "a positive int")
-  _check(c, "env.max_tool_calls", _nonneg, "int >= 0")
-  _check(c, "env.tool_timeout_s", lambda v: v > 0, "float > 0")
-  from sao_jax.envs import evolving  # pylint: disable=g-import-not-at-top
-  _check(c, "env.styles",
-         lambda v: bool(v) and all(s in evolving.STYLES for s in v),
-         f"at least one style, each one of {evolving.STYLES}")
-  _check(c, "env.style_change_steps",
-         lambda v: all(s >= 0 for s in v) and list(v) == sorted(v),
-         "non-decreasing steps >= 0")
-
-
-def _check_sampler(c: Any) -> None:
-  s = c.sampler
-  _check(c, "sampler.temperature", lambda v: v > 0, "float > 0")
-  _check(c, "sampler.top_p", lambda v: 0 < v <= 1, "float in (0, 1]")
-  _check(c, "sampler.top_k", _nonneg, "int >= 0 (0 disables top-k)")
-  _check(c, "sampler.max_new_tokens", _pos_int, "a positive int")
+def _check_cross_fields(c: Any) -> None:
+  """Keys that must agree with each other."""
+  m, s, t = c.model, c.sampler, c.train
+  if m.num_heads % m.num_kv_heads:
+    raise ConfigError(
+        f"config.model.num_heads: expected a multiple of model.num_kv_heads="
+        f"{m.num_kv_heads} (grouped-query attention), got {m.num_heads}")
   _check(c, "sampler.max_total_tokens", lambda v: v >= s.max_new_tokens,
          f"int >= sampler.max_new_tokens={s.max_new_tokens}")
-  _check(c, "sampler.min_prompt_bucket", _pos_int, "a positive int")
-  _check(c, "sampler.batch_size", _pos_int, "a positive int")
-  _check(c, "sampler.n_rollouts", _pos_int, "a positive int")
-
-
-def _check_rl(c: Any) -> None:
-  losses = _known_losses()
-  if losses is not None:
-    _check(c, "rl.loss", lambda v: v in losses, f"a registered loss {losses}")
-  advantages = _known_advantages()
-  if advantages is not None:
-    _check(c, "rl.advantage", lambda v: v in advantages,
-           f"one of {advantages}")
-  _check(c, "rl.eps_low", lambda v: v is None or 0 < v <= 1,
-         "None (the loss's default) or a float in (0, 1]")
-  _check(c, "rl.eps_high", lambda v: v is None or v > 0,
-         "None (the loss's default) or a float > 0")
-  _check(c, "rl.kl_coef", _nonneg, "float >= 0")
-  _check(c, "rl.gamma", lambda v: 0 <= v <= 1, "float in [0, 1]")
-  _check(c, "rl.lam_critic", lambda v: 0 <= v <= 1, "float in [0, 1]")
-  _check(c, "rl.lam_policy_alpha", lambda v: v > 0, "float > 0")
-  _check(c, "rl.running_mean_k", _pos_int, "a positive int")
-  _check(c, "rl.running_mean_scope", lambda v: v in ("prompt", "global"),
-         "'prompt' or 'global'")
-  _check(c, "rl.critic_warmup_steps", _nonneg, "int >= 0")
-  _check(c, "rl.critic_updates_per_step", _pos_int, "a positive int")
-  _check(c, "rl.value_clip", lambda v: v is None or v > 0,
-         "None or float > 0")
-
-
-def _check_optim(c: Any) -> None:
-  _check(c, "optim.actor_lr", lambda v: v > 0, "float > 0")
-  _check(c, "optim.critic_lr", lambda v: v > 0, "float > 0")
-  _check(c, "optim.warmup_steps", _nonneg, "int >= 0")
-  _check(c, "optim.schedule", lambda v: v in SCHEDULES, f"one of {SCHEDULES}")
-  _check(c, "optim.weight_decay", _nonneg, "float >= 0")
-  _check(c, "optim.b1", lambda v: 0 <= v < 1, "float in [0, 1)")
-  _check(c, "optim.b2", lambda v: 0 <= v < 1, "float in [0, 1)")
-  _check(c, "optim.eps", lambda v: v > 0, "float > 0")
-
-
-def _check_train(c: Any) -> None:
-  t = c.train
-  _check(c, "train.mode", lambda v: v in TRAIN_MODES, f"one of {TRAIN_MODES}")
-  for key in ("num_steps", "batch_size", "max_seq_len", "publish_every",
-              "log_every", "sft_batch_size", "sft_max_len"):
-    _check(c, f"train.{key}", _pos_int, "a positive int")
-  for key in ("max_staleness", "eval_every", "checkpoint_every", "sft_steps",
-              "publish_lag", "max_generated_tokens", "sft_seed"):
-    _check(c, f"train.{key}", _nonneg, "int >= 0")
   _check(c, "train.publish_lag", lambda v: v <= t.max_staleness,
          f"int <= train.max_staleness={t.max_staleness} (trajectories "
          "sampled with held-back weights are at least that stale)")
   _check(c, "train.publish_lag", lambda v: v == 0 or t.mode == "async",
          f"0 in train.mode={t.mode!r} (the holdback needs 'async')")
-  _check(c, "train.sft_lr", lambda v: v > 0, "float > 0")
-  _check(c, "train.sft_tool_frac", lambda v: 0 <= v <= 1, "float in [0, 1]")
-  _check(c, "train.max_seq_len", lambda v: v >= c.sampler.max_total_tokens,
-         f"int >= sampler.max_total_tokens={c.sampler.max_total_tokens}")
-  n = c.sampler.n_rollouts
-  if t.mode == "group" and n < 2:
+  _check(c, "train.max_seq_len", lambda v: v >= s.max_total_tokens,
+         f"int >= sampler.max_total_tokens={s.max_total_tokens}")
+  if t.mode == "group" and s.n_rollouts < 2:
     raise ConfigError(
         f"config.sampler.n_rollouts: expected >= 2 for train.mode='group', "
-        f"got {n}")
-  if t.batch_size % n:
+        f"got {s.n_rollouts}")
+  if t.batch_size % s.n_rollouts:
     raise ConfigError(
         f"config.train.batch_size: expected a multiple of sampler.n_rollouts="
-        f"{n} (whole groups), got {t.batch_size}")
+        f"{s.n_rollouts} (whole groups), got {t.batch_size}")
+  d = c.distributed
+  if d.process_id is not None and d.num_processes is not None:
+    _check(c, "distributed.process_id", lambda v: 0 <= v < d.num_processes,
+           f"int in [0, distributed.num_processes={d.num_processes})")
 
 
 def _check_mesh(c: Any) -> None:
   from sao_jax import sharding  # pylint: disable=g-import-not-at-top
 
-  sizes = [c.mesh[a] for a in sharding.MESH_AXES]
-  for axis, size in zip(sharding.MESH_AXES, sizes):
-    if size == 0 or size < -1:
-      raise _fail(f"mesh.{axis}", "a positive int or -1 (fill)", size)
-  if sizes.count(-1) > 1:
-    raise ConfigError(
-        f"config.mesh: expected at most one of data/fsdp/tensor = -1, got "
-        f"{dict(zip(sharding.MESH_AXES, sizes))}")
+  try:
+    sharding.check_mesh_sizes([c.mesh[a] for a in sharding.MESH_AXES])
+  except sharding.MeshError as e:
+    raise _fail(e.key, e.expected, e.value) from None
   try:
     sharding.normalize_rules(c.mesh.rules)
   except sharding.MeshError as e:
@@ -452,18 +412,6 @@ def _check_batch_divisible(c: Any, shards: int) -> None:
         f"{shards}, got {c.train.batch_size}")
 
 
-def _check_ring_and_distributed(c: Any) -> None:
-  _check(c, "ring.capacity_bytes", _pos_int, "a positive int")
-  _check(c, "ring.put_timeout_s", lambda v: v > 0, "float > 0")
-  _check(c, "ring.get_timeout_s", lambda v: v > 0, "float > 0")
-  d = c.distributed
-  _check(c, "distributed.num_processes", lambda v: v is None or v >= 1,
-         "None or int >= 1")
-  if d.process_id is not None and d.num_processes is not None:
-    _check(c, "distributed.process_id", lambda v: 0 <= v < d.num_processes,
-           f"int in [0, distributed.num_processes={d.num_processes})")
-
-
 def validate_config(config: Any,
                     base: ml_collections.ConfigDict | None = None) -> None:
   """Raises `ConfigError` (one line, naming the key) if `config` is invalid.
@@ -474,15 +422,16 @@ def validate_config(config: Any,
   """
   base = base_config() if base is None else base
   check_keys_and_types(config, base)
-  missing = [p for p in _leaf_paths(base) if not _has_path(config, p)
+  missing = [p for p in _leaf_paths(base) if not get_path(config, p)[0]
              and not any(p.startswith(f + ".") for f in FREE_FORM)]
   if missing:
     raise ConfigError(
         f"config.{missing[0]}: missing (start the config from configs/base.py"
         f" get_config())")
-  for check in (_check_model, _check_tokenizer, _check_env, _check_sampler,
-                _check_rl, _check_optim, _check_train, _check_mesh,
-                _check_ring_and_distributed):
+  for path, (pred, expected) in _RANGES.items():
+    _check(config, path, pred, expected)
+  for check in (_check_names, _check_tokenizer, _check_cross_fields,
+                _check_mesh):
     check(config)
 
 
@@ -497,14 +446,3 @@ def validate_mesh(config: Any, num_devices: int) -> tuple[int, ...]:
     raise ConfigError(f"config.mesh: {e}") from None
   _check_batch_divisible(config, shape[0] * shape[1])
   return shape
-
-
-def _has_path(config: Any, path: str) -> bool:
-  node = config
-  for part in path.split("."):
-    if not isinstance(node, (ml_collections.ConfigDict, dict)) or (
-        part not in node):
-      return False
-    node = node[part]
-  return True
-

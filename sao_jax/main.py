@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import logging as py_logging
-import re
 import sys
 from typing import Sequence
 
@@ -40,37 +39,19 @@ _OVERRIDES = flags.DEFINE_string(
     "--config and the --config.x=... flags (e.g. {\"rl.eps_low\": 0.2}).")
 flags.mark_flags_as_required(["config", "workdir"])
 
-# The override forms config_flags accepts: --config.a.b=v, -config.a.b v,
-# --noconfig.a.b (boolean false).
-_OVERRIDE = re.compile(r"^-{1,2}(?:no)?config\.([^=]+)")
-
-
-def _override_paths(argv: Sequence[str]) -> list[str]:
-  """Dotted keys of the `--config.a.b=v` / `--config.a.b v` overrides."""
-  paths = []
-  for arg in argv[1:]:
-    if arg == "--":
-      break
-    if match := _OVERRIDE.match(arg):
-      paths.append(match.group(1))
-  return paths
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flag parsing that reports config problems in one line and exits.
+  """absl flag parsing that reports a bad flag value in one line and exits.
 
-  Overridden keys are checked against `configs/base.py` first: config_flags
-  accepts new keys (so free-form sections such as `env.dataset_config` can be
-  extended from the command line) and would take a typo as a new key.
-  config_flags finds the overrides in `sys.argv`, which `app.run` passes here.
+  The config is loaded unlocked: ``env.dataset_config`` is free-form (any
+  ``reasoning_gym`` dataset keyword may be added from the command line), and
+  ml_collections accepts new keys only in an unlocked config. A mistyped key
+  therefore arrives as a new key, which ``validate_config`` rejects naming the
+  closest known one; ``main`` locks the config once it is valid.
   """
   try:
-    base = config_validation.base_config()
-    for path in _override_paths(argv):
-      config_validation.check_key_path(path, base)
     return flags.FLAGS(argv)
-  except config_validation.ConfigError as e:
-    sys.exit(str(e))
   except flags.Error as e:  # E.g. a value that does not parse as the type.
     sys.exit(f"{e}".splitlines()[0])
 

@@ -2,8 +2,8 @@
 
 Parameters carry logical axis names (`nn.with_logical_partitioning`); the config
 holds the logical -> mesh rules, so one config line moves a run between data
-parallel, FSDP and tensor parallel (DESIGN §1). The mesh axes are always
-`('data', 'fsdp', 'tensor')`; unused axes have size 1.
+parallel, FSDP and tensor parallel (docs/DESIGN.md §1). The mesh axes are
+always `('data', 'fsdp', 'tensor')`; unused axes have size 1.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from absl import logging
 import flax.linen as nn
@@ -40,7 +40,32 @@ DEFAULT_RULES: Rules = (
 
 
 class MeshError(ValueError):
-  """Mesh sizes or rules that do not fit the available devices."""
+  """Mesh sizes or rules that do not fit the available devices.
+
+  ``key``, ``expected`` and ``value`` name the offending config entry
+  (``config_validation`` words its message from them).
+  """
+
+  def __init__(self, message: str, key: str = "mesh", expected: str = "",
+               value: Any = None):
+    super().__init__(message)
+    self.key, self.expected, self.value = key, expected, value
+
+
+def check_mesh_sizes(sizes: Sequence[int]) -> None:
+  """Raises MeshError unless each size is positive or -1, with at most one -1."""
+  sizes = tuple(int(s) for s in sizes)
+  named = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+  for axis, size in zip(MESH_AXES, sizes):
+    if size == 0 or size < -1:
+      raise MeshError(
+          f"mesh sizes must be positive or -1 (fill), got {named}.",
+          f"mesh.{axis}", "a positive int or -1 (fill)", size)
+  if sizes.count(-1) > 1:
+    raise MeshError(
+        f"at most one mesh size may be -1 (fill the remaining devices), got "
+        f"{named}.", "mesh", "at most one of data/fsdp/tensor = -1",
+        dict(zip(MESH_AXES, sizes)))
 
 
 def resolve_mesh_shape(sizes: Sequence[int],
@@ -51,14 +76,9 @@ def resolve_mesh_shape(sizes: Sequence[int],
     MeshError: sizes are not positive or -1, there is more than one -1, or they
       cannot multiply to `num_devices`.
   """
+  check_mesh_sizes(sizes)
   sizes = tuple(int(s) for s in sizes)
   named = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
-  if any(s == 0 or s < -1 for s in sizes):
-    raise MeshError(f"mesh sizes must be positive or -1 (fill), got {named}.")
-  if sizes.count(-1) > 1:
-    raise MeshError(
-        f"at most one mesh size may be -1 (fill the remaining devices), got "
-        f"{named}.")
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % fixed:
@@ -196,8 +216,7 @@ def shard_params(params: Any, shardings: Any) -> Any:
   """Places (boxed or plain) host-replicated `params` on the mesh.
 
   Every process must pass the same values (same seed or checkpoint); each
-  then keeps only the shards of its own devices. To create large parameters
-  directly in their shards use `sharded_init`.
+  then keeps only the shards of its own devices.
   """
   def put(x, s):
     if s.is_fully_addressable:
@@ -206,11 +225,6 @@ def shard_params(params: Any, shardings: Any) -> Any:
     return jax.make_array_from_callback(host.shape, s, lambda idx: host[idx])
 
   return jax.tree.map(put, unbox(params), shardings)
-
-
-def sharded_init(init_fn: Callable[[], Any], shardings: Any) -> Any:
-  """Runs `init_fn()` (returning boxed or plain params) straight into shards."""
-  return jax.jit(lambda: unbox(init_fn()), out_shardings=shardings)()
 
 
 def batch_axes(rules: Rules | None = None) -> MeshAxes:

@@ -1,6 +1,7 @@
 """The trajectory record: the one schema shared by sampler, ring, stream and trainer.
 
-DESIGN.md §3: prompt id, token ids ``int32[T]``, action mask ``uint8[T]``, rollout
+docs/DESIGN.md §3: prompt id, token ids ``int32[T]``, action mask ``uint8[T]``,
+rollout
 log-probs ``float32[T]``, per-token policy version ``int32[T]``, reward (per token or
 terminal), env/task name, finish reason (stop, length, turns, error).
 
@@ -88,11 +89,119 @@ class Trajectory:
     return float(self.rewards.sum())
 
   def oldest_version(self) -> int:
-    """Oldest policy version among action tokens (DESIGN §4); NO_VERSION if none."""
+    """Oldest policy version among action tokens; NO_VERSION if none.
+
+    See docs/DESIGN.md §4.
+    """
     v = self.policy_version[self.action_mask.astype(bool)]
     return int(v.min()) if v.size else NO_VERSION
 
   def staleness(self, trainer_version: int) -> int:
-    """trainer version − oldest token version (DESIGN §4); 0 with no actions."""
+    """trainer version − oldest token version; 0 with no actions.
+
+    See docs/DESIGN.md §4.
+    """
     oldest = self.oldest_version()
     return 0 if oldest == NO_VERSION else trainer_version - oldest
+
+
+# ------------------------------------------------------- the [B, T] batch ---
+#
+# What the trainer consumes (docs/DESIGN.md §3): the trajectory stream pads
+# each admitted record to a row of fixed length T (``pad_row``), grain stacks B
+# rows and ``with_group_index`` adds the dense group index the group
+# estimators (GRPO family) reduce over.
+
+# Per-token fields, [B, T]: dtype and padding value (None: the pad token).
+TOKEN_FIELDS = {
+    "tokens": (np.int32, None),
+    "action_mask": (np.uint8, 0),  # 1 on policy-sampled tokens.
+    "rollout_logp": (np.float32, 0.0),
+    "policy_version": (np.int32, NO_VERSION),
+    "rewards": (np.float32, 0.0),
+    "attention_mask": (np.bool_, False),  # True on real tokens.
+}
+# Per-row fields, [B], all int32.
+ROW_FIELDS = (
+    "prompt_id",  # Trajectory.prompt_id.
+    "group_id",  # Trajectory.group_id: rows of one prompt's rollouts.
+    "staleness",  # Trainer version at consumption - oldest token version.
+    "length",  # Tokens before padding / truncation.
+    "group_index",  # Dense per batch (with_group_index).
+)
+
+
+def pad_row(traj: Trajectory, staleness: int, seq_len: int,
+            pad_id: int = 0) -> dict[str, np.ndarray]:
+  """One batch row of length ``seq_len`` (all fields but ``group_index``).
+
+  A longer record keeps its first ``seq_len`` tokens and the rewards of the cut
+  tail move onto the last kept action token, so its return is preserved.
+  """
+  t, n = seq_len, traj.length
+  keep = min(n, t)
+  row = {name: np.full(t, pad_id if fill is None else fill, dtype)
+         for name, (dtype, fill) in TOKEN_FIELDS.items()}
+  for name in ("tokens", "action_mask", "rollout_logp", "policy_version",
+               "rewards"):
+    row[name][:keep] = getattr(traj, name)[:keep]
+  if n > t:
+    acts = np.flatnonzero(traj.action_mask[:t])
+    row["rewards"][acts[-1] if acts.size else t - 1] += float(
+        traj.rewards[t:].sum())
+  row["attention_mask"][:keep] = True
+  row["prompt_id"] = np.int32(traj.prompt_id)
+  row["group_id"] = np.int32(traj.group_id)
+  row["staleness"] = np.int32(staleness)
+  row["length"] = np.int32(n)
+  return row
+
+
+def with_group_index(batch: dict[str, np.ndarray],
+                     process_index: int = 0) -> dict[str, np.ndarray]:
+  """``batch`` plus ``group_index``: rows of one ``group_id`` share an index.
+
+  The indices are dense per host (0..groups-1) and offset by ``process_index
+  * B`` so the groups of different hosts stay apart in the global batch.
+  """
+  _, inverse = np.unique(batch["group_id"], return_inverse=True)
+  offset = process_index * len(batch["group_id"])
+  return {**batch, "group_index": inverse.astype(np.int32) + offset}
+
+
+# -------------------------------------------------------------- staleness ---
+
+
+@dataclasses.dataclass(frozen=True)
+class StalenessPolicy:
+  """The staleness bound η and where it is enforced (docs/DESIGN.md §4).
+
+  ``max_staleness`` is the effective bound: ``train.max_staleness`` in
+  ``async`` mode, 0 in ``sync``/``group`` mode (strict generate→train
+  alternation). The stream drops a trajectory whose staleness exceeds it
+  (``keeps``, the consumption filter). The sampler starts an episode batch
+  only if the train step it feeds is at most ``admission_bound`` steps ahead
+  of the trainer (``admits``); weights held back by ``publish_lag`` use up
+  that much of the bound.
+  """
+
+  max_staleness: int | None = None  # None: no bound (tests, tools).
+  publish_lag: int = 0
+
+  @classmethod
+  def from_config(cls, config) -> "StalenessPolicy":
+    mode = str(config.train.mode)
+    bound = 0 if mode in ("sync", "group") else int(config.train.max_staleness)
+    return cls(bound, int(config.train.publish_lag))
+
+  @property
+  def admission_bound(self) -> int:
+    return self.max_staleness - self.publish_lag
+
+  def admits(self, target_step: int, trainer_step: int) -> bool:
+    """Whether the sampler may start work for train step ``target_step``."""
+    return target_step - trainer_step <= self.admission_bound
+
+  def keeps(self, staleness: int) -> bool:
+    """Whether the trainer may consume a trajectory this stale."""
+    return self.max_staleness is None or staleness <= self.max_staleness

@@ -371,13 +371,6 @@ def test_main_checks_mesh_against_devices(main_module, tmp_path,
   assert not calls
 
 
-def test_override_paths(main_module):
-  assert main_module._override_paths([
-      "main", "--config=c.py", "--config.rl.eps_low=0.2", "-config.a.b", "3",
-      "--noconfig.rl.log_entropy", "--workdir=/x", "--", "--config.z=1"]) == [
-          "rl.eps_low", "a.b", "rl.log_entropy"]
-
-
 def test_main_without_trainer_exits_clearly(main_module, tmp_path,
                                             monkeypatch):
   monkeypatch.setitem(sys.modules, "sao_jax.train.loop", None)

@@ -13,10 +13,11 @@ import pytest
 
 from sao_jax import config_validation as cv
 from sao_jax.envs import evolving
-from sao_jax.envs import from_config
+from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.rl import advantages as adv_lib
-from sao_jax.train import loop
+from sao_jax.train import publish as publish_lib
+from sao_jax.train import warm_start
 from sao_jax.train import step as step_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -81,7 +82,7 @@ class _FakeSlot:
 ])
 def test_publisher_holds_weights_back(lag, expected):
   slot = _FakeSlot()
-  publish = loop._Publisher(slot, lag)  # pylint: disable=protected-access
+  publish = publish_lib.Publisher(slot, lag)
   for v in range(6):
     publish({"w": np.float32(v)}, v)
   assert [v for v, _ in slot.published] == expected
@@ -118,17 +119,17 @@ def test_global_running_mean_pools_all_prompts():
 def test_sft_tasks_are_their_own_problems_disjoint_from_rl_and_held_out():
   from configs import cpu_scale  # pylint: disable=g-import-not-at-top
   config = cpu_scale.get_config()
-  train, held_out = from_config.build_tasks(config.env)
-  tasks = loop.sft_tasks(config, train, held_out)
-  assert (tasks.seed, len(tasks)) == (5_000_000, loop._MAX_SFT_EXAMPLES)
+  train, held_out = env_build.build_tasks(config.env)
+  tasks = warm_start.sft_tasks(config, train, held_out)
+  assert (tasks.seed, len(tasks)) == (5_000_000, warm_start.MAX_SFT_EXAMPLES)
   assert tasks.entry(0) == rg_env.ReasoningGymTasks(
       train.name, dict(config.env.dataset_config), seed=5_000_000,
       size=1).entry(0)
   config.train.sft_data_seed = None
-  assert loop.sft_tasks(config, train, held_out) is train
+  assert warm_start.sft_tasks(config, train, held_out) is train
   for seed, label in ((1000, "RL training"),
                       (config.env.eval_seed - 10, "held-out")):
     config.train.sft_data_seed = seed
     with pytest.raises(ValueError,
                        match=f"SFT .* overlap {label} seeds .*sft_data_seed"):
-      loop.sft_tasks(config, train, held_out)
+      warm_start.sft_tasks(config, train, held_out)

@@ -17,6 +17,7 @@ from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.trajectory import FinishReason
 from sao_jax.trajectory import NO_VERSION
+from scripted_policy import ScriptedPolicy
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_scripted_tool_call_episode(tok, tasks):
              call * 3]
   envs = [tool_env.ToolEnv(tasks), _RaisingEnv(tasks), tool_env.ToolEnv(tasks),
           tool_env.ToolEnv(tasks)]
-  policy = rollout.ScriptedPolicy(scripts, version=3, logprob=-0.25)
+  policy = ScriptedPolicy(scripts, version=3, logprob=-0.25)
   limits = rollout.RolloutLimits(max_turns=2, max_total_tokens=400,
                                  max_new_tokens_per_turn=64)
   trajs = rollout.run_episodes(policy, envs, [0, 1, 2, 3], tok, limits)
@@ -116,7 +117,7 @@ def test_token_limit_and_reset_error(tok, tasks):
                                  max_total_tokens=prompt_len + len(call) + 3,
                                  max_new_tokens_per_turn=64)
   trajs = rollout.run_episodes(
-      rollout.ScriptedPolicy([call * 5, call]),
+      ScriptedPolicy([call * 5, call]),
       [tool_env.ToolEnv(tasks), _BadReset(tasks)], [1, 1], tok, limits)
   # The observation would not fit the token budget.
   assert trajs[0].finish_reason == FinishReason.LENGTH

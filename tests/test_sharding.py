@@ -224,7 +224,9 @@ def _compare(mesh, batch, local_batch, models) -> dict:
 
     with sharding.mesh_rules(mesh, rules):
       sharded_params = sharding.shard_params(params, shardings)
-      direct = sharding.sharded_init(lambda: init()["params"], shardings)
+      # Params created straight into their shards (jit with out_shardings).
+      direct = jax.jit(lambda: sharding.unbox(init()["params"]),
+                       out_shardings=shardings)()
       sharded_batch = sharding.make_global_batch(local_batch, mesh, rules)
       step = jax.jit(
           grad_fn,

@@ -6,11 +6,13 @@ import jax
 import numpy as np
 import pytest
 
+from sao_jax import trajectory
 from sao_jax.data import prompts
 from sao_jax.data import stream
 from sao_jax.ipc import codec
 from sao_jax.ipc import ring
 from sao_jax.trajectory import NO_VERSION
+from sao_jax.trajectory import StalenessPolicy
 from sao_jax.trajectory import Trajectory
 
 _SPAWN = mp.get_context("spawn")
@@ -48,7 +50,7 @@ def test_batches_padding_staleness_filter_and_counters():
     _fill(r.name, trajs)
     s = stream.TrajectoryStream(
         r, batch_size=3, seq_len=8, trainer_version=lambda: 10,
-        max_staleness=3, read_timeout=5.0)
+        staleness=StalenessPolicy(3), read_timeout=5.0)
     batches = list(s.dataset)
   # Staleness: 1,4,3,2,0,2,8,1,3 -> drop #1 and #6; overlong #3 (12 > 8).
   admitted = [0, 2, 4, 5, 7, 8]
@@ -81,13 +83,35 @@ def test_batches_padding_staleness_filter_and_counters():
     assert x["staleness"] == t.staleness(10)
 
 
+def test_batch_schema_carries_group_id_to_a_dense_group_index():
+  trajs = [_traj(i, 5, 3) for i in range(4)]
+  for t, g in zip(trajs, (41, 7, 41, 9)):
+    t.group_id = g
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 16) as r:
+    _fill(r.name, trajs)
+    s = stream.TrajectoryStream(
+        r, batch_size=4, seq_len=6, trainer_version=lambda: 3,
+        staleness=StalenessPolicy(0), read_timeout=5.0, process_index=2)
+    (batch,) = list(s.dataset)
+  assert set(batch) == set(trajectory.TOKEN_FIELDS) | set(
+      trajectory.ROW_FIELDS)
+  for name, (dtype, _) in trajectory.TOKEN_FIELDS.items():
+    assert batch[name].shape == (4, 6) and batch[name].dtype == dtype, name
+  for name in trajectory.ROW_FIELDS:
+    assert batch[name].shape == (4,) and batch[name].dtype == np.int32, name
+  np.testing.assert_array_equal(batch["group_id"], [41, 7, 41, 9])
+  # Dense per host (7 -> 0, 9 -> 1, 41 -> 2), offset by process 2 * B = 8.
+  np.testing.assert_array_equal(batch["group_index"], [10, 8, 10, 9])
+  np.testing.assert_array_equal(batch["prompt_id"], [100, 101, 102, 103])
+
+
 def test_truncation_keeps_return_and_counts():
   trajs = [_traj(0, 12, 5), _traj(1, 6, 5), _traj(2, 20, 5), _traj(3, 8, 5)]
   with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 16) as r:
     _fill(r.name, trajs)
     s = stream.TrajectoryStream(
         r, batch_size=4, seq_len=8, trainer_version=lambda: 5,
-        max_staleness=None, overlong="truncate", read_timeout=5.0)
+        staleness=StalenessPolicy(None), overlong="truncate", read_timeout=5.0)
     (batch,) = list(s.dataset)
   assert s.counters.truncated == 2 and s.counters.dropped_overlong == 0
   np.testing.assert_array_equal(batch["length"], [12, 6, 20, 8])
@@ -106,7 +130,7 @@ def test_staleness_uses_current_trainer_version_and_state_round_trips():
     _fill(r.name, trajs)
     s = stream.TrajectoryStream(
         r, batch_size=2, seq_len=6, trainer_version=lambda: version[0],
-        max_staleness=1, read_timeout=5.0)
+        staleness=StalenessPolicy(1), read_timeout=5.0)
     it = iter(s.dataset)
     first = next(it)
     state = it.get_state()
@@ -134,14 +158,16 @@ def test_waiting_stream_polls_check_producers_and_times_out():
   with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12) as r:
     s = stream.TrajectoryStream(
         r, batch_size=1, seq_len=4, trainer_version=lambda: 0,
-        max_staleness=None, read_timeout=30.0, check_producers=check)
+        staleness=StalenessPolicy(None), read_timeout=30.0,
+        check_producers=check)
     with pytest.raises(_SamplerDied):
       next(iter(s.dataset))
     assert len(calls) == 2  # Once per second of waiting, not once at 30 s.
     assert 1.5 < s.counters.read_wait_s < 10
     quiet = stream.TrajectoryStream(
         r, batch_size=1, seq_len=4, trainer_version=lambda: 0,
-        max_staleness=None, read_timeout=0.3, check_producers=lambda: None)
+        staleness=StalenessPolicy(None), read_timeout=0.3,
+        check_producers=lambda: None)
     with pytest.raises(ring.RingEmptyError):
       next(iter(quiet.dataset))
 
@@ -159,7 +185,7 @@ def test_cross_process_batches_feed_make_array_from_process_local_data():
     try:
       s = stream.TrajectoryStream(
           r, batch_size=batch_size, seq_len=16, trainer_version=lambda: 4,
-          max_staleness=0, read_timeout=60.0)
+          staleness=StalenessPolicy(0), read_timeout=60.0)
       batches = list(s.dataset)
     finally:
       p.join(timeout=60)

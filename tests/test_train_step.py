@@ -187,3 +187,35 @@ def test_unknown_names_raise():
     step_lib.StepConfig(loss="sa0")
   with pytest.raises(ValueError, match="Unknown advantage estimator 'gea'"):
     step_lib.StepConfig(advantage="gea")
+
+
+def test_kl_penalty_uses_the_frozen_reference_policy():
+  p, v = _params()
+  batch = _batch(p)
+  batch["group_index"] = jnp.asarray([0, 1])
+  ref = jax.tree.map(lambda x: x * 0.9, p)  # A reference unlike the policy.
+  ptx, vtx = optax.sgd(0.1), optax.sgd(0.05)
+  cfg = step_lib.StepConfig(loss="grpo", loss_hparams=(("kl_coef", 0.5),),
+                            max_groups=2, temperature=TEMP)
+  assert cfg.uses_reference and cfg.estimator == "group_zscore"
+  assert not step_lib.StepConfig(
+      loss="grpo", loss_hparams=(("kl_coef", 0.0),)).uses_reference
+  fn = step_lib.make_step(CFG, cfg, ptx, vtx, update_policy=True)
+  new, m = fn(jax.tree.map(jnp.copy, step_lib.create_train_state(
+      p, v, ptx, vtx, ref_params=ref)), batch)
+  _, plain = fn(jax.tree.map(jnp.copy, step_lib.create_train_state(
+      p, v, ptx, vtx)), batch)
+  # k3 KL of the policy to the reference, GRPO's per-sequence token mean.
+  mask = np.asarray(batch["action_mask"], np.float64)
+  pol = np.asarray(logprobs_lib.token_logprobs(
+      p, CFG, batch["tokens"], batch["attention_mask"], TEMP), np.float64)
+  rf = np.asarray(logprobs_lib.token_logprobs(
+      ref, CFG, batch["tokens"], batch["attention_mask"], TEMP), np.float64)
+  k3 = np.exp(rf - pol) - (rf - pol) - 1.0
+  want = np.mean((k3 * mask).sum(1) / mask.sum(1))
+  assert float(m["policy/kl_ref_k3"]) == pytest.approx(want, rel=1e-4)
+  assert float(m["policy/loss"]) == pytest.approx(
+      float(plain["policy/loss"]) + 0.5 * want, rel=1e-4, abs=1e-6)
+  assert "policy/kl_ref_k3" not in plain
+  for a, b in zip(jax.tree.leaves(new.ref_params), jax.tree.leaves(ref)):
+    np.testing.assert_array_equal(a, b)  # The reference stays frozen.

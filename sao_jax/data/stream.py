@@ -1,19 +1,18 @@
 """The trainer's input: a grain ``IterDataset`` over the trajectory ring.
 
-Pipeline (DESIGN.md §1, §4)::
+Pipeline (docs/DESIGN.md §1, §4)::
 
     RingDataset            Trajectory records decoded from the ring
-    -> StalenessFilter     drop staleness > max_staleness (counted, logged)
-    -> .map(PadToLength)   fixed [T] arrays; over-long records dropped or
-                           truncated (counted)
+    -> StalenessFilter     drop what the StalenessPolicy does not keep
+                           (counted, logged)
+    -> .map(PadToLength)   fixed [T] rows (``trajectory.pad_row``); over-long
+                           records dropped or truncated (counted)
     -> .batch(B)           dict of NumPy arrays [B, T] / [B]
+    -> .map(group index)   ``group_index`` [B] from the rows' ``group_id``
 
 The batches are process-local, ready for
-``jax.make_array_from_process_local_data``. Keys: ``tokens int32[B,T]``,
-``action_mask uint8[B,T]``, ``rollout_logp float32[B,T]``,
-``policy_version int32[B,T]``, ``rewards float32[B,T]``,
-``attention_mask bool[B,T]`` (valid tokens), ``prompt_id int64[B]``,
-``staleness int32[B]``, ``length int32[B]`` (tokens before padding/truncation).
+``jax.make_array_from_process_local_data``; their keys are the batch schema of
+``sao_jax.trajectory`` (``TOKEN_FIELDS`` [B, T] and ``ROW_FIELDS`` [B]).
 
 Over-long records (more than T tokens): ``overlong="drop"`` (default) drops
 them; ``overlong="truncate"`` keeps the first T tokens and moves the rewards of
@@ -32,11 +31,10 @@ from typing import Callable
 
 from absl import logging
 import grain
-import numpy as np
 
+from sao_jax import trajectory as traj_lib
 from sao_jax.ipc import codec
 from sao_jax.ipc import ring as ring_lib
-from sao_jax.trajectory import NO_VERSION
 from sao_jax.trajectory import Trajectory
 
 
@@ -136,7 +134,7 @@ class _RingIterator(grain.DatasetIterator):
 
 
 class StalenessFilter(grain.IterDataset):
-  """Drops trajectories with staleness > max_staleness (DESIGN §4).
+  """Drops trajectories the staleness policy does not keep (docs/DESIGN.md §4).
 
   Staleness = trainer version - the trajectory's oldest action-token version,
   with the trainer version read from ``trainer_version()`` when the record is
@@ -147,12 +145,12 @@ class StalenessFilter(grain.IterDataset):
       self,
       parent: grain.IterDataset,
       trainer_version: Callable[[], int],
-      max_staleness: int | None,
+      policy: traj_lib.StalenessPolicy,
       counters: StreamCounters,
   ):
     super().__init__(parent)
     self._version = trainer_version
-    self._max = max_staleness
+    self._policy = policy
     self._counters = counters
 
   def __iter__(self) -> grain.DatasetIterator:
@@ -171,14 +169,14 @@ class _StalenessIterator(grain.DatasetIterator):
       traj = next(self._parent)
       version = int(self._ds._version())  # pylint: disable=protected-access
       staleness = traj.staleness(version)
-      limit = self._ds._max  # pylint: disable=protected-access
-      if limit is not None and staleness > limit:
+      policy = self._ds._policy  # pylint: disable=protected-access
+      if not policy.keeps(staleness):
         c.dropped_stale += 1
         if c.dropped_stale in (1, 10, 100) or c.dropped_stale % 1000 == 0:
           logging.warning(
               "Stream dropped %d stale trajectories so far (this one: "
               "staleness %d > max_staleness %d at trainer version %d).",
-              c.dropped_stale, staleness, limit, version,
+              c.dropped_stale, staleness, policy.max_staleness, version,
           )
         continue
       c.admitted += 1
@@ -197,7 +195,7 @@ class _StalenessIterator(grain.DatasetIterator):
 
 
 class PadToLength(grain.transforms.Map):
-  """(Trajectory, staleness) -> dict of fixed-length [T] arrays."""
+  """(Trajectory, staleness) -> one batch row (``trajectory.pad_row``)."""
 
   def __init__(self, seq_len: int, counters: StreamCounters, *,
                overlong: str = "drop", pad_id: int = 0):
@@ -212,32 +210,9 @@ class PadToLength(grain.transforms.Map):
 
   def map(self, element):
     traj, staleness = element
-    t, n = self._t, traj.length
-    keep = min(n, t)
-    rewards = traj.rewards[:keep].copy()
-    if n > t:
+    if traj.length > self._t:
       self._counters.truncated += 1
-      tail = float(traj.rewards[t:].sum())
-      acts = np.flatnonzero(traj.action_mask[:t])
-      rewards[acts[-1] if acts.size else t - 1] += tail
-    out = {
-        "tokens": np.full(t, self._pad_id, np.int32),
-        "action_mask": np.zeros(t, np.uint8),
-        "rollout_logp": np.zeros(t, np.float32),
-        "policy_version": np.full(t, NO_VERSION, np.int32),
-        "rewards": np.zeros(t, np.float32),
-        "attention_mask": np.zeros(t, bool),
-    }
-    out["tokens"][:keep] = traj.tokens[:keep]
-    out["action_mask"][:keep] = traj.action_mask[:keep]
-    out["rollout_logp"][:keep] = traj.rollout_logp[:keep]
-    out["policy_version"][:keep] = traj.policy_version[:keep]
-    out["rewards"][:keep] = rewards
-    out["attention_mask"][:keep] = True
-    out["prompt_id"] = np.int64(traj.prompt_id)
-    out["staleness"] = np.int32(staleness)
-    out["length"] = np.int32(n)
-    return out
+    return traj_lib.pad_row(traj, staleness, self._t, self._pad_id)
 
 
 class _OverlongFilter(grain.transforms.Filter):
@@ -268,7 +243,7 @@ class TrajectoryStream:
 
     stream = TrajectoryStream(reader, batch_size=8, seq_len=512,
                               trainer_version=lambda: state.step,
-                              max_staleness=4)
+                              staleness=StalenessPolicy(max_staleness=4))
     for batch in stream.dataset: ...
     stream.counters.as_dict()
   """
@@ -280,12 +255,13 @@ class TrajectoryStream:
       batch_size: int,
       seq_len: int,
       trainer_version: Callable[[], int],
-      max_staleness: int | None,
+      staleness: traj_lib.StalenessPolicy,
       overlong: str = "drop",
       pad_id: int = 0,
       read_timeout: float | None = None,
       drop_remainder: bool = True,
       check_producers: Callable[[], None] | None = None,
+      process_index: int = 0,
   ):
     """See the module docstring for the pipeline.
 
@@ -294,7 +270,8 @@ class TrajectoryStream:
       batch_size: Rows per batch (process-local).
       seq_len: T; shorter records are padded, longer ones see ``overlong``.
       trainer_version: Returns the trainer's current policy version.
-      max_staleness: Drop records staler than this (DESIGN §4); None keeps all.
+      staleness: The staleness policy; the stream drops what it does not
+        keep (docs/DESIGN.md §4).
       overlong: "drop" or "truncate" (see the module docstring).
       pad_id: Token id of padding.
       read_timeout: Seconds to wait for a record before ring.RingEmptyError;
@@ -302,20 +279,16 @@ class TrajectoryStream:
       drop_remainder: Drop a last partial batch when the ring drains.
       check_producers: Called about once a second while waiting for a record;
         raise from it to abort (e.g. when the sampler process died).
+      process_index: This host's index; keeps its ``group_index`` values
+        apart from other hosts' (``trajectory.with_group_index``).
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers)
-    ds = StalenessFilter(ds, trainer_version, max_staleness, self.counters)
+    ds = StalenessFilter(ds, trainer_version, staleness, self.counters)
     if overlong == "drop":
       ds = ds.filter(_OverlongFilter(seq_len, self.counters))
     ds = ds.map(PadToLength(seq_len, self.counters, overlong=overlong,
                             pad_id=pad_id))
     self.dataset: grain.IterDataset = ds.batch(
         batch_size, drop_remainder=drop_remainder
-    )
-
-  def log_counters(self) -> dict:
-    """Logs and returns the counters (call once per logging step)."""
-    d = self.counters.as_dict()
-    logging.info("Trajectory stream: %s", d)
-    return d
+    ).map(lambda batch: traj_lib.with_group_index(batch, process_index))

@@ -1,4 +1,4 @@
-"""The environment interface (DESIGN §3) and the one answer-extraction rule.
+"""The environment interface (docs/DESIGN.md §3) and the answer-extraction rule.
 
 An `Environment` runs one episode at a time:
 

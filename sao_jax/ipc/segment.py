@@ -14,6 +14,11 @@ One concern: the lifetime of a ``multiprocessing.shared_memory`` segment.
   drop the *creator's* registration instead. We therefore suppress the
   registration while attaching.)
 
+This module holds the process's one SIGTERM handler. Inside
+``sigterm_unwinds()`` (the trainer's loop) SIGTERM, after unlinking, raises
+``KeyboardInterrupt`` in the main thread instead, so every ``finally`` runs
+(the sampler is stopped, the checkpointer closed).
+
 Python runs signal handlers in the main thread between bytecodes, so the
 SIGTERM cleanup waits until the main thread returns from a blocking C call.
 
@@ -42,6 +47,7 @@ _lock = threading.RLock()
 _owned: dict[str, shared_memory.SharedMemory] = {}
 _handlers_installed = False
 _prev_sigterm: Any = None
+_unwind_depth = 0  # > 0 inside sigterm_unwinds().
 
 
 def make_name(kind: str) -> str:
@@ -70,8 +76,10 @@ def _unlink_all_owned() -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
-  """Unlinks our segments, then acts as the previous SIGTERM handler would."""
+  """Unlinks our segments, then unwinds or acts as the previous handler."""
   _unlink_all_owned()
+  if _unwind_depth:
+    raise KeyboardInterrupt(f"signal {signum}")
   prev = _prev_sigterm
   if callable(prev):
     prev(signum, frame)
@@ -100,6 +108,29 @@ def _install_handlers() -> None:
       return
     _prev_sigterm = prev
     signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+@contextlib.contextmanager
+def sigterm_unwinds():
+  """SIGTERM raises ``KeyboardInterrupt`` (after unlinking) inside the block.
+
+  Must be entered on the main thread (where Python runs signal handlers).
+  """
+  global _unwind_depth, _prev_sigterm
+  if threading.current_thread() is not threading.main_thread():
+    raise RuntimeError("segment.sigterm_unwinds() must run on the main thread "
+                       "(Python delivers signals there).")
+  _install_handlers()
+  with _lock:
+    current = signal.getsignal(signal.SIGTERM)
+    if current is not _on_sigterm:  # Someone replaced it since: chain to it.
+      _prev_sigterm = current
+      signal.signal(signal.SIGTERM, _on_sigterm)
+  _unwind_depth += 1
+  try:
+    yield
+  finally:
+    _unwind_depth -= 1
 
 
 def create(kind: str, size: int) -> shared_memory.SharedMemory:

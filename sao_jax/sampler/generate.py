@@ -41,10 +41,10 @@ from sao_jax.sampler.sampling import SamplingParams
 
 Array = jax.Array
 PAD_ID = 0
-_MIN_BUCKET = 8
+MIN_BUCKET = 8  # Default of config.sampler.min_prompt_bucket.
 
 
-def bucket_length(n: int, minimum: int = _MIN_BUCKET) -> int:
+def bucket_length(n: int, minimum: int = MIN_BUCKET) -> int:
   """Smallest power of two >= max(n, minimum) (static shapes, few compiles)."""
   n = max(int(n), minimum, 1)
   return 1 << (n - 1).bit_length()
@@ -223,7 +223,7 @@ class Generator:
 
   def __init__(self, config: ModelConfig, params: Any, batch_size: int,
                max_len: int, sampling: SamplingParams = SamplingParams(),
-               rng: Array | None = None):
+               rng: Array | None = None, min_bucket: int = MIN_BUCKET):
     """Args:
       config: model config.
       params: `Transformer` params (plain, boxed or `{'params': ...}`).
@@ -232,11 +232,14 @@ class Generator:
         one decode call's `max_new_tokens` plus one chunk bucket.
       sampling: sampling parameters.
       rng: PRNG key (default PRNGKey(0)).
+      min_bucket: prompts and chunks are left-padded to powers of two of at
+        least this length (``config.sampler.min_prompt_bucket``).
     """
     self.config = config
     self.batch_size = batch_size
     self.max_len = int(max_len)
     self.sampling = sampling
+    self.min_bucket = int(min_bucket)
     self._params = unwrap_params(params)
     self._rng = jax.random.PRNGKey(0) if rng is None else rng
     self._history: list[list[int]] = [[] for _ in range(batch_size)]
@@ -255,7 +258,7 @@ class Generator:
   def _rebuild(self, extra: int) -> None:
     """Re-prefills the cache from the histories, leaving `extra` free slots."""
     longest = max(len(h) for h in self._history)
-    length = bucket_length(longest)
+    length = bucket_length(longest, self.min_bucket)
     if length + extra > self.max_len:
       raise ValueError(
           f"Generator cache too small: histories need {length} slots (longest "
@@ -284,7 +287,7 @@ class Generator:
     longest = max(len(c) for c in chunks)
     if not longest:
       return
-    length = bucket_length(longest)
+    length = bucket_length(longest, self.min_bucket)
     if self._state is None:
       # Nothing computed yet (fresh or new weights): prefill history + chunk.
       for h, c in zip(self._history, chunks):

@@ -2,18 +2,20 @@
 
 The trainer starts it with ``multiprocessing`` *spawn* (never fork after JAX
 is initialised); it has its own JAX runtime, optionally pinned to its own CPU
-cores. Its loop (DESIGN §1, §4):
+cores. Its loop (docs/DESIGN.md §1, §4):
 
 1. **Admission** (AReaL-style staleness bound): episode batch ``b`` feeds
    train step ``s_b = (b * sampler_batch) // train_batch``; it may start only
-   when ``s_b − trainer_step ≤ max_staleness``. With ``max_staleness = 0``
+   when ``StalenessPolicy.admits(s_b, trainer_step)``. With a bound of 0
    this is strict generate→train alternation (the ``sync`` mode).
 2. Pick up the newest complete weights from the versioned slot (also
    between turns of multi-turn episodes, through ``ModelPolicy``).
 3. Run the episodes (``run_episodes``), tasks drawn by index from a
    shuffled, repeated grain ``MapDataset``: episode ``e`` always gets task
    ``ds[e]``, so a resumed run continues exactly where the checkpoint was.
-4. Publish every trajectory to the ring (blocking on backpressure).
+4. Stamp each trajectory's ``group_id`` (the index of its prompt draw, made
+   unique across hosts: the rollouts of one prompt share it) and publish it
+   to the ring (blocking on backpressure).
 
 It exits when told to (stop event), when its parent dies (checked between
 waits, so an orphaned sampler never lingers), or on error (recorded in the
@@ -22,6 +24,7 @@ shared status for the trainer to report).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing as mp
 import os
@@ -30,16 +33,32 @@ from typing import Any
 
 from absl import logging
 
-# Indices into the shared float64 stats array.
-STAT_EPISODES = 0
-STAT_TOKENS = 1  # Action tokens generated.
-STAT_BUSY_S = 2  # Generating.
-STAT_IDLE_S = 3  # Waiting for admission or ring space.
-STAT_WEIGHT_LOAD_S = 4
-STAT_VERSION = 5  # Newest weights version seen.
-STAT_ERRORS = 6  # Episodes that ended in an env error.
-STAT_ALIVE = 7  # 1 while the loop runs, 2 after a clean exit, -1 on crash.
-NUM_STATS = 8
+from sao_jax.trajectory import StalenessPolicy
+
+
+class SamplerStats(ctypes.Structure):
+  """The sampler's counters, shared with the trainer (one writer: the child)."""
+
+  _fields_ = [
+      ("episodes", ctypes.c_double),
+      ("action_tokens", ctypes.c_double),  # Action tokens generated.
+      ("busy_s", ctypes.c_double),  # Generating.
+      ("idle_s", ctypes.c_double),  # Waiting for admission or ring space.
+      ("weight_load_s", ctypes.c_double),
+      ("weights_version", ctypes.c_double),  # Newest weights version seen.
+      ("env_errors", ctypes.c_double),  # Episodes that ended in an env error.
+      # 1 while the loop runs, 2 after a clean exit, -1 on crash.
+      ("alive", ctypes.c_double),
+  ]
+
+  def as_dict(self) -> dict[str, float]:
+    """``sampler/<name>`` of every counter but ``alive``."""
+    return {f"sampler/{name}": float(getattr(self, name))
+            for name, _ in self._fields_ if name != "alive"}
+
+  def idle_frac(self) -> float:
+    """Share of the sampler's time spent waiting (admission, ring space)."""
+    return self.idle_s / max(1e-9, self.idle_s + self.busy_s)
 
 
 @dataclasses.dataclass
@@ -54,13 +73,28 @@ class SamplerSpec:
   weights_name: str
   parent_pid: int
   start_episode: int
-  max_staleness: int  # Admission bound (0 in sync/group mode).
+  staleness: StalenessPolicy
   cores: tuple[int, ...] = ()
   # The trainer's host in a multi-host run (its jax.process_index/count; the
   # sampler itself is not part of the distributed job): this sampler draws
   # only that host's shard of the prompts and fills its share of each batch.
   process_index: int = 0
   process_count: int = 1
+
+
+def parse_cores(spec: str) -> tuple[int, ...]:
+  """``config.sampler.devices`` as CPU core ids ('0,1' or '0-3'); '' = none."""
+  spec = spec.strip()
+  cores: list[int] = []
+  for part in filter(None, spec.split(",")):
+    lo, _, hi = part.partition("-")
+    try:
+      cores.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+      raise ValueError(
+          f"config.sampler.devices={spec!r}: expected CPU core ids such as "
+          "'0' or '0,2' or '0-3'.") from None
+  return tuple(cores)
 
 
 class SamplerHandle:
@@ -71,7 +105,7 @@ class SamplerHandle:
     self.spec = spec
     self.trainer_step = ctx.Value("q", 0, lock=False)
     self.stop_event = ctx.Event()
-    self.stats = ctx.Array("d", NUM_STATS, lock=False)
+    self.stats = ctx.Value(SamplerStats, lock=False)
     self.process = ctx.Process(
         target=sampler_main, name=f"sao-sampler-{spec.lane}",
         args=(spec, self.trainer_step, self.stop_event, self.stats),
@@ -109,18 +143,6 @@ class SamplerHandle:
       self.process.kill()
       self.process.join(5.0)
 
-  def stats_dict(self) -> dict[str, float]:
-    s = list(self.stats)
-    return {
-        "sampler/episodes": s[STAT_EPISODES],
-        "sampler/action_tokens": s[STAT_TOKENS],
-        "sampler/busy_s": s[STAT_BUSY_S],
-        "sampler/idle_s": s[STAT_IDLE_S],
-        "sampler/weight_load_s": s[STAT_WEIGHT_LOAD_S],
-        "sampler/weights_version": s[STAT_VERSION],
-        "sampler/env_errors": s[STAT_ERRORS],
-    }
-
 
 def _parent_alive(pid: int) -> bool:
   return os.getppid() == pid
@@ -135,13 +157,13 @@ def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   try:
     child_logging.set_verbosity(child_logging.INFO)
     _run(spec, trainer_step, stop_event, stats)
-    stats[STAT_ALIVE] = 2
+    stats.alive = 2
   except _ParentGone:
     child_logging.warning("sampler: parent %d is gone; exiting.",
                           spec.parent_pid)
-    stats[STAT_ALIVE] = 2
+    stats.alive = 2
   except BaseException:
-    stats[STAT_ALIVE] = -1
+    stats.alive = -1
     child_logging.exception("sampler: crashed.")
     raise
 
@@ -150,85 +172,122 @@ class _ParentGone(Exception):
   pass
 
 
+def _attach_slot(name: str, mcfg):
+  """The trainer's weight slot, read into the policy's params structure."""
+  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn
+  import jax
+  import numpy as np
+  from sao_jax.ipc import weights as weights_lib
+  from sao_jax.models import transformer
+  # pylint: enable=g-import-not-at-top
+  tok = np.zeros((1, 1), np.int32)
+  template = jax.eval_shape(
+      lambda: transformer.Transformer(mcfg).init(
+          jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
+  return weights_lib.WeightSlot.attach(name, nn.unbox(template))
+
+
+class _NewestWeights:
+  """``() -> (params, version)``: the slot's newest weights, or the last ones."""
+
+  def __init__(self, slot, stats: SamplerStats):
+    self._slot, self._stats = slot, stats
+    self.params, self.version = None, None
+
+  def __call__(self):
+    t0 = time.perf_counter()
+    got = self._slot.read(timeout=5.0)
+    if got is not None and got[0] != self.version:
+      self.version, self.params = got
+      self._stats.weight_load_s += time.perf_counter() - t0
+      self._stats.weights_version = self.version
+    return self.params, self.version  # Nothing new: keep what we have.
+
+
+def _publish(trajs, writer, stats: SamplerStats, stop_event,
+             check_parent) -> bool:
+  """Writes every trajectory to the ring, waiting out backpressure.
+
+  Returns False if told to stop while waiting for space.
+  """
+  from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
+  from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
+
+  t_idle = time.perf_counter()
+  for traj in trajs:
+    while True:
+      try:
+        writer.write(*codec.encode(traj), timeout=1.0)
+        break
+      except ring_lib.RingFullError:
+        check_parent()
+        if stop_event.is_set():
+          return False
+    stats.action_tokens += traj.num_action_tokens
+    stats.env_errors += int(traj.error != "")
+  stats.idle_s += time.perf_counter() - t_idle
+  stats.episodes += len(trajs)
+  return True
+
+
 def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   """The sampler loop (see module docstring)."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   from sao_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
-  from sao_jax.envs import from_config  # pylint: disable=g-import-not-at-top
-  from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
+  from sao_jax.envs import build as env_build  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
-  from sao_jax.ipc import weights as weights_lib  # pylint: disable=g-import-not-at-top
-  from sao_jax.models import transformer  # pylint: disable=g-import-not-at-top
   from sao_jax.sampler import rollout  # pylint: disable=g-import-not-at-top
   from sao_jax.sampler.sampling import SamplingParams  # pylint: disable=g-import-not-at-top
 
   cfg = spec.config
   mcfg = spec.model_config
   tokenizer = tok_lib.Tokenizer(spec.tokenizer_proto)
-  train_tasks, _ = from_config.build_tasks(cfg.env)
+  train_tasks, _ = env_build.build_tasks(cfg.env)
   n_roll = int(cfg.sampler.n_rollouts)
   prompts_per_batch = max(1, int(cfg.sampler.batch_size) // n_roll)
   episodes_per_batch = prompts_per_batch * n_roll
   prompt_ds = prompts_lib.prompt_dataset(
       range(len(train_tasks)), seed=int(cfg.train.seed),
       shard_index=spec.process_index, shard_count=spec.process_count)
-  envs = from_config.make_envs(cfg.env, train_tasks, episodes_per_batch)
+  envs = env_build.make_envs(cfg.env, train_tasks, episodes_per_batch)
   limits = rollout.RolloutLimits.from_config(cfg)
   sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
                             top_p=float(cfg.sampler.top_p),
                             top_k=int(cfg.sampler.top_k))
-  tok = np.zeros((1, 1), np.int32)
-  template = jax.eval_shape(
-      lambda: transformer.Transformer(mcfg).init(
-          jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  template = nn.unbox(template)
-  slot = weights_lib.WeightSlot.attach(spec.weights_name, template)
+  slot = _attach_slot(spec.weights_name, mcfg)
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
                                timeout=float(cfg.ring.put_timeout_s))
-  max_staleness = int(spec.max_staleness)
+  staleness = spec.staleness
   train_batch = int(cfg.train.batch_size) // spec.process_count
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
   if spec.process_count > 1:  # Each host its own sampling noise.
     base_key = jax.random.fold_in(base_key, spec.process_index)
-  current = {"version": None, "params": None}
+  load_weights = _NewestWeights(slot, stats)
 
   def check_parent():
     if not _parent_alive(spec.parent_pid):
       raise _ParentGone()
 
-  def load_weights():
-    t0 = time.perf_counter()
-    got = slot.read(timeout=5.0)
-    if got is None:  # Nothing published yet: keep what we have.
-      return current["params"], current["version"]
-    version, params = got
-    if version != current["version"]:
-      current["version"], current["params"] = version, params
-      stats[STAT_WEIGHT_LOAD_S] += time.perf_counter() - t0
-      stats[STAT_VERSION] = version
-    return current["params"], current["version"]
-
-  stats[STAT_ALIVE] = 1
+  stats.alive = 1
   episode = int(spec.start_episode)
   batch_index = episode // episodes_per_batch
   logging.info("sampler: starting at episode %d (batch %d), %d episodes per "
-               "batch, max_staleness=%d, prompt shard %d of %d.", episode,
-               batch_index, episodes_per_batch, max_staleness,
+               "batch, admission bound %d, prompt shard %d of %d.", episode,
+               batch_index, episodes_per_batch, staleness.admission_bound,
                spec.process_index, spec.process_count)
   try:
     while not stop_event.is_set():
       # 1. Admission: do not start work that would exceed the staleness bound.
       target_step = (episode + episodes_per_batch - 1) // train_batch
       t_idle = time.perf_counter()
-      while (target_step - trainer_step.value > max_staleness
+      while (not staleness.admits(target_step, trainer_step.value)
              and not stop_event.is_set()):
         check_parent()
         time.sleep(0.005)
-      stats[STAT_IDLE_S] += time.perf_counter() - t_idle
+      stats.idle_s += time.perf_counter() - t_idle
       if stop_event.is_set():
         break
       check_parent()
@@ -244,30 +303,20 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
                   for i in range(prompts_per_batch) for _ in range(n_roll)]
       policy = rollout.ModelPolicy(
           mcfg, load_weights, limits.cache_len(), sampling,
-          rng=jax.random.fold_in(base_key, batch_index))
+          rng=jax.random.fold_in(base_key, batch_index),
+          min_bucket=limits.min_prompt_bucket)
       trajs = rollout.run_episodes(policy, envs, task_ids, tokenizer, limits)
-      stats[STAT_BUSY_S] += time.perf_counter() - t0
+      stats.busy_s += time.perf_counter() - t0
       # 4. Publish.
-      t_idle = time.perf_counter()
       for i, traj in enumerate(trajs):
-        if n_roll > 1:
-          traj.group_id = first_prompt + i // n_roll
-        while True:
-          try:
-            writer.write(*codec.encode(traj), timeout=1.0)
-            break
-          except ring_lib.RingFullError:
-            check_parent()
-            if stop_event.is_set():
-              return
-        stats[STAT_TOKENS] += traj.num_action_tokens
-        stats[STAT_ERRORS] += int(traj.error != "")
-      stats[STAT_IDLE_S] += time.perf_counter() - t_idle
-      stats[STAT_EPISODES] += len(trajs)
+        traj.group_id = ((first_prompt + i // n_roll) * spec.process_count
+                         + spec.process_index)
+      if not _publish(trajs, writer, stats, stop_event, check_parent):
+        return
       episode += episodes_per_batch
       batch_index += 1
   finally:
     writer.close()
     slot.close()
     logging.info("sampler: stopped after %d episodes.",
-                 int(stats[STAT_EPISODES]))
+                 int(stats.episodes))

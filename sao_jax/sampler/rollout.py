@@ -12,8 +12,8 @@ the message is kept, the other rows go on).
 Policies are pluggable (`Policy`): `ModelPolicy` samples with
 `sampler.generate.Generator` and calls `params_provider() -> (params,
 version)` before every turn, switching to newer weights between turns (the
-cache is recomputed under them); `ScriptedPolicy` replays forced tokens for
-tests. Every action token records the version of the policy that sampled it.
+cache is recomputed under them); tests plug in a scripted policy. Every
+action token records the version of the policy that sampled it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from sao_jax import tokenizer as tok_lib
 from sao_jax.envs.base import Environment
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler.generate import bucket_length
+from sao_jax.sampler.generate import MIN_BUCKET
 from sao_jax.sampler.generate import Generator
 from sao_jax.sampler.generate import Segment
 from sao_jax.sampler.sampling import SamplingParams
@@ -66,18 +67,20 @@ class ModelPolicy(Policy):
 
   def __init__(self, config: ModelConfig, params_provider: ParamsProvider,
                max_len: int, sampling: SamplingParams = SamplingParams(),
-               rng: jax.Array | None = None):
+               rng: jax.Array | None = None, min_bucket: int = MIN_BUCKET):
     """Args:
       config: model config.
       params_provider: returns (params, version); called before every turn.
       max_len: KV cache slots per row (`RolloutLimits.cache_len()` is safe).
       sampling: sampling parameters (the trainer must use the same temperature).
       rng: PRNG key.
+      min_bucket: shortest prompt/chunk padding (`Generator`).
     """
     self.config = config
     self.params_provider = params_provider
     self.max_len = max_len
     self.sampling = sampling
+    self.min_bucket = min_bucket
     self._rng = jax.random.PRNGKey(0) if rng is None else rng
     self._gen: Generator | None = None
     self.version = NO_VERSION
@@ -86,7 +89,7 @@ class ModelPolicy(Policy):
     params, self.version = self.params_provider()
     self._rng, key = jax.random.split(self._rng)
     self._gen = Generator(self.config, params, len(prompts), self.max_len,
-                          self.sampling, key)
+                          self.sampling, key, self.min_bucket)
     self._gen.append(prompts)
 
   def observe(self, chunks):
@@ -105,52 +108,6 @@ class ModelPolicy(Policy):
     return self._gen.generate(list(stop_ids), budgets, active)
 
 
-class ScriptedPolicy(Policy):
-  """Replays a fixed token script per row (tests, forced trajectories).
-
-  Each `act` emits the row's next script tokens up to and including the first
-  stop token, or `budget` tokens. Each token's recorded log-prob is
-  `logprob`; the version is `version` (settable between turns).
-  """
-
-  def __init__(self, scripts: Sequence[Sequence[int]], version: int = 0,
-               logprob: float = -1.0):
-    self.scripts = [list(s) for s in scripts]
-    self.version = version
-    self.logprob = logprob
-    self.contexts: list[list[int]] = []
-    self._cursor = [0] * len(self.scripts)
-
-  def start(self, prompts):
-    if len(prompts) != len(self.scripts):
-      raise ValueError(f"{len(prompts)} prompts for {len(self.scripts)} scripts.")
-    self.contexts = [list(p) for p in prompts]
-    self._cursor = [0] * len(self.scripts)
-
-  def observe(self, chunks):
-    for ctx, c in zip(self.contexts, chunks):
-      ctx.extend(c)
-
-  def refresh(self) -> int:
-    return self.version
-
-  def act(self, stop_ids, budgets, active):
-    out = []
-    for i, script in enumerate(self.scripts):
-      toks, stopped = [], False
-      while active[i] and len(toks) < budgets[i] and self._cursor[i] < len(script):
-        t = script[self._cursor[i]]
-        self._cursor[i] += 1
-        toks.append(t)
-        if t in stop_ids:
-          stopped = True
-          break
-      self.contexts[i].extend(toks)
-      out.append(Segment(np.asarray(toks, np.int32),
-                         np.full(len(toks), self.logprob, np.float32), stopped))
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class RolloutLimits:
   """Episode limits.
@@ -159,24 +116,26 @@ class RolloutLimits:
     max_turns: Maximum action segments per episode.
     max_total_tokens: Maximum trajectory length (prompt + actions + obs).
     max_new_tokens_per_turn: Maximum tokens in one action segment.
+    min_prompt_bucket: Shortest padding of prompts and observations.
   """
 
   max_turns: int = 4
   max_total_tokens: int = 512
   max_new_tokens_per_turn: int = 128
+  min_prompt_bucket: int = MIN_BUCKET
 
   @classmethod
   def from_config(cls, config: Any) -> "RolloutLimits":
     """Limits from an experiment config's ``env`` and ``sampler`` sections."""
     return cls(max_turns=int(config.env.max_turns),
                max_total_tokens=int(config.sampler.max_total_tokens),
-               max_new_tokens_per_turn=int(config.sampler.max_new_tokens))
+               max_new_tokens_per_turn=int(config.sampler.max_new_tokens),
+               min_prompt_bucket=int(config.sampler.min_prompt_bucket))
 
   def cache_len(self) -> int:
     """KV cache slots that always suffice for `ModelPolicy`."""
-    return bucket_length(self.max_total_tokens) + max(
-        bucket_length(self.max_total_tokens),
-        bucket_length(self.max_new_tokens_per_turn))
+    longest = bucket_length(self.max_total_tokens, self.min_prompt_bucket)
+    return longest + max(longest, bucket_length(self.max_new_tokens_per_turn))
 
 
 def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
@@ -215,7 +174,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   """Runs one episode per (env, task) row; returns one `Trajectory` per row.
 
   Args:
-    policy: the policy (`ModelPolicy`, `ScriptedPolicy`, ...).
+    policy: the policy (`ModelPolicy`, or a test's scripted one).
     envs: one environment instance per row.
     tasks: one task per row, passed to `env.reset`.
     tokenizer: encodes observations and decodes actions.

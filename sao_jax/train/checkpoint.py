@@ -1,9 +1,12 @@
 """Orbax checkpoints of the whole training state plus JSON metadata.
 
-One checkpoint holds: the array state (policy and value params, both optimizer
-states, step counters, RNG key) as an orbax ``StandardSave`` item, and a JSON item
-with everything else needed to resume exactly (policy version, the prompt
-iterator's grain state, counters). Saves are atomic (orbax writes to a temporary
+One checkpoint holds: the array state (``TrainState``: policy and value params,
+both optimizer states, the step and policy-version counters, the running-mean
+table) as an orbax ``StandardSave`` item, and a JSON item with what else a
+resume needs (``episodes_consumed``, which tells the sampler where its prompt
+order continues, the stream's counters and the held-out accuracy before RL).
+No RNG key is saved: the sampler derives each batch's key from the seed and
+the batch index. Saves are atomic (orbax writes to a temporary
 directory and renames), so a trainer killed mid-save leaves the previous
 checkpoint as the newest complete one.
 """
@@ -38,9 +41,6 @@ class Checkpointer:
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
-
-  def all_steps(self) -> list[int]:
-    return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``."""

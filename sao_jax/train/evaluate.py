@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from sao_jax import tokenizer as tok_lib
-from sao_jax.envs import from_config
+from sao_jax.envs import build as env_build
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import rollout
@@ -45,14 +45,15 @@ def evaluate(params: Any, model_config: ModelConfig, config: Any,
   greedy = SamplingParams(greedy=True)
   n = len(tasks)
   bs = min(batch_size, n)
-  envs = from_config.make_envs(config.env, tasks, bs)
+  envs = env_build.make_envs(config.env, tasks, bs)
   scores, lengths, stops, errors = [], [], [], []
   for start in range(0, n, bs):
     ids = list(range(start, min(n, start + bs)))
     ids += [ids[-1]] * (bs - len(ids))  # Pad the last batch (fixed shapes).
     policy = rollout.ModelPolicy(model_config, lambda: (params, version),
                                  limits.cache_len(), greedy,
-                                 rng=jax.random.PRNGKey(0))
+                                 rng=jax.random.PRNGKey(0),
+                                 min_bucket=limits.min_prompt_bucket)
     trajs = rollout.run_episodes(policy, envs, ids, tokenizer, limits)
     for traj in trajs[:min(n, start + bs) - start]:
       scores.append(traj.total_reward)

@@ -8,9 +8,11 @@ Uses tensorboard's own ``EventFileWriter`` and ``Summary`` protos, the same reco
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
 import os
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from absl import logging
@@ -128,3 +130,116 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
           if array.size == 1 and np.issubdtype(array.dtype, np.number):
             out[value.tag][int(event.step)] = float(array.reshape(()))
   return {tag: sorted(d.items()) for tag, d in out.items()}
+
+
+def step_scalars(step_metrics: Mapping[str, float],
+                 host_batch: Mapping[str, np.ndarray],
+                 *, policy_version: int, trainer_tokens_per_s: float,
+                 sampler_tokens_per_s: float, trainer_idle_frac: float,
+                 sampler_stats: Mapping[str, float], sampler_idle_frac: float,
+                 publish_s: float, generated_tokens: int,
+                 stream_counters: Mapping[str, float],
+                 ring_stats: Mapping[str, object]) -> dict[str, float]:
+  """Every scalar a logged train step reports (the one place they are named).
+
+  Args:
+    step_metrics: The jitted step's metrics, on the host.
+    host_batch: The step's process-local batch (for its staleness).
+    policy_version: The trainer's policy version after the step.
+    trainer_tokens_per_s: Action tokens trained per second since the last log.
+    sampler_tokens_per_s: Action tokens sampled per second since the last log.
+    trainer_idle_frac: Share of the run the trainer waited for batches.
+    sampler_stats: ``SamplerStats.as_dict()``.
+    sampler_idle_frac: ``SamplerStats.idle_frac()``.
+    publish_s: Seconds spent publishing weights so far.
+    generated_tokens: Action tokens read from the ring (all hosts).
+    stream_counters: ``StreamCounters.as_dict()``.
+    ring_stats: ``RingReader.stats()``.
+  """
+  staleness = np.asarray(host_batch["staleness"], np.float64)
+  lanes = ring_stats["lanes"]
+  return {
+      **{k: float(v) for k, v in step_metrics.items()},
+      "staleness/min": staleness.min(),
+      "staleness/mean": staleness.mean(),
+      "staleness/max": staleness.max(),
+      "policy_version": policy_version,
+      "throughput/trainer_tokens_per_s": trainer_tokens_per_s,
+      "throughput/sampler_tokens_per_s": sampler_tokens_per_s,
+      "idle/trainer_frac": trainer_idle_frac,
+      "idle/sampler_frac": sampler_idle_frac,
+      "weights/publish_s_total": publish_s,
+      "tokens/generated_total": float(generated_tokens),
+      "stream/dropped_stale": stream_counters["dropped_stale"],
+      "stream/multi_version_frac": stream_counters["multi_version"] / max(
+          1, stream_counters["admitted"]),
+      "ring/occupancy_bytes": float(sum(
+          lane["occupancy_bytes"] for lane in lanes)),
+      "ring/occupancy_frac": float(ring_stats["occupancy"]),
+      "ring/producer_deaths": float(ring_stats["producer_deaths"]),
+      **sampler_stats,
+  }
+
+
+def run_summary(eval_before: Mapping[str, float],
+                eval_after: Mapping[str, float], steps: int,
+                policy_version: int, stream_counters: Mapping[str, float],
+                process_count: int, sampler_stats, clock) -> dict[str, float]:
+  """The run's closing figures (``summary.json`` and ``summary/*`` scalars).
+
+  ``sampler_stats`` is the sampler's ``SamplerStats``; ``clock`` the loop's
+  wall clock (``elapsed``, ``trainer_wait`` and the steady-state span, from
+  the 3rd step on: compilation excluded).
+  """
+  c = stream_counters
+  elapsed = clock.elapsed
+  return {
+      "accuracy_before": eval_before["eval/accuracy"],
+      "accuracy_after": eval_after["eval/accuracy"],
+      "eval_problems": eval_after["eval/num_problems"],
+      "steps": float(steps),
+      "policy_version": float(policy_version),
+      "trajectories_read_from_ring": float(c["records_read"]),
+      "trajectories_trained": float(c["admitted"]),
+      "dropped_stale": float(c["dropped_stale"]),
+      "generated_tokens": float(c["action_tokens_read"] * process_count),
+      "staleness_mean": float(c["staleness_mean"]),
+      "staleness_max": float(c["staleness_max"]),
+      "sampler_episodes": float(sampler_stats.episodes),
+      "sampler_tokens_per_s": sampler_stats.action_tokens / max(1e-9, elapsed),
+      "wall_s": elapsed,
+      "train_wall_s": clock.steady_end - clock.steady_start,
+      "train_wall_steps": float(clock.steady_steps),
+      "trainer_idle_frac": clock.trainer_wait / max(1e-9, elapsed),
+      "sampler_idle_frac": sampler_stats.idle_frac(),
+  }
+
+
+@dataclasses.dataclass
+class RunClock:
+  """Wall time, the trainer's waits and the steady state (compiles excluded)."""
+
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  trainer_wait: float = 0.0
+  steady_start: float = 0.0
+  steady_end: float = 0.0
+  steady_steps: int = 0
+
+  @property
+  def elapsed(self) -> float:
+    return time.perf_counter() - self.start
+
+  def step_done(self, done: int, start_step: int) -> None:
+    if done == start_step + 2:  # Trainer and sampler have compiled by now.
+      self.steady_start = time.perf_counter()
+    elif self.steady_start:
+      self.steady_steps += 1
+      self.steady_end = time.perf_counter()
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes ``obj`` as JSON to ``path`` via rename (the run-finished marker)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)

@@ -1,7 +1,8 @@
 """Optimizers for actor and critic: optax AdamW, schedules, clipping, frozen params.
 
 The paper trains the critic faster than the actor (lr 5e-6 vs 1e-6) and optionally
-with its attention frozen (§3.2, "practical value-model designs"): frozen leaves get
+with its attention frozen (paper §3.2, "practical value-model designs"): frozen
+leaves get
 ``optax.set_to_zero`` through ``optax.multi_transform``, so they never move and
 hold no Adam moments.
 """

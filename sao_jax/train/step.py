@@ -1,18 +1,26 @@
-"""The SAO train step: critic updates, advantages, one policy update (DESIGN §2).
+"""The SAO train step: critic updates, advantages, one policy update.
+
+The math is docs/DESIGN.md §2.
 
 Per batch of single-rollout trajectories ``[B, T]``:
 
 1. The critic (``ValueModel``) scores every token; the value of action token t
    is the critic's output at position t−1 (the state before t was sampled).
-2. Advantages and value targets come from the configured estimator; SAO's is
+2. Advantages and value targets come from the estimator the loss is
+   registered with (``LossSpec.advantage``) unless the config names another
+   (``rl.advantage``, e.g. the DIS-only ablation's plain GAE); SAO's is
    decoupled skip-observation GAE (λ_critic for targets, λ_policy = 1 − 1/(α·l)
    for advantages, Eqs. 4–5), computed once from the pre-update critic.
 3. ``critic_updates_per_step`` critic steps on the value loss ("faster value
-   update", §3.2), optionally with attention frozen (masked updates).
+   update", paper §3.2), optionally with attention frozen (masked updates).
 4. Unless still in critic warm-up, one policy step on the registered loss
    (SAO: DIS against the sampler's rollout log-probs, Eqs. 1–3), with the
    trainer's log-probs computed at the sampler's temperature. Policy version
    = number of policy optimizer steps.
+
+With ``TrainState.ref_params`` (the initial policy, kept when ``kl_coef`` > 0)
+the PPO/GRPO losses also get ``ref_logp``, the reference policy's log-probs,
+for their k3 KL penalty.
 
 Losses that need π_old (PPO/GRPO family) get ``old_logp = sg(logp)``: one
 update per batch, π_old is the trainer's current policy, as in verl/OpenRLHF
@@ -31,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
@@ -52,7 +59,7 @@ ESTIMATORS = CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
 class TrainState:
   """Everything the step changes. ``step`` counts train steps (batches),
 
-  ``policy_version`` counts policy optimizer steps (DESIGN §4)."""
+  ``policy_version`` counts policy optimizer steps (docs/DESIGN.md §4)."""
 
   step: Array
   policy_version: Array
@@ -61,6 +68,9 @@ class TrainState:
   policy_opt_state: Any
   value_opt_state: Any
   running_mean: adv_lib.RunningMeanState | None = None
+  # Frozen reference policy for the k3 KL penalty (losses with ``kl_coef``);
+  # None when no KL is asked for.
+  ref_params: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +80,8 @@ class StepConfig:
   Attributes:
     loss: Registered loss name (``sao_jax.rl.registry``).
     loss_hparams: Sorted (key, value) pairs overriding the loss defaults.
-    advantage: Estimator name (one of ``ESTIMATORS``).
+    advantage: Estimator name (one of ``ESTIMATORS``); None: the one the loss
+      is registered with (``registry.LossSpec.advantage``).
     gamma: Discount.
     lam_critic: λ for value targets (and for plain 'gae' advantages).
     lam_policy_alpha: α of the length-adaptive λ_policy (decoupled_gae).
@@ -84,7 +95,7 @@ class StepConfig:
 
   loss: str = "sao"
   loss_hparams: tuple[tuple[str, Any], ...] = ()
-  advantage: str = "decoupled_gae"
+  advantage: str | None = None
   gamma: float = 1.0
   lam_critic: float = 1.0
   lam_policy_alpha: float = adv_lib.SAO_ALPHA
@@ -96,14 +107,26 @@ class StepConfig:
 
   def __post_init__(self):
     registry.get_spec(self.loss)  # Raises listing the known names.
-    if self.advantage not in ESTIMATORS:
+    if self.estimator not in ESTIMATORS:
       raise ValueError(
-          f"Unknown advantage estimator {self.advantage!r}; known: "
+          f"Unknown advantage estimator {self.estimator!r}; known: "
           f"{', '.join(ESTIMATORS)}.")
 
   @property
+  def estimator(self) -> str:
+    """The advantage estimator used: ``advantage``, else the loss's pairing."""
+    if self.advantage is not None:
+      return self.advantage
+    return registry.get_spec(self.loss).advantage
+
+  @property
+  def uses_reference(self) -> bool:
+    """Whether the loss has a KL penalty to a reference policy switched on."""
+    return bool(dict(self.loss_hparams).get("kl_coef") or 0.0)
+
+  @property
   def uses_critic(self) -> bool:
-    return self.advantage in CRITIC_ESTIMATORS
+    return self.estimator in CRITIC_ESTIMATORS
 
 
 def _aligned_values(critic: transformer.ValueModel, params: Any,
@@ -117,15 +140,21 @@ def _aligned_values(critic: transformer.ValueModel, params: Any,
 
 def _policy_logp(policy: transformer.Transformer, params: Any, batch: Batch,
                  temperature: float) -> tuple[Array, Array]:
-  """Trainer log-probs of each token (at the sampler's temperature) and entropy."""
+  """Trainer log-probs of each token (at the sampler's temperature) and entropy.
+
+  One log-softmax over the vocabulary gives both; out[:, t] is about token t
+  given its prefix (as ``models.logprobs.logprobs_from_logits``), 0 at t = 0.
+  """
+  tokens = batch["tokens"]
   positions = transformer.positions_from_mask(batch["attention_mask"])
-  logits, _ = policy.apply({"params": params}, batch["tokens"], positions,
+  logits, _ = policy.apply({"params": params}, tokens, positions,
                            batch["attention_mask"])
-  logp = logprobs_lib.logprobs_from_logits(logits, batch["tokens"], temperature)
   scaled = jax.nn.log_softmax(
-      logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
+      logits[:, :-1].astype(jnp.float32) / jnp.float32(temperature), axis=-1)
+  logp = jnp.take_along_axis(scaled, tokens[:, 1:, None].astype(jnp.int32),
+                             axis=-1)[..., 0]
   ent = -(jnp.exp(scaled) * scaled).sum(-1)
-  return logp, jnp.pad(ent, ((0, 0), (1, 0)))
+  return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
 
 
 def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
@@ -137,30 +166,31 @@ def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
   seq_reward = rewards.sum(-1)
   _, returns = adv_lib.gae(rewards, values, mask, gamma=cfg.gamma,
                            lam=cfg.lam_critic)
-  if cfg.advantage == "decoupled_gae":
+  estimator = cfg.estimator
+  if estimator == "decoupled_gae":
     adv, returns = adv_lib.decoupled_gae(
         rewards, values, mask, gamma=cfg.gamma, alpha=cfg.lam_policy_alpha,
         lam_critic=cfg.lam_critic)
-  elif cfg.advantage == "vapo_gae":
+  elif estimator == "vapo_gae":
     adv, returns = adv_lib.decoupled_gae(
         rewards, values, mask, gamma=cfg.gamma, alpha=adv_lib.VAPO_ALPHA,
         lam_critic=cfg.lam_critic)
-  elif cfg.advantage == "gae":
+  elif estimator == "gae":
     adv, _ = adv_lib.gae(rewards, values, mask, gamma=cfg.gamma,
                          lam=cfg.lam_critic)
-  elif cfg.advantage in GROUP_ESTIMATORS:
-    fn = getattr(adv_lib, cfg.advantage)
+  elif estimator in GROUP_ESTIMATORS:
+    fn = getattr(adv_lib, estimator)
     seq_adv = fn(seq_reward, batch["group_index"], cfg.max_groups)
     adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
-  elif cfg.advantage == "batch_whiten":
+  elif estimator == "batch_whiten":
     adv = adv_lib.reinforce_pp_advantages(rewards, mask, gamma=cfg.gamma)
   else:  # running_mean
     if running_mean is None:
       raise ValueError("advantage='running_mean' needs TrainState.running_mean "
                        "(adv_lib.running_mean_init(num_prompts, k)).")
-    ids = batch["prompt_id"]
-    if cfg.running_mean_global:
-      ids = jnp.zeros_like(ids)
+    # One table row per prompt: n consecutive prompt ids (a task set's item
+    # seeds) fall on n distinct rows; one row pools every prompt ('global').
+    ids = batch["prompt_id"] % running_mean.count.shape[0]
     seq_adv, running_mean = adv_lib.running_mean_advantages(
         running_mean, ids, seq_reward)
     adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
@@ -194,14 +224,18 @@ def _policy_update(policy, tx, cfg: StepConfig, state: TrainState,
                    batch: Batch, adv: Array):
   loss_fn = registry.get_loss_fn(cfg.loss, dict(cfg.loss_hparams))
   mask = batch["action_mask"]
+  ref_logp = None
+  if state.ref_params is not None:
+    ref_logp = jax.lax.stop_gradient(_policy_logp(
+        policy, state.ref_params, batch, cfg.temperature)[0])
 
   def objective(p):
     logp, ent = _policy_logp(policy, p, batch, cfg.temperature)
     sg = jax.lax.stop_gradient(logp)
-    pb = registry.PolicyBatch(
+    policy_batch = registry.PolicyBatch(
         rollout_logp=batch["rollout_logp"], advantages=adv, mask=mask,
-        old_logp=sg, prox_logp=sg)
-    loss, m = loss_fn(logp, pb)
+        old_logp=sg, prox_logp=sg, ref_logp=ref_logp)
+    loss, m = loss_fn(logp, policy_batch)
     m = dict(m)
     m["entropy"] = rl_metrics.masked_mean(ent, mask)
     return loss, m
@@ -275,9 +309,13 @@ def make_step(model_config: ModelConfig, cfg: StepConfig,
 def create_train_state(policy_params: Any, value_params: Any,
                        policy_tx: optax.GradientTransformation,
                        value_tx: optax.GradientTransformation, *,
-                       running_mean: adv_lib.RunningMeanState | None = None
-                       ) -> TrainState:
-  """A fresh state at step 0, policy version 0 (params must be unboxed)."""
+                       running_mean: adv_lib.RunningMeanState | None = None,
+                       ref_params: Any = None) -> TrainState:
+  """A fresh state at step 0, policy version 0 (params must be unboxed).
+
+  ``ref_params``: the frozen reference policy of the KL penalty (a copy of
+  the initial policy), or None for no KL.
+  """
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       policy_version=jnp.zeros((), jnp.int32),
@@ -285,4 +323,4 @@ def create_train_state(policy_params: Any, value_params: Any,
       value_params=value_params,
       policy_opt_state=policy_tx.init(policy_params),
       value_opt_state=value_tx.init(value_params),
-      running_mean=running_mean)
+      running_mean=running_mean, ref_params=ref_params)

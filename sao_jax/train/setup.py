@@ -1,0 +1,206 @@
+"""What the loop starts from, built from the config (docs/DESIGN.md §1, §5).
+
+``build(config, workdir, writer)`` makes, in this order: the tokenizer, the
+model config, the tasks, the mesh, the initial policy (``warm_start``) and
+its critic, the two optimizers, the train state in its mesh shardings
+(restored from the newest checkpoint in ``workdir/checkpoints`` if there is
+one) and the jitted step functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+import optax
+from absl import logging
+
+from sao_jax import sharding
+from sao_jax import tokenizer as tok_lib
+from sao_jax.envs import build as env_build
+from sao_jax.envs import reasoning_gym_env
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.rl import advantages as adv_lib
+from sao_jax.rl import registry
+from sao_jax.train import checkpoint as ckpt_lib
+from sao_jax.train import metrics as metrics_lib
+from sao_jax.train import optim
+from sao_jax.train import step as step_lib
+from sao_jax.train import warm_start
+
+_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+StepFn = Callable[[step_lib.TrainState, Any], tuple[step_lib.TrainState, Any]]
+
+
+def model_config_from(config: Any, tokenizer: tok_lib.Tokenizer) -> ModelConfig:
+  """``ModelConfig`` from ``config.model``; its vocabulary fits the tokenizer."""
+  mcfg = ModelConfig(**{k: config.model[k] for k in _MODEL_FIELDS})
+  if mcfg.vocab_size < tokenizer.vocab_size:
+    raise ValueError(
+        f"config.model.vocab_size={mcfg.vocab_size} < tokenizer vocab "
+        f"{tokenizer.vocab_size}; raise config.model.vocab_size.")
+  return mcfg
+
+
+def run_tokenizer(config: Any, workdir: str,
+                  primary: bool) -> tok_lib.Tokenizer:
+  """The run's tokenizer (``tokenizer_from_config``), one for all processes.
+
+  In a multi-host run process 0 trains (or loads) it first and the others
+  wait at a barrier, then load the file it wrote to the shared workdir, so
+  every host maps text to the same ids.
+  """
+  if jax.process_count() == 1:
+    return tok_lib.tokenizer_from_config(config.tokenizer, workdir)
+  tokenizer = (tok_lib.tokenizer_from_config(config.tokenizer, workdir)
+               if primary else None)
+  multihost_utils.sync_global_devices("sao_jax tokenizer ready")
+  return tokenizer or tok_lib.tokenizer_from_config(config.tokenizer, workdir)
+
+
+def local_batch_size(config: Any) -> int:
+  """This host's rows per step; whole sampler batches, so sync can alternate."""
+  local_batch = int(config.train.batch_size) // jax.process_count()
+  n_roll = int(config.sampler.n_rollouts)
+  episodes_per_batch = max(1, int(config.sampler.batch_size) // n_roll) * n_roll
+  if local_batch % episodes_per_batch:
+    raise ValueError(
+        f"train.batch_size/process_count={local_batch} must be a multiple of "
+        f"the sampler's episodes per batch ({episodes_per_batch} = "
+        "sampler.batch_size rounded down to a multiple of n_rollouts); "
+        "otherwise sync mode cannot alternate.")
+  return local_batch
+
+
+def optimizers(config: Any, value_params: Any
+               ) -> tuple[optax.GradientTransformation,
+                          optax.GradientTransformation]:
+  """(actor, critic) AdamW from ``config.optim``.
+
+  Both share every ``config.optim`` key but their learning rates
+  (``actor_lr``, ``critic_lr``). The critic's schedule also spans the critic
+  warm-up steps; with ``rl.critic_frozen_attention`` its attention is frozen.
+  """
+  shared = {k: v for k, v in config.optim.items() if not k.endswith("_lr")}
+  num_steps = int(config.train.num_steps)
+  policy_tx = optim.make_optimizer(float(config.optim.actor_lr),
+                                   total_steps=num_steps, **shared)
+  labels = (optim.frozen_attention_labels(value_params)
+            if config.rl.critic_frozen_attention else None)
+  value_tx = optim.make_optimizer(
+      float(config.optim.critic_lr),
+      total_steps=int(config.rl.critic_warmup_steps) + num_steps,
+      labels=labels, **shared)
+  return policy_tx, value_tx
+
+
+def step_config_from(config: Any) -> step_lib.StepConfig:
+  """The step's static settings; loss hparams are the loss's registered keys."""
+  rl = config.rl
+  loss = str(rl.loss)
+  hparams = tuple(sorted((k, rl[k]) for k in registry.get_spec(loss).defaults
+                         if rl.get(k) is not None))
+  return step_lib.StepConfig(
+      loss=loss, loss_hparams=hparams, advantage=rl.advantage,
+      gamma=float(rl.gamma), lam_critic=float(rl.lam_critic),
+      lam_policy_alpha=float(rl.lam_policy_alpha),
+      critic_updates_per_step=int(rl.critic_updates_per_step),
+      temperature=float(config.sampler.temperature),
+      value_clip=rl.value_clip, max_groups=int(config.train.batch_size),
+      running_mean_global=rl.running_mean_scope == "global")
+
+
+def _abstract_boxed(mcfg: ModelConfig, value: bool) -> Any:
+  tok = jnp.zeros((1, 1), jnp.int32)
+  module = transformer.ValueModel(mcfg) if value else transformer.Transformer(
+      mcfg)
+  return jax.eval_shape(
+      lambda: module.init(jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything ``build`` makes; ``meta`` is what the checkpoint carries."""
+
+  config: Any
+  tokenizer: tok_lib.Tokenizer
+  mcfg: ModelConfig
+  train_tasks: reasoning_gym_env.ReasoningGymTasks
+  eval_tasks: reasoning_gym_env.ReasoningGymTasks
+  mesh: jax.sharding.Mesh
+  rules: Any
+  state: step_lib.TrainState
+  ckpt: ckpt_lib.Checkpointer
+  meta: dict[str, Any]
+  critic_only_step: StepFn  # Critic warm-up: the policy does not move.
+  full_step: StepFn  # Critic updates and one policy update.
+
+
+def _train_state(config: Any, mcfg: ModelConfig, step_cfg: step_lib.StepConfig,
+                 policy_params: Any, num_prompts: int, mesh, rules
+                 ) -> tuple[step_lib.TrainState, Any, Any, Any]:
+  """(state in its mesh shardings, its shardings, actor tx, critic tx)."""
+  p_shard = sharding.param_shardings(_abstract_boxed(mcfg, False), mesh, rules)
+  v_shard = sharding.param_shardings(_abstract_boxed(mcfg, True), mesh, rules)
+  value_params = transformer.value_params_from_policy(
+      policy_params, mcfg, jax.random.PRNGKey(int(config.train.seed) + 7))
+  policy_params = sharding.shard_params(policy_params, p_shard)
+  value_params = sharding.shard_params(value_params, v_shard)
+  policy_tx, value_tx = optimizers(config, value_params)
+  running_mean = None
+  if step_cfg.estimator == "running_mean":
+    running_mean = adv_lib.running_mean_init(
+        1 if step_cfg.running_mean_global else num_prompts,
+        int(config.rl.running_mean_k))
+  # The KL penalty's reference: the initial policy, frozen (a copy, since the
+  # step donates the state's buffers).
+  ref_params = (jax.tree.map(jnp.copy, policy_params)
+                if step_cfg.uses_reference else None)
+  state = step_lib.create_train_state(policy_params, value_params, policy_tx,
+                                      value_tx, running_mean=running_mean,
+                                      ref_params=ref_params)
+  # Params and optimizer moments keep their mesh shardings; scalars (step,
+  # version, Adam counts) are replicated over the mesh (not one local device,
+  # which would break multi-host runs).
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state_sharding = jax.tree.map(
+      lambda x: x.sharding if isinstance(
+          x.sharding, jax.sharding.NamedSharding) else replicated, state)
+  return (jax.device_put(state, state_sharding), state_sharding, policy_tx,
+          value_tx)
+
+
+def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
+          primary: bool) -> Setup:
+  """Builds the run (see the module docstring); resumes if it can."""
+  tokenizer = run_tokenizer(config, workdir, primary)
+  mcfg = model_config_from(config, tokenizer)
+  train_tasks, eval_tasks = env_build.build_tasks(config.env)
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.normalize_rules(config.mesh.rules)
+  policy_params = warm_start.initial_policy(
+      config, mcfg, tokenizer, train_tasks, eval_tasks, workdir, writer)
+  step_cfg = step_config_from(config)
+  state, state_sharding, policy_tx, value_tx = _train_state(
+      config, mcfg, step_cfg, policy_params, len(train_tasks), mesh, rules)
+
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  meta: dict[str, Any] = {"episodes_consumed": 0, "stream": {},
+                          "eval_before": None}
+  if ckpt.latest_step() is not None:
+    # Restored straight into the mesh shardings (each host reads its shards).
+    state, meta, step0 = ckpt.restore(state)
+    logging.info("Resumed from checkpoint step %d (policy version %d).",
+                 step0, int(state.policy_version))
+  step_fns = [step_lib.make_step(
+      mcfg, step_cfg, policy_tx, value_tx, update_policy=update_policy,
+      state_sharding=state_sharding,
+      batch_sharding=sharding.batch_sharding(mesh, rules))
+              for update_policy in (False, True)]
+  return Setup(config, tokenizer, mcfg, train_tasks, eval_tasks, mesh, rules,
+               state, ckpt, meta, *step_fns)

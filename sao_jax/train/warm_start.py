@@ -1,0 +1,180 @@
+"""The policy a run starts from: HF checkpoint, or random init + SFT warm start.
+
+The warm start trains on demonstrations in the sampler's template
+(``sft_examples``, drawn from ``sft_tasks``) with ``sft.run_sft``; the result
+is cached on disk (``initial_policy``) so a resumed run, or any run with the
+same model, tokenizer, env and SFT settings, does not train it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from sao_jax import tokenizer as tok_lib
+from sao_jax.envs import evolving
+from sao_jax.envs import reasoning_gym_env
+from sao_jax.envs import tool_env
+from sao_jax.models import hf
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import metrics as metrics_lib
+from sao_jax.train import sft as sft_lib
+
+# The SFT warm start draws from the first training tasks only (generating
+# reasoning-gym entries costs ~1 ms each); RL then sees all of them.
+MAX_SFT_EXAMPLES = 4096
+
+
+def random_policy(mcfg: ModelConfig, seed: int) -> Any:
+  """Unboxed ``Transformer`` params from ``PRNGKey(seed)``."""
+  tok = jnp.zeros((1, 1), jnp.int32)
+  return nn.unbox(transformer.Transformer(mcfg).init(
+      jax.random.PRNGKey(seed), tok, tok, tok == 0)["params"])
+
+
+def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
+                 tool_frac: float = 0.0,
+                 styles: tuple[str, ...] = ()) -> list[sft_lib.Example]:
+  """SFT demonstrations in the sampler's template, fitting ``max_len``.
+
+  A ``tool_frac`` share (every k-th task) demonstrates the calculator: the
+  action calls it with the task's expression, the tool result is an
+  observation (not trained on), then the answer. The rest answer directly.
+  With ``styles`` (the evolving env), task i's answer is written in style
+  ``styles[i % len(styles)]``, so the warm-started policy knows every style
+  and RL has to find out which one the reward wants now.
+  """
+  every = round(1.0 / tool_frac) if tool_frac > 0 else 0
+  out = []
+  for i in range(min(n, len(tasks))):
+    entry = tasks.entry(i)
+    segments = [(tokenizer.encode(tok_lib.format_prompt(entry["question"])),
+                 False)]
+    expr = entry.get("metadata", {}).get("expression")
+    if every and i % every == 0 and expr is not None:
+      value = tool_env.format_number(tool_env.calculate(expr))
+      segments += [
+          (tokenizer.encode(tok_lib.format_tool_call(expr)), True),
+          (tokenizer.encode(tok_lib.format_tool_result(value)), False)]
+    answer = str(entry["answer"])
+    if styles:
+      answer = evolving.format_style(answer, styles[i % len(styles)])
+    segments.append(
+        (tokenizer.encode(tok_lib.format_assistant_turn(answer)), True))
+    if sum(len(seg) for seg, _ in segments) <= max_len:
+      out.append(segments)
+  return out
+
+
+def sft_cache_key(config: Any, mcfg: ModelConfig,
+                  tokenizer: tok_lib.Tokenizer) -> str:
+  """Hash of everything the SFT warm start depends on (a shared-cache key)."""
+  t = config.train
+  parts = {
+      "model": dataclasses.asdict(mcfg),
+      "tokenizer": hashlib.sha256(tokenizer.serialized_proto()).hexdigest(),
+      "env": json.loads(config.env.to_json_best_effort(sort_keys=True)),
+      "sft": [int(t.sft_steps), int(t.sft_batch_size), float(t.sft_lr),
+              int(t.sft_max_len), float(t.sft_tool_frac), int(t.sft_seed),
+              t.sft_data_seed],
+  }
+  blob = json.dumps(parts, sort_keys=True, default=str).encode()
+  return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def sft_tasks(config: Any, train_tasks: reasoning_gym_env.ReasoningGymTasks,
+              eval_tasks: reasoning_gym_env.ReasoningGymTasks
+              ) -> reasoning_gym_env.ReasoningGymTasks:
+  """The SFT demonstrations' problems (``train.sft_data_seed``).
+
+  None: the RL training tasks themselves. An int: ``MAX_SFT_EXAMPLES``
+  problems of their own item seeds, which must not overlap the RL training
+  or the held-out problems.
+  """
+  if config.train.sft_data_seed is None:
+    return train_tasks
+  tasks = reasoning_gym_env.ReasoningGymTasks(
+      train_tasks.name, dict(config.env.dataset_config),
+      seed=int(config.train.sft_data_seed), size=MAX_SFT_EXAMPLES)
+  for other, label in ((train_tasks, "RL training"), (eval_tasks, "held-out")):
+    reasoning_gym_env.check_disjoint(
+        other, tasks, labels=(label, "SFT (train.sft_data_seed)"),
+        fix="choose a train.sft_data_seed outside the RL training and "
+            "held-out item seeds")
+  return tasks
+
+
+def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
+             tasks: reasoning_gym_env.ReasoningGymTasks,
+             writer: metrics_lib.MetricWriter) -> Any:
+  """Random init + supervised warm start (``train.sft_*``)."""
+  params = random_policy(mcfg, int(config.train.sft_seed))
+  cfg = sft_lib.SFTConfig(
+      steps=int(config.train.sft_steps),
+      batch_size=int(config.train.sft_batch_size),
+      max_len=int(config.train.sft_max_len), lr=float(config.train.sft_lr),
+      seed=int(config.train.sft_seed))
+  styles = (tuple(config.env.styles) if str(config.env.name) == "evolving"
+            else ())
+  examples = sft_examples(tasks, tokenizer,
+                          min(len(tasks), MAX_SFT_EXAMPLES), cfg.max_len,
+                          float(config.train.sft_tool_frac), styles)
+  logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
+               len(examples))
+  params, _ = sft_lib.run_sft(
+      mcfg, params, examples, cfg, pad_id=tokenizer.pad_id,
+      on_metrics=lambda i, m: writer.write_scalars(i - cfg.steps, m))
+  return params
+
+
+def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
+                   train_tasks, eval_tasks, workdir: str,
+                   writer: metrics_lib.MetricWriter) -> Any:
+  """HF checkpoint, cached SFT result, or random init + SFT (cached).
+
+  The SFT result is cached in ``workdir/sft``, or with ``train.sft_cache_dir``
+  in ``<sft_cache_dir>/<sft_cache_key>``, shared by every run with the same
+  model, tokenizer, env and SFT settings; a file lock makes concurrent runs
+  wait for the one that trains it.
+  """
+  if config.model.init_from:
+    loaded_cfg, params = hf.load_hf_checkpoint(config.model.init_from)
+    if loaded_cfg != mcfg:
+      raise ValueError(
+          f"config.model does not match the checkpoint at "
+          f"{config.model.init_from}: config {mcfg} vs checkpoint "
+          f"{loaded_cfg}.")
+    return params
+  if int(config.train.sft_steps) <= 0:
+    return random_policy(mcfg, int(config.train.seed))
+  cache_root = str(config.train.sft_cache_dir)
+  if cache_root:
+    os.makedirs(cache_root, exist_ok=True)
+    sft_dir = os.path.join(cache_root, sft_cache_key(config, mcfg, tokenizer))
+  else:
+    sft_dir = os.path.join(workdir, "sft")
+  with open(sft_dir + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
+    if os.path.exists(os.path.join(sft_dir, "config.json")):
+      logging.info("Using the SFT warm start cached in %s", sft_dir)
+      return hf.load_hf_checkpoint(sft_dir)[1]
+    params = _run_sft(config, mcfg, tokenizer,
+                      sft_tasks(config, train_tasks, eval_tasks), writer)
+    if os.path.exists(sft_dir):  # Left by a run killed while saving.
+      shutil.rmtree(sft_dir)
+    tmp = f"{sft_dir}.tmp{os.getpid()}"
+    hf.save_hf_checkpoint(mcfg, params, tmp, arch="LlamaForCausalLM"
+                          if not mcfg.qkv_bias else "Qwen2ForCausalLM")
+    os.replace(tmp, sft_dir)  # Readers never see a half-written cache.
+  return params
