@@ -324,12 +324,12 @@ def _check_names(c: Any) -> None:
   # pylint: disable=g-import-not-at-top
   from sao_jax.envs import evolving
   from sao_jax.envs import registry as envs
+  from sao_jax.rl import advantages
   from sao_jax.rl import registry as losses
-  from sao_jax.train import step
   # pylint: enable=g-import-not-at-top
   _check(c, "rl.loss", *_in(losses.known_losses(), "a registered loss"))
-  _check(c, "rl.advantage", lambda v: v is None or v in step.ESTIMATORS,
-         f"one of {step.ESTIMATORS} or None (the loss's own)")
+  _check(c, "rl.advantage", lambda v: v is None or v in advantages.ESTIMATORS,
+         f"one of {advantages.ESTIMATORS} or None (the loss's own)")
   _check(c, "env.name", *_in(envs.available_envs(), "a registered env"))
   _check_dataset_name("env.dataset", c.env.dataset)
   _check(c, "env.styles",

@@ -49,11 +49,6 @@ from sao_jax.rl import registry
 Array = jax.Array
 Batch = Mapping[str, Array]
 
-CRITIC_ESTIMATORS = ("decoupled_gae", "gae", "vapo_gae")
-GROUP_ESTIMATORS = ("group_zscore", "group_mean", "rloo")
-ESTIMATORS = CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
-    "batch_whiten", "running_mean")
-
 
 @flax.struct.dataclass
 class TrainState:
@@ -107,10 +102,10 @@ class StepConfig:
 
   def __post_init__(self):
     registry.get_spec(self.loss)  # Raises listing the known names.
-    if self.estimator not in ESTIMATORS:
+    if self.estimator not in adv_lib.ESTIMATORS:
       raise ValueError(
           f"Unknown advantage estimator {self.estimator!r}; known: "
-          f"{', '.join(ESTIMATORS)}.")
+          f"{', '.join(adv_lib.ESTIMATORS)}.")
 
   @property
   def estimator(self) -> str:
@@ -126,7 +121,7 @@ class StepConfig:
 
   @property
   def uses_critic(self) -> bool:
-    return self.estimator in CRITIC_ESTIMATORS
+    return self.estimator in adv_lib.CRITIC_ESTIMATORS
 
 
 def _aligned_values(critic: transformer.ValueModel, params: Any,
@@ -178,7 +173,7 @@ def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
   elif estimator == "gae":
     adv, _ = adv_lib.gae(rewards, values, mask, gamma=cfg.gamma,
                          lam=cfg.lam_critic)
-  elif estimator in GROUP_ESTIMATORS:
+  elif estimator in adv_lib.GROUP_ESTIMATORS:
     fn = getattr(adv_lib, estimator)
     seq_adv = fn(seq_reward, batch["group_index"], cfg.max_groups)
     adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
