@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from sao_jax import tokenizer as tok_lib
 from sao_jax.envs.base import Environment
 from sao_jax.envs.base import final_answer
 from sao_jax.envs.base import StepResult
@@ -110,7 +109,7 @@ class ReasoningGymEnv(Environment):
   def reset(self, task: int) -> str:
     self._index = int(task)
     self.prompt_id = self.tasks.prompt_id(self._index)
-    return tok_lib.format_prompt(self.question(self._index))
+    return self.template.format_prompt(self.question(self._index))
 
   def _require_episode(self) -> int:
     if self._index is None:
@@ -122,7 +121,7 @@ class ReasoningGymEnv(Environment):
 
   def step(self, action_text: str) -> StepResult:
     index = self._require_episode()
-    answer = final_answer(action_text)
+    answer = final_answer(action_text, self.template)
     reward = self.score(answer)
     self._index = None
     return StepResult("", reward, True, {"answer": answer, "task_index": index})

@@ -48,7 +48,7 @@ class SamplerSpec:
 
   config: Any  # The whole ml_collections config.
   model_config: Any  # sao_jax.models.config.ModelConfig.
-  tokenizer_proto: bytes  # Serialized SentencePiece model.
+  tokenizer_proto: bytes  # `serialized_proto()` of the run's tokenizer.
   ring_name: str
   lane: int
   weights_name: str
@@ -155,7 +155,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from sao_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from sao_jax import text_tokenizer  # pylint: disable=g-import-not-at-top
   from sao_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.envs import from_config  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
@@ -167,7 +167,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
 
   cfg = spec.config
   mcfg = spec.model_config
-  tokenizer = tok_lib.Tokenizer(spec.tokenizer_proto)
+  tokenizer = text_tokenizer.from_serialized(spec.tokenizer_proto)
   train_tasks, _ = from_config.build_tasks(cfg.env)
   n_roll = int(cfg.sampler.n_rollouts)
   prompts_per_batch = max(1, int(cfg.sampler.batch_size) // n_roll)
