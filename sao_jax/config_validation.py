@@ -337,6 +337,10 @@ def _check_env(c: Any) -> None:
   _check(c, "env.size", _pos_int, "a positive int")
   _check(c, "env.eval_size", _nonneg, "int >= 0")
   _check(c, "env.max_turns", _pos_int, "a positive int")
+  from sao_jax.envs import answers  # pylint: disable=g-import-not-at-top
+  _check(c, "env.answer", lambda v: v in answers.ANSWER_RULES and (
+      v == "whole" or c.env.name != "evolving"),
+         f"one of {answers.ANSWER_RULES} ('whole' for the evolving env)")
   _check(c, "env.max_tool_calls", _nonneg, "int >= 0")
   _check(c, "env.tool_timeout_s", lambda v: v > 0, "float > 0")
   from sao_jax.envs import evolving  # pylint: disable=g-import-not-at-top
