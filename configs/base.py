@@ -40,6 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
+  config.model.remat = False  # Recompute block activations in backward.
 
   # ------------------------------------------------------------ tokenizer ---
   config.tokenizer = ml_collections.ConfigDict()

@@ -57,6 +57,7 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.sampler import process as sampler_lib
 from sao_jax.train import checkpoint as ckpt_lib
+from sao_jax.train import memory
 from sao_jax.train import evaluate as eval_lib
 from sao_jax.train import metrics as metrics_lib
 from sao_jax.train import optim
@@ -199,8 +200,9 @@ def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
   wait for the one that trains it.
   """
   if config.model.init_from:
-    loaded_cfg, params = hf.load_hf_checkpoint(config.model.init_from)
-    if loaded_cfg != mcfg:
+    loaded_cfg, params = hf.load_hf_checkpoint(
+        config.model.init_from, param_dtype=mcfg.param_dtype)
+    if not loaded_cfg.same_architecture(mcfg):
       raise ValueError(
           f"config.model does not match the checkpoint at "
           f"{config.model.init_from}: config {mcfg} vs checkpoint "
@@ -380,6 +382,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                                     active=primary)
   tokenizer = _run_tokenizer(config, workdir, primary)
   mcfg = model_config_from(config, tokenizer)
+  memory.log_memory_estimate(config, mcfg)
   train_tasks, eval_tasks = from_config.build_tasks(config.env)
 
   mesh = sharding.make_mesh(config.mesh)
