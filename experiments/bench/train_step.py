@@ -11,8 +11,9 @@ sizes:
   vocab 294, batch 32 x seq 128;
 - `smollm2` (`--model=smollm2`): the `configs/smollm2.py` model
   (SmolLM2-135M: hidden 576, MLP 1536, 30 layers, 9 heads / 3 kv heads of 64,
-  vocab 49,152, tied embeddings), its dtype and remat, batch 8 x seq 128,
-  random weights (FLOPs do not depend on them).
+  vocab 49,152, tied embeddings), its dtype and remat, at the config's
+  `train.batch_size` x `train.max_seq_len` (16 x 128), random weights (FLOPs
+  do not depend on them).
 
 FLOPs per step come from XLA's cost analysis of the compiled step
 (`jit(...).lower(...).compile().cost_analysis()['flops']`); the analytic
@@ -65,8 +66,8 @@ SIZES = {
               32, 128),
 }
 CRITIC_UPDATES = 2
-# Real-size models: configs/<name>.py's model, (batch, seq).
-CONFIG_SIZES = {"smollm2": (8, 128)}
+# Real-size models: configs/<name>.py's model, batch and sequence length.
+CONFIG_SIZES = ("smollm2",)
 
 
 def size(name: str) -> tuple[ModelConfig, int, int]:
@@ -76,9 +77,10 @@ def size(name: str) -> tuple[ModelConfig, int, int]:
   if name not in CONFIG_SIZES:
     raise ValueError(f"Unknown size {name!r}; known: "
                      f"{sorted(SIZES) + sorted(CONFIG_SIZES)}.")
-  m = importlib.import_module(f"configs.{name}").get_config().model
-  cfg = ModelConfig(**{k: m[k] for k in ModelConfig.__dataclass_fields__})
-  return (cfg, *CONFIG_SIZES[name])
+  config = importlib.import_module(f"configs.{name}").get_config()
+  cfg = ModelConfig(**{k: config.model[k]
+                       for k in ModelConfig.__dataclass_fields__})
+  return cfg, int(config.train.batch_size), int(config.train.max_seq_len)
 
 
 def matmul_params(cfg: ModelConfig, value: bool) -> int:
