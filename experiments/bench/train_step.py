@@ -141,6 +141,7 @@ def _timed(fn) -> float:
 def bench_size(name: str, args, matmul) -> dict[str, Any]:
   """Timings of one size's step, alternating with the matmul."""
   cfg, batch_size, seq = size(name)
+  batch_size, seq = args.batch or batch_size, args.seq or seq
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
@@ -205,6 +206,10 @@ def main():
   parser.add_argument("--model", default="",
                       help="A real-size model alone (e.g. smollm2): the same "
                       "as --sizes=NAME.")
+  parser.add_argument("--batch", type=int, default=0,
+                      help="Override every size's batch (0: its own).")
+  parser.add_argument("--seq", type=int, default=0,
+                      help="Override every size's sequence length.")
   args = parser.parse_args()
   if args.model:
     args.sizes = args.model
@@ -229,6 +234,7 @@ def main():
   for name, r in results.items():
     last[f"{name}_achieved_gflops"] = r["achieved_gflops"]
     last[f"{name}_matmul_gflops"] = r["matmul_gflops"]
+    last[f"{name}_fraction"] = r["fraction"]
   last.update({"matmul_n": n, "jax": jax.__version__,
                "load_1min": round(os.getloadavg()[0], 2),
                "backend": jax.default_backend(),
