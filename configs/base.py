@@ -39,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
+  config.model.remat = False  # Recompute block activations in backward.
 
   # ------------------------------------------------------------ tokenizer ---
   config.tokenizer = ml_collections.ConfigDict()
@@ -62,6 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.dataset_config = ml_collections.ConfigDict()
   # Text appended to every question (e.g. the required answer format).
   config.env.instruction = ""
+  # How the reply becomes the scored answer (sao_jax.envs.answers): 'whole',
+  # 'last_number', 'answer_tag' or 'answer_tag_or_last_number'. Training
+  # reward and held-out accuracy use the same rule.
+  config.env.answer = "whole"
   config.env.seed = 0  # Training problems' seed.
   config.env.size = 100_000  # Number of training problems.
   config.env.eval_seed = 12345  # Held-out problems: a different seed.

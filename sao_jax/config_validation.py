@@ -320,8 +320,10 @@ def _check_dataset_name(path: str, name: str) -> None:
 
 
 def _check_names(c: Any) -> None:
-  """Names that must be registered: loss, estimator, env, datasets, styles."""
+  """Names that must be registered: loss, estimator, env, datasets, answer
+  rule, styles."""
   # pylint: disable=g-import-not-at-top
+  from sao_jax.envs import answers
   from sao_jax.envs import evolving
   from sao_jax.envs import registry as envs
   from sao_jax.rl import advantages
@@ -332,6 +334,9 @@ def _check_names(c: Any) -> None:
          f"one of {advantages.ESTIMATORS} or None (the loss's own)")
   _check(c, "env.name", *_in(envs.available_envs(), "a registered env"))
   _check_dataset_name("env.dataset", c.env.dataset)
+  _check(c, "env.answer", lambda v: v in answers.ANSWER_RULES and (
+      v == "whole" or c.env.name != "evolving"),
+         f"one of {answers.ANSWER_RULES} ('whole' for the evolving env)")
   _check(c, "env.styles",
          lambda v: bool(v) and all(s in evolving.STYLES for s in v),
          f"at least one style, each one of {evolving.STYLES}")

@@ -6,78 +6,51 @@ text). Models are trained with identity normalisation, no dummy prefix, no
 whitespace folding and byte fallback, so `decode(encode(x)) == x` for every
 string that does not itself contain the SentencePiece meta-symbol U+2581.
 
-Turn template (the only definition; envs, sampler and SFT data use these):
-
-  <|user|>QUESTION<|end|><|assistant|>ACTION...<|end|>
-
-An assistant turn may call a tool; the action then ends with the call and the
-environment appends the result as an observation before the policy continues:
-
-  ...<|assistant|>text<|tool_call|>EXPR<|/tool_call|>        (action)
-  <|tool_result|>VALUE<|/tool_result|>                      (observation)
-  more text<|end|>                                          (action)
+Its chat template is `chat_template.SAO_MARKUP` (`Tokenizer.template`); the
+module-level `format_*` functions and markup constants are that template's,
+kept for the from-scratch path. A pretrained model's own tokenizer and
+template: `hf_tokenizer.HFTokenizer`; both satisfy `text_tokenizer.TextTokenizer`.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import re
 from typing import Any, Iterable, Sequence
 
 from absl import logging
 import sentencepiece as spm
 
-USER = "<|user|>"
-ASSISTANT = "<|assistant|>"
-TOOL_CALL = "<|tool_call|>"
-TOOL_CALL_END = "<|/tool_call|>"
-TOOL_RESULT = "<|tool_result|>"
-TOOL_RESULT_END = "<|/tool_result|>"
-END = "<|end|>"
-SPECIAL_TOKENS = (USER, ASSISTANT, TOOL_CALL, TOOL_CALL_END, TOOL_RESULT,
-                  TOOL_RESULT_END, END)
+from sao_jax.chat_template import ChatTemplate
+from sao_jax.chat_template import SAO_MARKUP
+
+# The SAO markup under its historical module-level names (one definition:
+# `chat_template.SAO_MARKUP`).
+USER, ASSISTANT = SAO_MARKUP.special_tokens[:2]
+TOOL_CALL, TOOL_CALL_END = SAO_MARKUP.call_open, SAO_MARKUP.call_close
+TOOL_RESULT, TOOL_RESULT_END = SAO_MARKUP.result_prefix, SAO_MARKUP.result_suffix
+END = SAO_MARKUP.turn_end
+SPECIAL_TOKENS = SAO_MARKUP.special_tokens
 # Tokens on which the sampler stops an action segment: the end of the turn,
 # or a complete tool call (the env then answers with a tool result).
-ACTION_STOP_TOKENS = (END, TOOL_CALL_END)
+ACTION_STOP_TOKENS = SAO_MARKUP.stop_tokens
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # 256 byte pieces + pad/unk/bos/eos + the markup: below this, byte fallback
 # cannot represent arbitrary text.
 MIN_VOCAB_SIZE = 256 + 4 + len(SPECIAL_TOKENS)
 
-_TOOL_CALL_RE = re.compile(
-    re.escape(TOOL_CALL) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
-
-
-def format_prompt(user_text: str) -> str:
-  """A user turn followed by the assistant header the policy continues from."""
-  return USER + user_text + END + ASSISTANT
-
-
-def format_assistant_turn(text: str) -> str:
-  """Closes an assistant turn."""
-  return text + END
-
-
-def format_tool_call(expr: str) -> str:
-  """The text an action emits to call the tool with `expr`."""
-  return TOOL_CALL + expr + TOOL_CALL_END
-
-
-def format_tool_result(value: str) -> str:
-  """The observation the environment appends after a tool call."""
-  return TOOL_RESULT + value + TOOL_RESULT_END
-
-
-def parse_tool_call(action_text: str) -> str | None:
-  """The expression of the last complete tool call in `action_text`, or None."""
-  calls = _TOOL_CALL_RE.findall(action_text)
-  return calls[-1] if calls else None
+format_prompt = SAO_MARKUP.format_prompt
+format_assistant_turn = SAO_MARKUP.format_assistant_turn
+format_tool_call = SAO_MARKUP.format_tool_call
+format_tool_result = SAO_MARKUP.format_tool_result
+parse_tool_call = SAO_MARKUP.parse_tool_call
 
 
 class Tokenizer:
-  """A SentencePiece model with sao_jax's special ids."""
+  """A SentencePiece model with sao_jax's special ids and `SAO_MARKUP`."""
+
+  template: ChatTemplate = SAO_MARKUP
 
   def __init__(self, model_proto: bytes):
     self._proto = bytes(model_proto)
@@ -146,6 +119,11 @@ class Tokenizer:
       raise KeyError(
           f"{special!r} is not a special token; expected one of "
           f"{SPECIAL_TOKENS}.") from None
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """Ids that end an action segment: end of turn, end of call, eos."""
+    return tuple(self._special[t] for t in ACTION_STOP_TOKENS) + (EOS_ID,)
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text` (no bos/eos added)."""
@@ -255,14 +233,18 @@ def task_corpus(dataset_names: Sequence[str], n: int, seed: int) -> list[str]:
 
 
 def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str]
-                          ) -> Tokenizer:
+                          ) -> Any:
   """The run's tokenizer from the `config.tokenizer` section.
 
-  `config.path` set: that model file. Otherwise `<workdir>/tokenizer.model`,
-  trained on `task_corpus(config.datasets, config.corpus_size, config.seed)`
-  on the first start and loaded again on restarts (so a resumed run keeps its
-  ids).
+  `config.path` set: that model file, or that HF model directory (its
+  `tokenizer.json` and chat template, `hf_tokenizer.HFTokenizer`).
+  Otherwise `<workdir>/tokenizer.model`, trained on `task_corpus(
+  config.datasets, config.corpus_size, config.seed)` on the first start and
+  loaded again on restarts (so a resumed run keeps its ids).
   """
+  if config.path and os.path.isdir(config.path):  # A pretrained model's own.
+    from sao_jax import hf_tokenizer  # pylint: disable=g-import-not-at-top
+    return hf_tokenizer.HFTokenizer.load(config.path)
   if config.path:
     return Tokenizer.load(config.path)
   path = os.path.join(os.fspath(workdir), "tokenizer.model")

@@ -25,7 +25,10 @@ _RUNTIME_GLOBS = ("sao_jax/**/*.py", "configs/**/*.py", "experiments/sweep.py",
                   "experiments/report*.py")
 # (file, top-level module) -> extra of setup.py that provides it, for imports
 # that sit on an optional path (e.g. a converter that needs transformers).
-_OPTIONAL: dict[tuple[str, str], str] = {}
+_OPTIONAL: dict[tuple[str, str], str] = {
+    ("sao_jax/models/convert.py", "torch"): "smollm2",
+    ("sao_jax/models/convert.py", "transformers"): "smollm2",
+}
 
 
 def _setup_lists() -> tuple[list[str], dict[str, list[str]]]:

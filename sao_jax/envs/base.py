@@ -6,7 +6,8 @@ An `Environment` runs one episode at a time:
   obs, reward, done, info = env.step(action)  # action = the policy's text
 
 Observations are appended verbatim to the context (action mask 0); the prompt
-observation already carries the chat template (`tokenizer.format_prompt`).
+observation already carries the chat template (`self.template`, set by the
+episode runner to the policy tokenizer's).
 `set_policy_version` tells the environment which policy version produced the
 next action (the evolving environment's reward depends on it).
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 import abc
 from typing import Any, NamedTuple, Sequence
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.chat_template import ChatTemplate
+from sao_jax.chat_template import SAO_MARKUP
 
 Observation = str | Sequence[int]
 
@@ -40,6 +42,7 @@ class Environment(abc.ABC):
 
   name: str = "env"
   prompt_id: int = -1
+  template: ChatTemplate = SAO_MARKUP  # The policy tokenizer's template.
 
   @abc.abstractmethod
   def reset(self, task: Any) -> Observation:
@@ -49,20 +52,23 @@ class Environment(abc.ABC):
   def step(self, action_text: str) -> StepResult:
     """Consumes one action segment; returns (observation, reward, done, info)."""
 
+  def set_template(self, template: ChatTemplate) -> None:
+    """Writes prompts and observations in the policy tokenizer's template."""
+    self.template = template
+
   def set_policy_version(self, version: int) -> None:
     """Version of the policy that produced the next action (default: unused)."""
     del version
 
 
-def final_answer(action_text: str) -> str:
+def final_answer(action_text: str,
+                 template: ChatTemplate = SAO_MARKUP) -> str:
   """The answer in an assistant's final action -- the only extraction rule.
 
   The answer is the text after the last tool result (if the text holds one),
-  with the end-of-turn marker `<|end|>` and anything after it removed, and
+  with the template's end-of-turn marker and anything after it removed, and
   surrounding whitespace stripped. Answer wrappers (`\\boxed{}`,
   `<answer></answer>`) are the evolving environment's business (evolving.py),
   not part of this rule.
   """
-  text = action_text.rsplit(tok_lib.TOOL_RESULT_END, 1)[-1]
-  text = text.split(tok_lib.END, 1)[0]
-  return text.strip()
+  return template.reply_text(action_text)

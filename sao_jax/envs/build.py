@@ -35,6 +35,8 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
   """
   name = env_cfg.name if name is None else name
   kwargs: dict[str, Any] = {"instruction": env_cfg.get("instruction", "")}
+  if name in ("reasoning_gym", "tool"):
+    kwargs["answer"] = env_cfg.get("answer", "whole")
   if name == "tool":
     kwargs["max_tool_calls"] = env_cfg.max_tool_calls
   elif name == "evolving":

@@ -83,7 +83,7 @@ class EvolvingEnv(ReasoningGymEnv):
 
   def step(self, action_text: str) -> StepResult:
     index = self._require_episode()
-    style, answer = parse_style(final_answer(action_text))
+    style, answer = parse_style(final_answer(action_text, self.template))
     want = required_style(self._version, self.styles, self.switch_at)
     r_quality = float(self.score(answer) >= 1.0)
     r_style = float(style == want)

@@ -7,14 +7,14 @@ held-out evaluation set and raises if their item seeds overlap.
 
 `ReasoningGymEnv` asks the question once and scores the reply with the
 dataset's own `score_answer(answer, entry)`, the answer being
-`envs.base.final_answer(action_text)`.
+`answers.extract(envs.base.final_answer(action_text), answer_rule)`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.envs import answers
 from sao_jax.envs.base import Environment
 from sao_jax.envs.base import final_answer
 from sao_jax.envs.base import StepResult
@@ -94,11 +94,15 @@ def train_eval_split(name: str, config: Mapping[str, Any] | None, *,
 class ReasoningGymEnv(Environment):
   """Single turn: question -> one answer -> reasoning-gym score, done."""
 
-  def __init__(self, tasks: ReasoningGymTasks, instruction: str = ""):
+  def __init__(self, tasks: ReasoningGymTasks, instruction: str = "",
+               answer: str = "whole"):
     """Args:
       tasks: the task set.
       instruction: text appended to every question (e.g. the answer format).
+      answer: the answer-extraction rule (`answers.ANSWER_RULES`).
     """
+    answers.extract("", answer)  # Fails early on an unknown rule.
+    self.answer_rule = answer
     self.tasks = tasks
     self.name = tasks.name
     self.instruction = instruction
@@ -110,7 +114,7 @@ class ReasoningGymEnv(Environment):
   def reset(self, task: int) -> str:
     self._index = int(task)
     self.prompt_id = self.tasks.prompt_id(self._index)
-    return tok_lib.format_prompt(self.question(self._index))
+    return self.template.format_prompt(self.question(self._index))
 
   def _require_episode(self) -> int:
     if self._index is None:
@@ -122,7 +126,8 @@ class ReasoningGymEnv(Environment):
 
   def step(self, action_text: str) -> StepResult:
     index = self._require_episode()
-    answer = final_answer(action_text)
+    answer = answers.extract(final_answer(action_text, self.template),
+                             self.answer_rule)
     reward = self.score(answer)
     self._index = None
     return StepResult("", reward, True, {"answer": answer, "task_index": index})

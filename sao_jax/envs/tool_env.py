@@ -1,6 +1,7 @@
 """Tool use: the policy may call a calculator before answering.
 
-An action ending in `<|tool_call|>EXPR<|/tool_call|>` is a tool call: the
+In the SAO markup (other templates: `chat_template.ChatTemplate`), an
+action ending in `<|tool_call|>EXPR<|/tool_call|>` is a tool call: the
 environment evaluates EXPR with `calculate` (a whitelist over Python's `ast`,
 never `eval`) and answers `<|tool_result|>VALUE<|/tool_result|>` (or
 `<|tool_result|>error: ...<|/tool_result|>` for a bad expression; that is the
@@ -14,7 +15,6 @@ import ast
 import math
 import operator
 
-from sao_jax import tokenizer as tok_lib
 from sao_jax.envs.base import StepResult
 from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
@@ -95,8 +95,8 @@ class ToolEnv(ReasoningGymEnv):
   name_suffix = "+calc"
 
   def __init__(self, tasks: ReasoningGymTasks, instruction: str = "",
-               max_tool_calls: int = 4):
-    super().__init__(tasks, instruction)
+               max_tool_calls: int = 4, answer: str = "whole"):
+    super().__init__(tasks, instruction, answer)
     self.name = tasks.name + self.name_suffix
     self.max_tool_calls = max_tool_calls
     self._calls = 0
@@ -107,9 +107,9 @@ class ToolEnv(ReasoningGymEnv):
 
   def step(self, action_text: str) -> StepResult:
     self._require_episode()
-    expr = tok_lib.parse_tool_call(action_text)
-    if expr is None or not action_text.rstrip().endswith(tok_lib.TOOL_CALL_END):
+    if not self.template.is_tool_call(action_text):
       return super().step(action_text)  # Final answer.
+    expr = self.template.parse_tool_call(action_text)
     self._calls += 1
     if self._calls > self.max_tool_calls:
       value = f"error: more than {self.max_tool_calls} tool calls"
@@ -118,5 +118,5 @@ class ToolEnv(ReasoningGymEnv):
         value = format_number(calculate(expr))
       except CalculatorError as e:
         value = f"error: {e}"
-    return StepResult(tok_lib.format_tool_result(value), 0.0, False,
+    return StepResult(self.template.format_tool_result(value), 0.0, False,
                       {"tool_call": expr, "tool_result": value})

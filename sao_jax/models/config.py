@@ -31,8 +31,12 @@ class ModelConfig:
     rms_norm_eps: RMSNorm epsilon.
     qkv_bias: Bias on the q/k/v projections (Qwen2: True).
     tie_embeddings: Output projection = input embedding transposed.
-    dtype: Compute dtype of activations (logits are always float32).
+    dtype: Compute dtype of activations (logits are always float32); e.g.
+      'bfloat16' with float32 `param_dtype` (master weights and optimizer
+      moments stay float32, matmuls run in bf16).
     param_dtype: Storage dtype of parameters.
+    remat: Recompute each decoder block's activations in the backward pass
+      (`nn.remat`): less activation memory for one more forward.
   """
 
   vocab_size: int
@@ -48,6 +52,7 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
+  remat: bool = False
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -64,6 +69,12 @@ class ModelConfig:
   @property
   def params_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.param_dtype)
+
+  def same_architecture(self, other: ModelConfig) -> bool:
+    """Equal up to the run settings dtype, param_dtype and remat."""
+    run = dict(dtype="float32", param_dtype="float32", remat=False)
+    return (dataclasses.replace(self, **run) ==
+            dataclasses.replace(other, **run))
 
   def num_params(self) -> int:
     """Exact number of parameters of the policy `Transformer`."""

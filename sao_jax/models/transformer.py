@@ -252,7 +252,8 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.embedder = Embedder(cfg)
-    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_layers)]
+    block = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+    self.layers = [block(cfg) for _ in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
 
   def __call__(self, tokens, positions, attention_mask, cache=None):

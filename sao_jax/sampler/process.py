@@ -67,7 +67,7 @@ class SamplerSpec:
 
   config: Any  # The whole ml_collections config.
   model_config: Any  # sao_jax.models.config.ModelConfig.
-  tokenizer_proto: bytes  # Serialized SentencePiece model.
+  tokenizer_proto: bytes  # `serialized_proto()` of the run's tokenizer.
   ring_name: str
   lane: int
   weights_name: str
@@ -235,7 +235,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   """The sampler loop (see module docstring)."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from sao_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from sao_jax import text_tokenizer  # pylint: disable=g-import-not-at-top
   from sao_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.envs import build as env_build  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
@@ -244,7 +244,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
 
   cfg = spec.config
   mcfg = spec.model_config
-  tokenizer = tok_lib.Tokenizer(spec.tokenizer_proto)
+  tokenizer = text_tokenizer.from_serialized(spec.tokenizer_proto)
   train_tasks, _ = env_build.build_tasks(cfg.env)
   n_roll = int(cfg.sampler.n_rollouts)
   prompts_per_batch = max(1, int(cfg.sampler.batch_size) // n_roll)

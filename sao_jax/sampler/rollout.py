@@ -140,8 +140,7 @@ class RolloutLimits:
 
 def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
   """End of turn, end of tool call, eos."""
-  return tuple(tokenizer.token_id(t) for t in tok_lib.ACTION_STOP_TOKENS) + (
-      tokenizer.eos_id,)
+  return tuple(tokenizer.stop_ids)
 
 
 @dataclasses.dataclass
@@ -195,6 +194,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   prompts = []
   for i, (env, task) in enumerate(zip(envs, tasks)):
     try:
+      env.set_template(tokenizer.template)
       prompt = _encode(env.reset(task), tokenizer)
       if len(prompt) >= limits.max_total_tokens:
         raise ValueError(f"prompt has {len(prompt)} tokens >= max_total_tokens="

@@ -20,6 +20,7 @@ import optax
 from absl import logging
 
 from sao_jax import sharding
+from sao_jax import text_tokenizer
 from sao_jax import tokenizer as tok_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env
@@ -28,6 +29,7 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import registry
 from sao_jax.train import checkpoint as ckpt_lib
+from sao_jax.train import memory
 from sao_jax.train import metrics as metrics_lib
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
@@ -37,7 +39,8 @@ _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 StepFn = Callable[[step_lib.TrainState, Any], tuple[step_lib.TrainState, Any]]
 
 
-def model_config_from(config: Any, tokenizer: tok_lib.Tokenizer) -> ModelConfig:
+def model_config_from(config: Any, tokenizer: text_tokenizer.TextTokenizer
+                      ) -> ModelConfig:
   """``ModelConfig`` from ``config.model``; its vocabulary fits the tokenizer."""
   mcfg = ModelConfig(**{k: config.model[k] for k in _MODEL_FIELDS})
   if mcfg.vocab_size < tokenizer.vocab_size:
@@ -48,7 +51,7 @@ def model_config_from(config: Any, tokenizer: tok_lib.Tokenizer) -> ModelConfig:
 
 
 def run_tokenizer(config: Any, workdir: str,
-                  primary: bool) -> tok_lib.Tokenizer:
+                  primary: bool) -> text_tokenizer.TextTokenizer:
   """The run's tokenizer (``tokenizer_from_config``), one for all processes.
 
   In a multi-host run process 0 trains (or loads) it first and the others
@@ -128,7 +131,7 @@ class Setup:
   """Everything ``build`` makes; ``meta`` is what the checkpoint carries."""
 
   config: Any
-  tokenizer: tok_lib.Tokenizer
+  tokenizer: text_tokenizer.TextTokenizer
   mcfg: ModelConfig
   train_tasks: reasoning_gym_env.ReasoningGymTasks
   eval_tasks: reasoning_gym_env.ReasoningGymTasks
@@ -180,6 +183,7 @@ def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
   """Builds the run (see the module docstring); resumes if it can."""
   tokenizer = run_tokenizer(config, workdir, primary)
   mcfg = model_config_from(config, tokenizer)
+  memory.log_memory_estimate(config, mcfg)
   train_tasks, eval_tasks = env_build.build_tasks(config.env)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.normalize_rules(config.mesh.rules)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax import text_tokenizer
 from sao_jax.envs import evolving
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import tool_env
@@ -43,7 +43,8 @@ def random_policy(mcfg: ModelConfig, seed: int) -> Any:
       jax.random.PRNGKey(seed), tok, tok, tok == 0)["params"])
 
 
-def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
+def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
+                 max_len: int,
                  tool_frac: float = 0.0,
                  styles: tuple[str, ...] = ()) -> list[sft_lib.Example]:
   """SFT demonstrations in the sampler's template, fitting ``max_len``.
@@ -56,29 +57,30 @@ def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
   and RL has to find out which one the reward wants now.
   """
   every = round(1.0 / tool_frac) if tool_frac > 0 else 0
+  template = tokenizer.template
   out = []
   for i in range(min(n, len(tasks))):
     entry = tasks.entry(i)
-    segments = [(tokenizer.encode(tok_lib.format_prompt(entry["question"])),
+    segments = [(tokenizer.encode(template.format_prompt(entry["question"])),
                  False)]
     expr = entry.get("metadata", {}).get("expression")
     if every and i % every == 0 and expr is not None:
       value = tool_env.format_number(tool_env.calculate(expr))
       segments += [
-          (tokenizer.encode(tok_lib.format_tool_call(expr)), True),
-          (tokenizer.encode(tok_lib.format_tool_result(value)), False)]
+          (tokenizer.encode(template.format_tool_call(expr)), True),
+          (tokenizer.encode(template.format_tool_result(value)), False)]
     answer = str(entry["answer"])
     if styles:
       answer = evolving.format_style(answer, styles[i % len(styles)])
     segments.append(
-        (tokenizer.encode(tok_lib.format_assistant_turn(answer)), True))
+        (tokenizer.encode(template.format_assistant_turn(answer)), True))
     if sum(len(seg) for seg, _ in segments) <= max_len:
       out.append(segments)
   return out
 
 
 def sft_cache_key(config: Any, mcfg: ModelConfig,
-                  tokenizer: tok_lib.Tokenizer) -> str:
+                  tokenizer: text_tokenizer.TextTokenizer) -> str:
   """Hash of everything the SFT warm start depends on (a shared-cache key)."""
   t = config.train
   parts = {
@@ -115,7 +117,8 @@ def sft_tasks(config: Any, train_tasks: reasoning_gym_env.ReasoningGymTasks,
   return tasks
 
 
-def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
+def _run_sft(config: Any, mcfg: ModelConfig,
+             tokenizer: text_tokenizer.TextTokenizer,
              tasks: reasoning_gym_env.ReasoningGymTasks,
              writer: metrics_lib.MetricWriter) -> Any:
   """Random init + supervised warm start (``train.sft_*``)."""
@@ -138,7 +141,8 @@ def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
   return params
 
 
-def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
+def initial_policy(config: Any, mcfg: ModelConfig,
+                   tokenizer: text_tokenizer.TextTokenizer,
                    train_tasks, eval_tasks, workdir: str,
                    writer: metrics_lib.MetricWriter) -> Any:
   """HF checkpoint, cached SFT result, or random init + SFT (cached).
@@ -149,8 +153,9 @@ def initial_policy(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
   wait for the one that trains it.
   """
   if config.model.init_from:
-    loaded_cfg, params = hf.load_hf_checkpoint(config.model.init_from)
-    if loaded_cfg != mcfg:
+    loaded_cfg, params = hf.load_hf_checkpoint(
+        config.model.init_from, param_dtype=mcfg.param_dtype)
+    if not loaded_cfg.same_architecture(mcfg):
       raise ValueError(
           f"config.model does not match the checkpoint at "
           f"{config.model.init_from}: config {mcfg} vs checkpoint "

@@ -1,0 +1,58 @@
+"""The memory estimate equals the bytes of the real trees it predicts."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import memory
+from sao_jax.train import optim
+
+
+def _nbytes(tree) -> int:
+  return sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)
+             if np.ndim(x) > 0)  # Not the optimizer's scalar step counts.
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(tie_embeddings=True),
+    dict(qkv_bias=True, dtype="bfloat16"),
+])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_estimate_matches_the_allocated_trees(overrides, frozen):
+  cfg = ModelConfig.tiny(vocab_size=96, **overrides)
+  tok = jnp.zeros((1, 1), jnp.int32)
+  policy = nn.unbox(transformer.Transformer(cfg).init(
+      jax.random.PRNGKey(0), tok, tok, tok == 0)["params"])
+  value = transformer.value_params_from_policy(policy, cfg,
+                                               jax.random.PRNGKey(1))
+  tx = optim.make_optimizer(1e-3)
+  value_tx = optim.make_optimizer(
+      1e-3, labels=optim.frozen_attention_labels(value) if frozen else None)
+  cache = transformer.init_cache(cfg, 3, 40)
+  est = memory.estimate_memory(cfg, kv_batch=3, kv_len=40,
+                               critic_frozen_attention=frozen)
+  assert est.policy_params == _nbytes(policy)
+  assert est.policy_optimizer == _nbytes(tx.init(policy))
+  assert est.critic_params == _nbytes(value)
+  assert est.critic_optimizer == _nbytes(value_tx.init(value))
+  assert est.kv_cache == _nbytes((cache.k, cache.v))
+  assert est.total == sum((est.policy_params, est.policy_optimizer,
+                           est.critic_params, est.critic_optimizer,
+                           est.kv_cache))
+
+
+def test_smollm2_sized_figures():
+  """SmolLM2-135M: 134,515,008 fp32 params = 513 MiB; Adam doubles it."""
+  cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                    tie_embeddings=True, dtype="bfloat16")
+  est = memory.estimate_memory(cfg, kv_batch=32, kv_len=512)
+  assert est.policy_params == 134_515_008 * 4
+  assert est.policy_optimizer == 2 * est.policy_params
+  assert est.critic_params == (134_515_008 + 577) * 4
+  assert est.kv_cache == 2 * 30 * 32 * 512 * 3 * 64 * 2
+  assert "total=" in est.summary()

@@ -1,0 +1,79 @@
+"""Real-size run settings: remat, bf16 compute over float32 master weights."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sao_jax.models import logprobs as logprobs_lib
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import optim
+from sao_jax.train import step as step_lib
+
+CFG = ModelConfig.tiny(vocab_size=64)
+
+
+def _policy(cfg):
+  tok = jnp.zeros((1, 4), jnp.int32)
+  return nn.unbox(transformer.Transformer(cfg).init(
+      jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
+
+
+def _data():
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, 64, (2, 10)).astype(np.int32))
+  return tokens, jnp.ones((2, 10), bool)
+
+
+def _loss(cfg, params, tokens, mask):
+  return -logprobs_lib.token_logprobs(params, cfg, tokens, mask).mean()
+
+
+def test_remat_recomputes_and_gives_the_same_gradients():
+  params = _policy(CFG)
+  tokens, mask = _data()
+  remat = dataclasses.replace(CFG, remat=True)
+  assert jax.tree.structure(_policy(remat)) == jax.tree.structure(params)
+  grads = [jax.grad(lambda p, c=c: _loss(c, p, tokens, mask))(params)
+           for c in (CFG, remat)]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               *grads)
+  text = [str(jax.make_jaxpr(jax.grad(lambda p, c=c: _loss(c, p, tokens,
+                                                            mask)))(params))
+          for c in (CFG, remat)]
+  assert "remat" not in text[0] and "checkpoint" not in text[0]
+  assert "remat" in text[1] or "checkpoint" in text[1]
+
+
+def test_bf16_compute_keeps_float32_master_params_and_moments():
+  cfg = dataclasses.replace(CFG, dtype="bfloat16", remat=True)
+  params = _policy(cfg)
+  value = transformer.value_params_from_policy(params, cfg,
+                                               jax.random.PRNGKey(1))
+  tx = optim.make_optimizer(1e-3)
+  state = step_lib.create_train_state(params, value, tx, tx)
+  for leaf in jax.tree.leaves((state.policy_params, state.value_params,
+                               state.policy_opt_state, state.value_opt_state)):
+    if jnp.issubdtype(leaf.dtype, jnp.floating):
+      assert leaf.dtype == jnp.float32
+  tokens, mask = _data()
+  logits, _ = transformer.Transformer(cfg).apply(
+      {"params": params}, tokens, transformer.positions_from_mask(mask), mask)
+  assert logits.dtype == jnp.float32
+  ref, _ = transformer.Transformer(CFG).apply(
+      {"params": params}, tokens, transformer.positions_from_mask(mask), mask)
+  err = float(jnp.abs(logits - ref).max())
+  assert 0 < err < 0.1  # bf16 rounding, not a different model.
+  grads = jax.grad(lambda p: _loss(cfg, p, tokens, mask))(params)
+  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
+
+
+def test_same_architecture_ignores_run_settings():
+  a = ModelConfig.tiny()
+  assert a.same_architecture(dataclasses.replace(
+      a, dtype="bfloat16", param_dtype="bfloat16", remat=True))
+  assert not a.same_architecture(dataclasses.replace(a, num_layers=3))
