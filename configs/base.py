@@ -63,6 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.dataset_config = ml_collections.ConfigDict()
   # Text appended to every question (e.g. the required answer format).
   config.env.instruction = ""
+  # How reasoning-gym's score becomes the reward: 'exact' = 1 iff full credit;
+  # 'score' = the score itself, which pays partial credit to wrong answers that
+  # contain the right one ('-7' for 7 earns 0.5). Held-out accuracy is 'exact'.
+  config.env.reward = "exact"
   config.env.seed = 0  # Training problems' seed.
   config.env.size = 100_000  # Number of training problems.
   config.env.eval_seed = 12345  # Held-out problems: a different seed.

@@ -334,6 +334,8 @@ def _check_env(c: Any) -> None:
   if envs is not None:
     _check(c, "env.name", lambda v: v in envs, f"a registered env {envs}")
   _check_dataset_name(c, "env.dataset", c.env.dataset)
+  _check(c, "env.reward", lambda v: v in ("exact", "score"),
+         "'exact' or 'score'")
   _check(c, "env.size", _pos_int, "a positive int")
   _check(c, "env.eval_size", _nonneg, "int >= 0")
   _check(c, "env.max_turns", _pos_int, "a positive int")

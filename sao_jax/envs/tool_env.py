@@ -95,8 +95,8 @@ class ToolEnv(ReasoningGymEnv):
   name_suffix = "+calc"
 
   def __init__(self, tasks: ReasoningGymTasks, instruction: str = "",
-               max_tool_calls: int = 4):
-    super().__init__(tasks, instruction)
+               max_tool_calls: int = 4, reward: str = "exact"):
+    super().__init__(tasks, instruction, reward)
     self.name = tasks.name + self.name_suffix
     self.max_tool_calls = max_tool_calls
     self._calls = 0

@@ -92,7 +92,8 @@ def _abstract_boxed(mcfg: ModelConfig, value: bool) -> Any:
 
 def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
                  tool_frac: float = 0.0,
-                 styles: tuple[str, ...] = ()) -> list[sft_lib.Example]:
+                 styles: tuple[str, ...] = (),
+                 instruction: str = "") -> list[sft_lib.Example]:
   """SFT demonstrations in the sampler's template, fitting ``max_len``.
 
   A ``tool_frac`` share (every k-th task) demonstrates the calculator: the
@@ -100,14 +101,15 @@ def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
   observation (not trained on), then the answer. The rest answer directly.
   With ``styles`` (the evolving env), task i's answer is written in style
   ``styles[i % len(styles)]``, so the warm-started policy knows every style
-  and RL has to find out which one the reward wants now.
+  and RL has to find out which one the reward wants now. ``instruction``
+  (``env.instruction``) follows every question, as in the environments.
   """
   every = round(1.0 / tool_frac) if tool_frac > 0 else 0
   out = []
   for i in range(min(n, len(tasks))):
     entry = tasks.entry(i)
-    segments = [(tokenizer.encode(tok_lib.format_prompt(entry["question"])),
-                 False)]
+    segments = [(tokenizer.encode(
+        tok_lib.format_prompt(entry["question"] + instruction)), False)]
     expr = entry.get("metadata", {}).get("expression")
     if every and i % every == 0 and expr is not None:
       value = tool_env.format_number(tool_env.calculate(expr))
@@ -179,7 +181,8 @@ def _run_sft(config: Any, mcfg: ModelConfig, tokenizer: tok_lib.Tokenizer,
             else ())
   examples = sft_examples(tasks, tokenizer,
                           min(len(tasks), _MAX_SFT_EXAMPLES), cfg.max_len,
-                          float(config.train.sft_tool_frac), styles)
+                          float(config.train.sft_tool_frac), styles,
+                          str(config.env.get("instruction", "")))
   logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
                len(examples))
   params, _ = sft_lib.run_sft(
