@@ -106,6 +106,25 @@ def test_sft_demonstration_replays_as_a_full_reward_episode(
     assert sum(len(_actions(ex)) == 2 for ex in examples) == n // 2
 
 
+def test_sft_length_errors_name_the_length_that_works(tok, caplog):
+  config = _config("reasoning_gym", "chain_sum", CHAIN_SUM)
+  tasks, _ = from_config.build_tasks(config.env)
+  lengths = sorted(sum(len(seg) for seg, _ in ex)
+                   for ex in loop.sft_examples(tasks, tok, 16, max_len=512))
+  median, longest = int(np.median(lengths)), lengths[-1]
+  with pytest.raises(ValueError) as info:
+    loop.sft_examples(tasks, tok, 16, max_len=lengths[0] - 1)
+  assert str(info.value) == (
+      f"all 16 SFT demonstrations are longer than train.sft_max_len="
+      f"{lengths[0] - 1}; the median needs {median} tokens, the longest "
+      f"{longest}: raise train.sft_max_len to >= {longest}.")
+  kept = loop.sft_examples(tasks, tok, 16, max_len=longest - 1)
+  assert 0 < len(kept) == sum(n < longest for n in lengths) < 16
+  assert (f"{16 - len(kept)} of 16 SFT demonstrations are longer than "
+          f"train.sft_max_len={longest - 1}") in caplog.text
+  assert len(loop.sft_examples(tasks, tok, 16, max_len=longest)) == 16
+
+
 class _AnswerBook(rollout.Policy):
   """Answers each prompt from a book (prompt text -> action text)."""
 

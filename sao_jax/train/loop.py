@@ -96,6 +96,9 @@ def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
                  instruction: str = "") -> list[sft_lib.Example]:
   """SFT demonstrations in the sampler's template, fitting ``max_len``.
 
+  Longer ones are left out with a warning; if none fits, ValueError names
+  the length that would.
+
   A ``tool_frac`` share (every k-th task) demonstrates the calculator: the
   action calls it with the task's expression, the tool result is an
   observation (not trained on), then the answer. The rest answer directly.
@@ -105,7 +108,7 @@ def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
   (``env.instruction``) follows every question, as in the environments.
   """
   every = round(1.0 / tool_frac) if tool_frac > 0 else 0
-  out = []
+  out, lengths = [], []
   for i in range(min(n, len(tasks))):
     entry = tasks.entry(i)
     segments = [(tokenizer.encode(
@@ -121,8 +124,20 @@ def sft_examples(tasks, tokenizer: tok_lib.Tokenizer, n: int, max_len: int,
       answer = evolving.format_style(answer, styles[i % len(styles)])
     segments.append(
         (tokenizer.encode(tok_lib.format_assistant_turn(answer)), True))
-    if sum(len(seg) for seg, _ in segments) <= max_len:
+    lengths.append(sum(len(seg) for seg, _ in segments))
+    if lengths[-1] <= max_len:
       out.append(segments)
+  if len(out) < len(lengths):
+    cut = sorted(n for n in lengths if n > max_len)
+    what = (f"all {len(lengths)}" if not out else
+            f"{len(cut)} of {len(lengths)}")
+    message = (f"{what} SFT demonstrations are longer than train.sft_max_len="
+               f"{max_len}; the median needs {int(np.median(lengths))} tokens, "
+               f"the longest {cut[-1]}: raise train.sft_max_len to >= "
+               f"{cut[-1]}.")
+    if not out:
+      raise ValueError(message)
+    logging.warning("%s They are left out.", message)
   return out
 
 
