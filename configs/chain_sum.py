@@ -1,8 +1,12 @@
-r"""chain_sum: the quickstart's policy on a task it must compute itself.
+r"""chain_sum: the quickstart's policy on sums it must compute itself.
 
-reasoning-gym `chain_sum` (sums and differences of 2-3 one-digit terms),
-single turn, no calculator tool: the reward comes only from adding right.
-Run:
+reasoning-gym `chain_sum` (2-3 one-digit terms, `+`/`-`), single turn, no
+calculator tool: the reward (1 iff reasoning-gym gives full credit) comes
+only from adding right. The tokenizer and model vocabulary (304) and the
+lengths (prompts need 61-65 tokens, answers 2-4) fit this task. At this model
+size and budget RL does *not* lift held-out accuracy over the SFT warm start
+(experiments/RESULTS.md, "chain_sum diagnosis", says why); this config is the
+setting of that diagnosis. Run:
 
   python -m sao_jax.main --config=configs/chain_sum.py --workdir=/tmp/sao_chain_sum
 """

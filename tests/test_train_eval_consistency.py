@@ -20,6 +20,8 @@ import numpy as np
 import optax
 import pytest
 
+from configs import chain_sum
+from sao_jax import config_validation
 from sao_jax import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import from_config
@@ -258,3 +260,11 @@ def test_sampled_episode_is_on_policy_in_the_train_step(tok):
   assert float(m["policy/accept_frac"]) == 1.0
   assert float(m["policy/ratio_min"]) == pytest.approx(1.0, abs=1e-4)
   assert float(m["policy/ratio_max"]) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_unknown_reward_rule_is_refused_by_the_config_check():
+  config = chain_sum.get_config()
+  config_validation.validate_config(config)
+  config.env.reward = "partial"
+  with pytest.raises(config_validation.ConfigError, match="env.reward"):
+    config_validation.validate_config(config)
