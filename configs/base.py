@@ -67,6 +67,10 @@ def get_config() -> ml_collections.ConfigDict:
   # 'last_number', 'answer_tag' or 'answer_tag_or_last_number'. Training
   # reward and held-out accuracy use the same rule.
   config.env.answer = "whole"
+  # How reasoning-gym's score becomes the reward: 'exact' = 1 iff full credit;
+  # 'score' = the score itself, which pays partial credit to wrong answers that
+  # contain the right one ('-7' for 7 earns 0.5). Held-out accuracy is 'exact'.
+  config.env.reward = "exact"
   config.env.seed = 0  # Training problems' seed.
   config.env.size = 100_000  # Number of training problems.
   config.env.eval_seed = 12345  # Held-out problems: a different seed.

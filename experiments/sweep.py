@@ -29,7 +29,6 @@ import collections
 import dataclasses
 import datetime
 import hashlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -109,17 +108,21 @@ class PlannedPoint:
 
 
 def _load_module(config_path: str | os.PathLike[str]) -> ModuleType:
-  """Imports a config file by path (`configs` importable from the repo)."""
+  """Runs a config file by path (`configs` importable from the repo).
+
+  The file is compiled from its text every time, never from cached bytecode:
+  the import system's cache is keyed on mtime (whole seconds) and size, so a
+  file rewritten within a second at the same size would run its old code.
+  """
   path = pathlib.Path(config_path).resolve()
   if not path.is_file():
     raise SweepError(f"--config={config_path}: file not found")
   if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
   digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-  spec = importlib.util.spec_from_file_location(
-      f"sao_sweep_config_{digest}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = ModuleType(f"sao_sweep_config_{digest}")
+  module.__file__ = str(path)
+  exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)  # pylint: disable=exec-used
   if not callable(getattr(module, "get_config", None)):
     raise SweepError(f"--config={config_path}: defines no get_config()")
   return module

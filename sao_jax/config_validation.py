@@ -325,6 +325,7 @@ def _check_names(c: Any) -> None:
   # pylint: disable=g-import-not-at-top
   from sao_jax.envs import answers
   from sao_jax.envs import evolving
+  from sao_jax.envs import reasoning_gym_env
   from sao_jax.envs import registry as envs
   from sao_jax.rl import advantages
   from sao_jax.rl import registry as losses
@@ -334,6 +335,7 @@ def _check_names(c: Any) -> None:
          f"one of {advantages.ESTIMATORS} or None (the loss's own)")
   _check(c, "env.name", *_in(envs.available_envs(), "a registered env"))
   _check_dataset_name("env.dataset", c.env.dataset)
+  _check(c, "env.reward", *_in(reasoning_gym_env.REWARD_RULES))
   _check(c, "env.answer", lambda v: v in answers.ANSWER_RULES and (
       v == "whole" or c.env.name != "evolving"),
          f"one of {answers.ANSWER_RULES} ('whole' for the evolving env)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from typing import Any, Iterable, Sequence
 
 from absl import logging
@@ -187,10 +188,7 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
         minloglevel=2,
     )
   except RuntimeError as e:
-    raise ValueError(
-        f"SentencePiece training failed for vocab_size={vocab_size} on "
-        f"{len(texts)} texts ({e}); use a larger corpus or a smaller "
-        "vocab_size.") from e
+    raise ValueError(_training_error(str(e), vocab_size, len(texts))) from e
   proto = model.getvalue()
   out_dir = os.path.dirname(os.fspath(out_path))
   if out_dir:
@@ -204,6 +202,28 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
   logging.info("Trained a %d-piece tokenizer on %d texts -> %s", vocab_size,
                len(texts), out_path)
   return Tokenizer(proto)
+
+
+_TOO_SMALL_RE = re.compile(r"smaller than required_chars\. (\d+) vs (\d+)")
+_TOO_HIGH_RE = re.compile(r"too high \((\d+)\)\. Please set it to a value <= (\d+)")
+
+
+def _training_error(message: str, vocab_size: int, num_texts: int) -> str:
+  """What to change when SentencePiece training fails (its message parsed)."""
+  if m := _TOO_SMALL_RE.search(message):
+    need = int(m.group(2))
+    return (f"tokenizer.vocab_size={vocab_size} is too small: the corpus's "
+            f"characters and the special pieces need {need}; raise "
+            f"tokenizer.vocab_size to >= {need} (and model.vocab_size with "
+            "it).")
+  if m := _TOO_HIGH_RE.search(message):
+    most = int(m.group(2))
+    return (f"tokenizer.vocab_size={vocab_size} is too large: {num_texts} "
+            f"texts give at most {most} pieces; lower tokenizer.vocab_size "
+            f"to <= {most}, or use a larger corpus (tokenizer.corpus_size).")
+  return (f"SentencePiece training failed for tokenizer.vocab_size="
+          f"{vocab_size} on {num_texts} texts ({message}); use a larger "
+          "corpus or a smaller vocab_size.")
 
 
 def task_corpus(dataset_names: Sequence[str], n: int, seed: int) -> list[str]:

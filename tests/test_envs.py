@@ -82,7 +82,7 @@ def test_final_answer_rule():
 
 
 def test_reasoning_gym_env_scores_with_dataset(tasks):
-  env = registry.make_env("reasoning_gym", tasks)
+  env = registry.make_env("reasoning_gym", tasks, reward="score")
   ref = reasoning_gym.create_dataset("basic_arithmetic", seed=10, size=8,
                                      max_terms=4)
   for i in (0, 3):

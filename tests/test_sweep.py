@@ -332,11 +332,33 @@ def test_failed_point_does_not_stop_the_others(tmp_path, seeds_config):
   assert [_count(workdir, f"seed={s}") for s in (0, 1, 2)] == [2, 1, 1]
 
 
+@pytest.fixture(autouse=True)
+def _writes_bytecode(monkeypatch):
+  """Python may write .pyc caches, as where the stale-config bug was seen."""
+  monkeypatch.setattr(sys, "dont_write_bytecode", False)
+
+
+def _rewrite_unchanged_stat(path: pathlib.Path, points: list[dict]) -> None:
+  """Rewrites a config with the same size and mtime (a .pyc cache misses it)."""
+  before = path.stat()
+  _write_config(path, points)
+  os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+  assert path.stat().st_size == before.st_size
+
+
+def test_config_edit_is_seen_at_same_size_and_mtime(tmp_path):
+  path = tmp_path / "c.py"
+  _write_config(path, [{"train.seed": 1}])
+  assert sweep._load_module(path).get_sweep() == [{"train.seed": 1}]
+  _rewrite_unchanged_stat(path, [{"train.seed": 7}])
+  assert sweep._load_module(path).get_sweep() == [{"train.seed": 7}]
+
+
 def test_changed_point_is_refused(tmp_path):
   workdir = tmp_path / "sweep"
   config = _write_config(tmp_path / "c.py", [{"_name": "a", "train.seed": 0}])
   sweep.run_sweep(config, workdir, command_fn=_fake())
-  _write_config(tmp_path / "c.py", [{"_name": "a", "train.seed": 5}])
+  _rewrite_unchanged_stat(tmp_path / "c.py", [{"_name": "a", "train.seed": 5}])
   with pytest.raises(sweep.SweepError) as info:
     sweep.run_sweep(config, workdir, command_fn=_fake())
   message = str(info.value)

@@ -1,5 +1,7 @@
 """Tests for sao_jax.tokenizer: determinism, round trips, special ids."""
 
+import re
+
 import hypothesis
 from hypothesis import strategies as st
 import pytest
@@ -111,6 +113,29 @@ def test_rejects_bad_inputs(corpus, tmp_path):
     tok_lib.train_tokenizer(["", ""], tmp_path / "c.model", _VOCAB)
   with pytest.raises(ValueError, match="larger corpus"):
     tok_lib.train_tokenizer(["ab"], tmp_path / "c.model", 5000)
+
+
+def test_vocab_size_errors_name_the_size_that_works(tmp_path):
+  texts = tok_lib.task_corpus(("chain_sum",), n=200, seed=0)
+  with pytest.raises(ValueError) as small:
+    tok_lib.train_tokenizer(texts, tmp_path / "a.model", 280)
+  need = int(re.search(r"need (\d+);", str(small.value)).group(1))
+  assert str(small.value) == (
+      f"tokenizer.vocab_size=280 is too small: the corpus's characters and "
+      f"the special pieces need {need}; raise tokenizer.vocab_size to >= "
+      f"{need} (and model.vocab_size with it).")
+  with pytest.raises(ValueError) as high:
+    tok_lib.train_tokenizer(texts, tmp_path / "b.model", 1000)
+  most = int(re.search(r"at most (\d+) pieces", str(high.value)).group(1))
+  assert str(high.value) == (
+      f"tokenizer.vocab_size=1000 is too large: {len(texts)} texts give at "
+      f"most {most} pieces; lower tokenizer.vocab_size to <= {most}, or use a "
+      "larger corpus (tokenizer.corpus_size).")
+  # The sizes the messages name do work.
+  assert 280 < need <= most < 1000
+  for size in (need, most):
+    assert tok_lib.train_tokenizer(texts, tmp_path / f"{size}.model",
+                                   size).vocab_size == size
 
 
 def test_parse_tool_call():

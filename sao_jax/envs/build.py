@@ -23,7 +23,8 @@ def build_tasks(env_cfg: Any) -> tuple[ReasoningGymTasks, ReasoningGymTasks]:
 
 
 def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
-              *, name: str | None = None) -> list[Environment]:
+              *, name: str | None = None,
+              reward: str | None = None) -> list[Environment]:
   """``n`` independent environments of the configured kind over ``tasks``.
 
   Args:
@@ -32,11 +33,13 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
     n: Number of instances (one per batch row).
     name: Override of ``env_cfg.name`` (evaluation of the evolving env uses
       the plain reasoning-gym scorer for quality).
+    reward: Override of ``env_cfg.reward`` (held-out accuracy is 'exact').
   """
   name = env_cfg.name if name is None else name
   kwargs: dict[str, Any] = {"instruction": env_cfg.get("instruction", "")}
-  if name in ("reasoning_gym", "tool"):
+  if name in ("reasoning_gym", "tool"):  # Evolving: binary quality already.
     kwargs["answer"] = env_cfg.get("answer", "whole")
+    kwargs["reward"] = reward or env_cfg.get("reward", "exact")
   if name == "tool":
     kwargs["max_tool_calls"] = env_cfg.max_tool_calls
   elif name == "evolving":

@@ -7,7 +7,12 @@ held-out evaluation set and raises if their item seeds overlap.
 
 `ReasoningGymEnv` asks the question once and scores the reply with the
 dataset's own `score_answer(answer, entry)`, the answer being
-`answers.extract(envs.base.final_answer(action_text), answer_rule)`.
+`answers.extract(envs.base.final_answer(action_text), answer_rule)`. The reward
+is that score turned by a rule (`REWARD_RULES`): 'exact' (default) pays 1 for
+full credit and 0 for anything else; 'score' pays the score itself.
+reasoning-gym gives partial credit len(oracle)/len(answer) to a wrong answer
+that *contains* the right one ('-7' or '17' for 7 earns 0.5), which rewards
+wrong answers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,19 @@ from sao_jax.envs import answers
 from sao_jax.envs.base import Environment
 from sao_jax.envs.base import final_answer
 from sao_jax.envs.base import StepResult
+
+
+REWARD_RULES = ("exact", "score")
+
+
+def reward_from_score(score: float, rule: str = "exact") -> float:
+  """The episode reward of a reasoning-gym score under ``rule``."""
+  if rule == "exact":
+    return float(score >= 1.0)
+  if rule == "score":
+    return float(score)
+  raise ValueError(f"Unknown reward rule {rule!r}; choose from {REWARD_RULES} "
+                   "(env.reward).")
 
 
 class ReasoningGymTasks:
@@ -95,14 +113,17 @@ class ReasoningGymEnv(Environment):
   """Single turn: question -> one answer -> reasoning-gym score, done."""
 
   def __init__(self, tasks: ReasoningGymTasks, instruction: str = "",
-               answer: str = "whole"):
+               answer: str = "whole", reward: str = "exact"):
     """Args:
       tasks: the task set.
       instruction: text appended to every question (e.g. the answer format).
       answer: the answer-extraction rule (`answers.ANSWER_RULES`).
+      reward: how a score becomes the reward (``REWARD_RULES``).
     """
     answers.extract("", answer)  # Fails early on an unknown rule.
+    reward_from_score(1.0, reward)  # Raises on an unknown rule.
     self.answer_rule = answer
+    self.reward = reward
     self.tasks = tasks
     self.name = tasks.name
     self.instruction = instruction
@@ -128,6 +149,6 @@ class ReasoningGymEnv(Environment):
     index = self._require_episode()
     answer = answers.extract(final_answer(action_text, self.template),
                              self.answer_rule)
-    reward = self.score(answer)
+    reward = reward_from_score(self.score(answer), self.reward)
     self._index = None
     return StepResult("", reward, True, {"answer": answer, "task_index": index})

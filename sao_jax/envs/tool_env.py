@@ -95,8 +95,9 @@ class ToolEnv(ReasoningGymEnv):
   name_suffix = "+calc"
 
   def __init__(self, tasks: ReasoningGymTasks, instruction: str = "",
-               max_tool_calls: int = 4, answer: str = "whole"):
-    super().__init__(tasks, instruction, answer)
+               max_tool_calls: int = 4, answer: str = "whole",
+               reward: str = "exact"):
+    super().__init__(tasks, instruction, answer, reward)
     self.name = tasks.name + self.name_suffix
     self.max_tool_calls = max_tool_calls
     self._calls = 0

@@ -2,7 +2,9 @@
 
 Runs the same episode runner and environments as the sampler, with greedy
 decoding and the current policy params, in the trainer process. Accuracy is
-the mean of reasoning-gym's own score (``score_answer``) over the held-out set.
+the share of problems whose answer gets reasoning-gym's full credit
+(``score_answer`` = 1; the 'exact' reward rule), whatever partial credit the
+training reward (``env.reward``) pays.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def evaluate(params: Any, model_config: ModelConfig, config: Any,
   greedy = SamplingParams(greedy=True)
   n = len(tasks)
   bs = min(batch_size, n)
-  envs = env_build.make_envs(config.env, tasks, bs)
+  envs = env_build.make_envs(config.env, tasks, bs, reward="exact")
   scores, lengths, stops, errors = [], [], [], []
   for start in range(0, n, bs):
     ids = list(range(start, min(n, start + bs)))

@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
 from sao_jax import text_tokenizer
@@ -46,23 +47,28 @@ def random_policy(mcfg: ModelConfig, seed: int) -> Any:
 def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
                  max_len: int,
                  tool_frac: float = 0.0,
-                 styles: tuple[str, ...] = ()) -> list[sft_lib.Example]:
+                 styles: tuple[str, ...] = (),
+                 instruction: str = "") -> list[sft_lib.Example]:
   """SFT demonstrations in the sampler's template, fitting ``max_len``.
+
+  Longer ones are left out with a warning; if none fits, ValueError names
+  the length that would.
 
   A ``tool_frac`` share (every k-th task) demonstrates the calculator: the
   action calls it with the task's expression, the tool result is an
   observation (not trained on), then the answer. The rest answer directly.
   With ``styles`` (the evolving env), task i's answer is written in style
   ``styles[i % len(styles)]``, so the warm-started policy knows every style
-  and RL has to find out which one the reward wants now.
+  and RL has to find out which one the reward wants now. ``instruction``
+  (``env.instruction``) follows every question, as in the environments.
   """
   every = round(1.0 / tool_frac) if tool_frac > 0 else 0
   template = tokenizer.template
-  out = []
+  out, lengths = [], []
   for i in range(min(n, len(tasks))):
     entry = tasks.entry(i)
-    segments = [(tokenizer.encode(template.format_prompt(entry["question"])),
-                 False)]
+    segments = [(tokenizer.encode(
+        template.format_prompt(entry["question"] + instruction)), False)]
     expr = entry.get("metadata", {}).get("expression")
     if every and i % every == 0 and expr is not None:
       value = tool_env.format_number(tool_env.calculate(expr))
@@ -74,8 +80,20 @@ def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
       answer = evolving.format_style(answer, styles[i % len(styles)])
     segments.append(
         (tokenizer.encode(template.format_assistant_turn(answer)), True))
-    if sum(len(seg) for seg, _ in segments) <= max_len:
+    lengths.append(sum(len(seg) for seg, _ in segments))
+    if lengths[-1] <= max_len:
       out.append(segments)
+  if len(out) < len(lengths):
+    cut = sorted(n for n in lengths if n > max_len)
+    what = (f"all {len(lengths)}" if not out else
+            f"{len(cut)} of {len(lengths)}")
+    message = (f"{what} SFT demonstrations are longer than train.sft_max_len="
+               f"{max_len}; the median needs {int(np.median(lengths))} tokens, "
+               f"the longest {cut[-1]}: raise train.sft_max_len to >= "
+               f"{cut[-1]}.")
+    if not out:
+      raise ValueError(message)
+    logging.warning("%s They are left out.", message)
   return out
 
 
@@ -132,7 +150,8 @@ def _run_sft(config: Any, mcfg: ModelConfig,
             else ())
   examples = sft_examples(tasks, tokenizer,
                           min(len(tasks), MAX_SFT_EXAMPLES), cfg.max_len,
-                          float(config.train.sft_tool_frac), styles)
+                          float(config.train.sft_tool_frac), styles,
+                          str(config.env.get("instruction", "")))
   logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
                len(examples))
   params, _ = sft_lib.run_sft(
