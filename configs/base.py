@@ -132,7 +132,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optim.b1 = 0.9  # Adam beta1.
   config.optim.b2 = 0.999  # Adam beta2.
   config.optim.eps = 1e-8  # Adam epsilon.
-  config.optim.grad_clip = 1.0  # Global norm; <= 0 disables.
+  config.optim.grad_clip = 1.0  # Global norm; 0 disables.
 
   # ---------------------------------------------------------------- train ---
   config.train = ml_collections.ConfigDict()
@@ -156,6 +156,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.checkpoint_every = 100  # Steps between checkpoints; 0 = never.
   config.train.log_every = 10  # Steps between TensorBoard writes.
   config.train.seed = 0  # Init and sampling PRNG seed.
+  # A step with non-finite losses, gradient norms or parameters is skipped
+  # (nothing changes); this many skips in a row stop the run with an error.
+  config.train.max_skipped_steps = 3
   # Supervised warm start on task solutions before RL (0 = none).
   config.train.sft_steps = 0
   config.train.sft_batch_size = 64

@@ -8,7 +8,8 @@ order continues, the stream's counters and the held-out accuracy before RL).
 No RNG key is saved: the sampler derives each batch's key from the seed and
 the batch index. Saves are atomic (orbax writes to a temporary
 directory and renames), so a trainer killed mid-save leaves the previous
-checkpoint as the newest complete one.
+checkpoint as the newest complete one. A state with a NaN/Inf leaf is never
+saved (the previous checkpoints stay the newest).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+
+from sao_jax.train import health
 
 _STATE = "state"
 _META = "meta"
@@ -42,8 +45,20 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``."""
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> bool:
+    """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``.
+
+    Returns:
+      False (and saves nothing) if a floating-point leaf of ``state`` is not
+      finite, so that rotation never deletes a good checkpoint for a bad one.
+    """
+    bad = health.nonfinite_leaves(state)
+    if bad:
+      logging.error(
+          "Not saving checkpoint step %d: %d leaves hold NaN/Inf (first: %s); "
+          "the newest checkpoint in %s stays step %s.", step, len(bad),
+          bad[0], self.directory, self.latest_step())
+      return False
     self._manager.save(
         step,
         args=ocp.args.Composite(**{
@@ -53,6 +68,7 @@ class Checkpointer:
         force=True)
     self._manager.wait_until_finished()
     logging.info("Saved checkpoint step %d to %s", step, self.directory)
+    return True
 
   def restore(self, abstract_state: Any,
               step: int | None = None) -> tuple[Any, dict[str, Any], int]:

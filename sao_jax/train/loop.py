@@ -39,6 +39,7 @@ from sao_jax.ipc import segment
 from sao_jax.ipc import weights as weights_lib
 from sao_jax.sampler import process as sampler_lib
 from sao_jax.train import evaluate as eval_lib
+from sao_jax.train import health
 from sao_jax.train import metrics as metrics_lib
 from sao_jax.train import publish as publish_lib
 from sao_jax.train import setup as setup_lib
@@ -56,6 +57,7 @@ class _Trainer:
     self.total_steps = self.warmup + int(run.config.train.num_steps)
     self._last_log = (time.perf_counter(), 0.0)  # (time, sampler tokens)
     self._version = int(self.state.policy_version)
+    self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
   def policy_version(self) -> int:
     """The version staleness is measured against (docs/DESIGN.md §4)."""
@@ -68,7 +70,11 @@ class _Trainer:
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
     with sharding.mesh_rules(run.mesh, run.rules):
       self.state, metrics = train_step(self.state, batch)
-    self._version = int(self.state.policy_version)
+    # One host sync per step, as before: the version and the skip flag.
+    version, skipped = jax.device_get(
+        (self.state.policy_version, metrics["health/skipped"]))
+    self._version = int(version)
+    self.skips.observe(step + 1, bool(skipped), metrics)
     return metrics
 
   def evaluate(self, step: int, generated: float) -> dict[str, float]:
@@ -98,6 +104,7 @@ class _Trainer:
         sampler_idle_frac=sampler_stats.idle_frac(), publish_s=publish_s,
         generated_tokens=self.generated(stream),
         stream_counters=stream.counters.as_dict(), ring_stats=ring.stats())
+    scalars["health/skipped_steps"] = float(self.skips.skipped_total)
     self._last_log = (now, sampler_stats.action_tokens)
     self.writer.write_scalars(done, scalars)
     self.writer.write_histograms(done, {"staleness": host_batch["staleness"]})

@@ -1,0 +1,194 @@
+"""Fault injection (issue 17): a run never goes silently wrong or hangs.
+
+Each test injects one fault from the issue's table and asserts what the run
+does about it: the error's words, exit codes, which checkpoints exist and that
+they are finite, what is left in /dev/shm, counters.
+"""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import psutil
+import pytest
+
+from configs import base
+from sao_jax import config_validation as cv
+from sao_jax.models import transformer
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import checkpoint as ckpt_lib
+from sao_jax.train import health
+from sao_jax.train import step as step_lib
+import tiny_settings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                  num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
+
+
+# ------------------------------------------------ row 11: validation ---------
+
+
+@pytest.mark.parametrize("path,value,words", [
+    ("optim.actor_lr", math.inf, "config.optim.actor_lr: expected a finite"),
+    ("optim.critic_lr", math.nan, "config.optim.critic_lr: expected a finite"),
+    ("optim.actor_lr", 0.0, "config.optim.actor_lr: expected a finite"),
+    ("train.sft_lr", math.inf, "config.train.sft_lr: expected a finite"),
+    ("optim.grad_clip", -1.0, "config.optim.grad_clip: expected a finite "
+     "float > 0 (global-norm clip) or 0 (no clipping)"),
+    ("optim.grad_clip", math.inf, "config.optim.grad_clip: expected"),
+    ("env.eval_size", 0, "config.env.eval_size: expected a positive int"),
+    ("sampler.devices", "abc", "config.sampler.devices: expected CPU core ids"),
+    ("sampler.devices", "0-x", "config.sampler.devices: expected CPU core ids"),
+    ("train.max_skipped_steps", 0,
+     "config.train.max_skipped_steps: expected a positive int"),
+])
+def test_validation_rejects_row_11_values(path, value, words):
+  config = base.get_config()
+  section, _, key = path.rpartition(".")
+  config[section][key] = value
+  with pytest.raises(cv.ConfigError) as e:
+    cv.validate_config(config)
+  assert str(e.value).startswith(words), str(e.value)
+
+
+@pytest.mark.parametrize("path,value", [
+    ("optim.grad_clip", 0.0), ("optim.grad_clip", 0.5),
+    ("sampler.devices", "0,1"), ("sampler.devices", "0-1"),
+    ("env.eval_size", 1)])
+def test_validation_accepts_explicit_values(path, value):
+  config = base.get_config()
+  section, _, key = path.rpartition(".")
+  config[section][key] = value
+  cv.validate_config(config)
+
+
+# ------------------------------------- row 1: non-finite numbers, unit ------
+
+
+def _state_and_batch(lr: float):
+  tok = jnp.zeros((1, 4), jnp.int32)
+  p = nn.unbox(transformer.Transformer(CFG).init(
+      jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
+  v = transformer.value_params_from_policy(p, CFG, jax.random.PRNGKey(1))
+  ptx, vtx = optax.adam(lr), optax.adam(lr)
+  state = step_lib.create_train_state(p, v, ptx, vtx)
+  rng = np.random.default_rng(0)
+  action = np.zeros((2, 8), np.uint8)
+  action[:, 3:] = 1
+  rewards = np.zeros((2, 8), np.float32)
+  rewards[0, 7] = 1.0
+  batch = {"tokens": jnp.asarray(rng.integers(4, 32, (2, 8)), jnp.int32),
+           "attention_mask": jnp.ones((2, 8), bool),
+           "action_mask": jnp.asarray(action),
+           "rewards": jnp.asarray(rewards),
+           "rollout_logp": jnp.asarray(-np.ones((2, 8), np.float32) * action),
+           "prompt_id": jnp.asarray([0, 1])}
+  fn = step_lib.make_step(CFG, step_lib.StepConfig(critic_updates_per_step=1),
+                          ptx, vtx, update_policy=True)
+  return state, batch, fn
+
+
+def test_nonfinite_step_is_skipped_and_state_kept():
+  state, batch, fn = _state_and_batch(1e-3)
+  before = jax.device_get(state)
+  bad = dict(batch, rewards=batch["rewards"].at[0, 7].set(jnp.nan))
+  new, metrics = fn(jax.tree.map(jnp.copy, state), bad)
+  assert float(metrics["health/skipped"]) == 1.0
+  assert int(new.step) == 1 and int(new.policy_version) == 0
+  for a, b in zip(jax.tree.leaves(jax.device_get(new.policy_params)),
+                  jax.tree.leaves(before.policy_params)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(jax.device_get(
+      (new.value_params, new.policy_opt_state, new.value_opt_state))),
+                  jax.tree.leaves((before.value_params,
+                                   before.policy_opt_state,
+                                   before.value_opt_state))):
+    np.testing.assert_array_equal(a, b)
+  assert not health.nonfinite_leaves(new)
+  # A finite batch still trains.
+  new, metrics = fn(new, batch)
+  assert float(metrics["health/skipped"]) == 0.0
+  assert int(new.policy_version) == 1 and int(new.step) == 2
+
+
+def test_skip_guard_stops_after_consecutive_skips_naming_the_metric():
+  guard = health.SkipGuard(3)
+  good = {"policy/loss": 0.5, "critic/grad_norm": 1.0}
+  bad = {"policy/loss": math.nan, "critic/grad_norm": 1.0}
+  guard.observe(1, True, bad)
+  guard.observe(2, False, good)  # The run of skips restarts.
+  guard.observe(3, True, {"critic/grad_norm": math.inf, "policy/loss": 1.0})
+  guard.observe(4, True, bad)
+  with pytest.raises(health.NonFiniteError) as e:
+    guard.observe(5, True, bad)
+  msg = str(e.value)
+  assert msg.startswith("Step 5: 3 consecutive train steps (3..5)")
+  assert "at step 3, was critic/grad_norm=inf" in msg
+  assert guard.skipped_total == 4
+
+
+def test_checkpoint_with_nonfinite_leaf_is_never_written(tmp_path):
+  good = {"w": np.ones(3, np.float32), "step": np.ones((), np.int32)}
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path))
+  try:
+    assert ckpt.save(1, good, {})
+    bad = {"w": np.array([1.0, np.nan, 2.0], np.float32),
+           "step": np.ones((), np.int32)}
+    assert not ckpt.save(2, bad, {})
+    assert ckpt.latest_step() == 1
+    state, _, step = ckpt.restore(good)
+    assert step == 1 and np.isfinite(state["w"]).all()
+  finally:
+    ckpt.close()
+
+
+# ------------------------------------- row 1: non-finite numbers, a run -----
+
+
+def _checkpoint_leaves(workdir) -> dict[int, list[np.ndarray]]:
+  """Every saved checkpoint's state leaves, by step (read without a target)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  out = {}
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  for name in sorted(os.listdir(ckpt_dir)):
+    if name.isdigit():
+      with ocp.StandardCheckpointer() as reader:
+        state = reader.restore(os.path.join(ckpt_dir, name, "state"))
+      out[int(name)] = jax.tree.leaves(state)
+  return out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_huge_learning_rate_stops_the_run_without_nan_checkpoints(tmp_path):
+  """Row 1: lr 1e6 makes every update non-finite: skipped, then a failure."""
+  workdir = tmp_path / "run"
+  run = subprocess.run(
+      tiny_settings.main_args(REPO, workdir, {
+          "optim.actor_lr": 1e6, "optim.critic_lr": 1e6,
+          "train.num_steps": 8, "train.checkpoint_every": 1,
+          "train.mode": "sync"}),
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert run.returncode != 0, run.stderr[-3000:]
+  assert ("NonFiniteError: Step 3: 3 consecutive train steps (1..3) produced "
+          "non-finite numbers" in run.stderr), run.stderr[-3000:]
+  assert "the first non-finite metric, at step 1, was" in run.stderr
+  assert not (workdir / "summary.json").exists()
+  saved = _checkpoint_leaves(workdir)
+  assert saved, "no checkpoint at all"
+  for step, leaves in saved.items():
+    for leaf in leaves:
+      if np.issubdtype(np.asarray(leaf).dtype, np.inexact):
+        assert np.isfinite(leaf).all(), f"checkpoint {step} holds NaN/Inf"
