@@ -27,7 +27,6 @@ from sao_jax import config_validation as cv
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.train import checkpoint as ckpt_lib
-from sao_jax.train import health
 from sao_jax.train import step as step_lib
 import tiny_settings
 
@@ -104,7 +103,6 @@ def test_nonfinite_step_is_skipped_and_state_kept():
   before = jax.device_get(state)
   bad = dict(batch, rewards=batch["rewards"].at[0, 7].set(jnp.nan))
   new, metrics = fn(jax.tree.map(jnp.copy, state), bad)
-  assert float(metrics["health/skipped"]) == 1.0
   assert int(new.step) == 1 and int(new.policy_version) == 0
   for a, b in zip(jax.tree.leaves(jax.device_get(new.policy_params)),
                   jax.tree.leaves(before.policy_params)):
@@ -115,7 +113,9 @@ def test_nonfinite_step_is_skipped_and_state_kept():
                                    before.policy_opt_state,
                                    before.value_opt_state))):
     np.testing.assert_array_equal(a, b)
-  assert not health.nonfinite_leaves(new)
+  assert float(metrics["health/skipped"]) == 1.0
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(
+      jax.device_get(new)) if np.issubdtype(np.asarray(x).dtype, np.inexact))
   # A finite batch still trains.
   new, metrics = fn(new, batch)
   assert float(metrics["health/skipped"]) == 0.0
@@ -123,6 +123,8 @@ def test_nonfinite_step_is_skipped_and_state_kept():
 
 
 def test_skip_guard_stops_after_consecutive_skips_naming_the_metric():
+  from sao_jax.train import health  # pylint: disable=g-import-not-at-top
+
   guard = health.SkipGuard(3)
   good = {"policy/loss": 0.5, "critic/grad_norm": 1.0}
   bad = {"policy/loss": math.nan, "critic/grad_norm": 1.0}
@@ -142,11 +144,12 @@ def test_checkpoint_with_nonfinite_leaf_is_never_written(tmp_path):
   good = {"w": np.ones(3, np.float32), "step": np.ones((), np.int32)}
   ckpt = ckpt_lib.Checkpointer(str(tmp_path))
   try:
-    assert ckpt.save(1, good, {})
+    ckpt.save(1, good, {})
     bad = {"w": np.array([1.0, np.nan, 2.0], np.float32),
            "step": np.ones((), np.int32)}
-    assert not ckpt.save(2, bad, {})
+    saved = ckpt.save(2, bad, {})
     assert ckpt.latest_step() == 1
+    assert saved is False
     state, _, step = ckpt.restore(good)
     assert step == 1 and np.isfinite(state["w"]).all()
   finally:
@@ -192,3 +195,85 @@ def test_huge_learning_rate_stops_the_run_without_nan_checkpoints(tmp_path):
     for leaf in leaves:
       if np.issubdtype(np.asarray(leaf).dtype, np.inexact):
         assert np.isfinite(leaf).all(), f"checkpoint {step} holds NaN/Inf"
+
+
+# ------------------------------- rows 3, 4: sampler death and orphans -------
+
+
+def _our_segments() -> set[str]:
+  """``sao_`` segments in /dev/shm whose creator is this process or dead."""
+  out = set()
+  for name in os.listdir("/dev/shm"):
+    if name.startswith("sao_"):
+      pid = int(name.split("_")[-2])
+      if pid == os.getpid() or not psutil.pid_exists(pid):
+        out.add(name)
+  return out
+
+
+_HUNG_CHILD = textwrap.dedent("""
+    import multiprocessing as mp
+    import os
+    import sys
+    import time
+
+    def hung_sampler(parent_pid, ready):
+      from sao_jax.sampler import process
+      process.die_with_parent(parent_pid)
+      ready.set()
+      time.sleep(3600)  # Stands for an env.step that never returns.
+
+    if __name__ == "__main__":
+      ctx = mp.get_context("spawn")
+      ready = ctx.Event()
+      child = ctx.Process(target=hung_sampler, args=(os.getpid(), ready))
+      child.start()
+      print(child.pid, ready.wait(120), flush=True)
+      time.sleep(3600)
+""")
+
+
+@pytest.mark.multiprocess
+def test_sampler_dies_with_its_parent_even_when_hung(tmp_path):
+  """Row 3: SIGKILL the parent of a sampler stuck in a call: it goes too."""
+  script = tmp_path / "parent.py"
+  script.write_text(_HUNG_CHILD)
+  parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+  try:
+    pid, ready = parent.stdout.readline().split()
+    child = psutil.Process(int(pid))
+    assert ready == "True" and child.is_running()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(30)
+    _, alive = psutil.wait_procs([child], timeout=10)
+    assert not alive, "the sampler outlived its SIGKILLed parent"
+  finally:
+    parent.kill()
+    parent.wait(30)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_dead_sampler_is_one_error_with_its_exit_code_and_error(tmp_path):
+  """Row 4: a record larger than the ring kills the sampler; the trainer says
+  so in one error, not a bare StopIteration, and leaves no segment."""
+  before = _our_segments()
+  run = subprocess.run(
+      tiny_settings.main_args(REPO, tmp_path / "run", {
+          "ring.capacity_bytes": 256, "train.num_steps": 4,
+          "train.mode": "sync"}),
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert run.returncode != 0
+  last = run.stderr.strip().splitlines()
+  error_at = [i for i, line in enumerate(last)
+              if line.startswith("sao_jax.sampler.process.SamplerDiedError")]
+  assert error_at, run.stderr[-3000:]
+  assert "exited with code 1. Its error:" in last[error_at[-1]]
+  assert last[-1].startswith("ValueError: Record of ")
+  assert "does not fit in a lane of 256 bytes" in last[-1]
+  assert "StopIteration" not in run.stderr
+  assert not (tmp_path / "run" / "summary.json").exists()
+  time.sleep(1.0)
+  assert _our_segments() <= before, _our_segments() - before

@@ -17,9 +17,10 @@ cores. Its loop (docs/DESIGN.md §1, §4):
    unique across hosts: the rollouts of one prompt share it) and publish it
    to the ring (blocking on backpressure).
 
-It exits when told to (stop event), when its parent dies (checked between
-waits, so an orphaned sampler never lingers), or on error (recorded in the
-shared status for the trainer to report).
+It exits when told to (stop event), when its parent dies (the kernel kills
+it, ``PR_SET_PDEATHSIG``, even inside a hung environment; elsewhere than Linux
+the parent is checked between waits), or on error (the traceback's last lines
+go to a shared buffer, which ``SamplerHandle.check`` puts in its error).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import ctypes
 import dataclasses
 import multiprocessing as mp
 import os
+import signal
+import sys
 import time
+import traceback
 from typing import Any
 
 from absl import logging
@@ -97,6 +101,29 @@ def parse_cores(spec: str) -> tuple[int, ...]:
   return tuple(cores)
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_ERROR_BYTES = 2048  # Shared buffer for the tail of the sampler's traceback.
+
+
+class SamplerDiedError(RuntimeError):
+  """The sampler process exited without being asked to."""
+
+
+def die_with_parent(parent_pid: int) -> None:
+  """Makes the kernel SIGKILL this process when its parent exits (Linux).
+
+  Unlike a check between waits, this also ends a sampler stuck in a hung
+  environment call, so its attachments never pin the run's shared memory.
+  Exits at once if the parent is already gone.
+  """
+  if sys.platform.startswith("linux"):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+      raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+  if os.getppid() != parent_pid:  # Died before prctl took effect.
+    os._exit(0)  # pylint: disable=protected-access
+
+
 class SamplerHandle:
   """Parent-side view of one sampler process and its shared control block."""
 
@@ -106,9 +133,11 @@ class SamplerHandle:
     self.trainer_step = ctx.Value("q", 0, lock=False)
     self.stop_event = ctx.Event()
     self.stats = ctx.Value(SamplerStats, lock=False)
+    self.last_error = ctx.Array("c", _ERROR_BYTES, lock=False)
     self.process = ctx.Process(
         target=sampler_main, name=f"sao-sampler-{spec.lane}",
-        args=(spec, self.trainer_step, self.stop_event, self.stats),
+        args=(spec, self.trainer_step, self.stop_event, self.stats,
+              self.last_error),
         daemon=True)
 
   def start(self) -> None:
@@ -122,13 +151,26 @@ class SamplerHandle:
   def alive(self) -> bool:
     return self.process.is_alive()
 
-  def check(self) -> None:
-    """Raises if the sampler died without being asked to stop."""
-    if not self.process.is_alive() and not self.stop_event.is_set():
-      raise RuntimeError(
-          f"Sampler process {self.process.pid} exited with code "
-          f"{self.process.exitcode}; see its log lines above (prefixed "
-          "'sampler').")
+  def check(self, wait_s: float = 0.0) -> None:
+    """Raises ``SamplerDiedError`` if the sampler exited without being asked.
+
+    Args:
+      wait_s: Seconds to wait for it to exit first (when the ring already
+        says its producer is gone but the process is still being reaped).
+    """
+    if wait_s > 0:
+      self.process.join(wait_s)
+    if self.process.is_alive() or self.stop_event.is_set():
+      return
+    code = self.process.exitcode
+    how = (f"was killed by signal {-code}" if code is not None and code < 0
+           else f"exited with code {code}")
+    error = self.last_error.value.decode("utf-8", "replace").strip()
+    raise SamplerDiedError(
+        f"Sampler process {self.process.pid} {how}. "
+        + (f"Its error:\n{error}" if error else
+           "It left no error (killed from outside, e.g. by the OOM killer?); "
+           "see its log lines above (prefixed 'sampler')."))
 
   def stop(self, timeout: float = 30.0) -> None:
     """Asks the sampler to stop, waits, then terminates/kills if needed."""
@@ -148,13 +190,21 @@ def _parent_alive(pid: int) -> bool:
   return os.getppid() == pid
 
 
-def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
+def _record_error(buffer) -> None:
+  """The last lines of the current exception's traceback, into ``buffer``."""
+  text = traceback.format_exc().encode("utf-8", "replace")
+  buffer.value = text[-(_ERROR_BYTES - 1):]
+
+
+def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats,
+                 last_error=None) -> None:
   """Entry point of the spawned sampler process."""
-  if spec.cores:
-    os.sched_setaffinity(0, spec.cores)
-  # Heavy imports happen here, in the child, after affinity is set.
+  die_with_parent(spec.parent_pid)
+  # Heavy imports happen in _run, in the child, after affinity is set.
   from absl import logging as child_logging  # pylint: disable=g-import-not-at-top,reimported
   try:
+    if spec.cores:
+      os.sched_setaffinity(0, spec.cores)
     child_logging.set_verbosity(child_logging.INFO)
     _run(spec, trainer_step, stop_event, stats)
     stats.alive = 2
@@ -164,6 +214,8 @@ def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
     stats.alive = 2
   except BaseException:
     stats.alive = -1
+    if last_error is not None:
+      _record_error(last_error)
     child_logging.exception("sampler: crashed.")
     raise
 

@@ -136,7 +136,12 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
   batches = iter(stream.dataset)
   for step in range(start_step, trainer.total_steps):
     t_wait, read_before = time.perf_counter(), stream.counters.records_read
-    host_batch = next(batches)
+    host_batch = next(batches, None)
+    if host_batch is None:  # The ring says its producer is gone.
+      sampler.check(wait_s=10.0)
+      raise sampler_lib.SamplerDiedError(
+          f"Step {step + 1}: the trajectory stream ended (the ring's producer "
+          "closed) but the sampler process is still running.")
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (stream.counters.records_read - read_before
                          ) * jax.process_count()
