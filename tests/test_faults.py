@@ -277,3 +277,68 @@ def test_dead_sampler_is_one_error_with_its_exit_code_and_error(tmp_path):
   assert not (tmp_path / "run" / "summary.json").exists()
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
+
+
+# --------------------------------- rows 5, 7: checkpoints on the way out ----
+
+
+def test_restore_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, caplog):
+  """Row 7: the newest checkpoint is corrupt: the previous one is restored."""
+  state = {"w": np.zeros(3, np.float32)}
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path))
+  try:
+    for step in (1, 2):
+      ckpt.save(step, {"w": np.full(3, step, np.float32)}, {"at": step})
+    for root, _, files in os.walk(tmp_path / "2" / "state"):
+      for name in files:  # Garble every file of the newest state.
+        with open(os.path.join(root, name), "wb") as f:
+          f.write(b"garbage")
+    with caplog.at_level("WARNING"):
+      restored, meta, step = ckpt.restore_newest(state)
+    assert step == 1 and meta == {"at": 1}
+    np.testing.assert_array_equal(restored["w"], np.ones(3, np.float32))
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelname == "WARNING"]
+    assert any(m.startswith("Skipping checkpoint step 2: Checkpoint step 2 in")
+               for m in warned), warned
+    assert ckpt.latest_step() == 1
+    assert (tmp_path / "2.unrestorable").is_dir()
+  finally:
+    ckpt.close()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sigterm_saves_the_last_completed_step(tmp_path):
+  """Row 5: with periodic checkpoints off, SIGTERM still keeps the work."""
+  before = _our_segments()
+  workdir = tmp_path / "run"
+  log_path = tmp_path / "run.log"
+  with open(log_path, "w") as log:
+    proc = subprocess.Popen(
+        tiny_settings.main_args(REPO, workdir, {
+            "train.num_steps": 200, "train.checkpoint_every": 0,
+            "train.mode": "sync"}),
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.time() + 300
+    while " step 3/201 " not in log_path.read_text():
+      assert proc.poll() is None, log_path.read_text()[-3000:]
+      assert time.time() < deadline, "no step 3 within 300 s"
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(120)
+  finally:
+    proc.kill()
+    proc.wait(30)
+  text = log_path.read_text()
+  assert rc != 0, text[-3000:]
+  assert not (workdir / "summary.json").exists()
+  saved = _checkpoint_leaves(workdir)
+  assert saved and max(saved) >= 3, (sorted(saved), text[-3000:])
+  assert f"saving step {max(saved)} before exiting" in text
+  for leaf in saved[max(saved)]:
+    if np.issubdtype(np.asarray(leaf).dtype, np.inexact):
+      assert np.isfinite(leaf).all()
+  time.sleep(1.0)
+  assert _our_segments() <= before, _our_segments() - before

@@ -104,5 +104,32 @@ class Checkpointer:
           "matching config.") from e
     return restored[_STATE], dict(restored[_META]), step
 
+  def restore_newest(self, abstract_state: Any
+                     ) -> tuple[Any, dict[str, Any], int]:
+    """Restores the newest checkpoint that restores, newest first.
+
+    A checkpoint that fails is skipped with a warning naming it and, in a
+    one-process run, renamed ``<step>.unrestorable`` (kept for inspection,
+    out of the rotation).
+
+    Raises:
+      CheckpointError: none exists, or none restores (the newest one's error).
+    """
+    first_error = None
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        return self.restore(abstract_state, step)
+      except CheckpointError as e:
+        first_error = first_error or e
+        logging.warning("Skipping checkpoint step %d: %s", step, e)
+        if jax.process_count() == 1:  # Hosts of one run share the directory.
+          bad = os.path.join(self.directory, str(step))
+          os.replace(bad, bad + ".unrestorable")
+          logging.warning("Moved it to %s.", bad + ".unrestorable")
+          self._manager.reload()
+    if first_error is not None:
+      raise first_error
+    return self.restore(abstract_state)  # Raises: no checkpoint.
+
   def close(self) -> None:
     self._manager.close()

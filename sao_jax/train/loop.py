@@ -57,14 +57,17 @@ class _Trainer:
     self.total_steps = self.warmup + int(run.config.train.num_steps)
     self._last_log = (time.perf_counter(), 0.0)  # (time, sampler tokens)
     self._version = int(self.state.policy_version)
+    self.start_step = int(self.state.step)
+    self.meta_step = self.start_step  # The step run.meta describes.
     self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
   def policy_version(self) -> int:
     """The version staleness is measured against (docs/DESIGN.md §4)."""
     return self._version
 
-  def step(self, step: int, host_batch: dict[str, Any]) -> dict[str, Any]:
-    """One jitted step on the global batch; returns the step's metrics."""
+  def step(self, step: int, host_batch: dict[str, Any]
+           ) -> tuple[dict[str, Any], bool]:
+    """One jitted step on the global batch: (its metrics, whether skipped)."""
     run = self.run
     batch = sharding.make_global_batch(host_batch, run.mesh, run.rules)
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
@@ -74,8 +77,7 @@ class _Trainer:
     version, skipped = jax.device_get(
         (self.state.policy_version, metrics["health/skipped"]))
     self._version = int(version)
-    self.skips.observe(step + 1, bool(skipped), metrics)
-    return metrics
+    return metrics, bool(skipped)
 
   def evaluate(self, step: int, generated: float) -> dict[str, float]:
     run = self.run
@@ -145,8 +147,12 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (stream.counters.records_read - read_before
                          ) * jax.process_count()
-    metrics = trainer.step(step, host_batch)
+    metrics, skipped = trainer.step(step, host_batch)
     done = step + 1
+    run.meta.update(episodes_consumed=trainer.consumed,
+                    stream=stream.counters.as_dict())
+    trainer.meta_step = done
+    trainer.skips.observe(done, skipped, metrics)
     last = done == trainer.total_steps
     if done % every["publish"] == 0 or last:
       publish(trainer.state.policy_params, trainer.policy_version())
@@ -163,14 +169,33 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
         and policy_steps % every["eval"] == 0):
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
-    run.meta.update(episodes_consumed=trainer.consumed,
-                    stream=stream.counters.as_dict())
     if every["checkpoint"] and done % every["checkpoint"] == 0 and more:
       run.ckpt.save(done, trainer.state, run.meta)
     if out_of_tokens:
       logging.info("Generated-token budget reached: %d >= %d tokens at "
                    "step %d.", generated, token_budget, done)
       break
+
+
+def _save_on_exit(trainer: _Trainer) -> None:
+  """Checkpoints the last completed step of a run stopped by SIGTERM or an
+  error, so that at most the step in flight is lost (never a NaN state:
+  ``Checkpointer.save`` refuses those)."""
+  run = trainer.run
+  if jax.process_count() > 1:  # A save is collective: peers may be gone.
+    logging.warning("Multi-host run stopped: no checkpoint on the way out; "
+                    "the newest is step %s.", run.ckpt.latest_step())
+    return
+  try:
+    step = int(trainer.state.step)
+    if step != trainer.meta_step:
+      logging.warning("Stopped inside step %d: no checkpoint on the way out.",
+                      step)
+    elif step > trainer.start_step and step != run.ckpt.latest_step():
+      logging.warning("Run stopped: saving step %d before exiting.", step)
+      run.ckpt.save(step, trainer.state, run.meta)
+  except Exception:  # pylint: disable=broad-except
+    logging.exception("Could not save a checkpoint on the way out.")
 
 
 def _run_async(trainer: _Trainer) -> dict[str, float]:
@@ -206,7 +231,11 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
         check_producers=sampler.check, process_index=jax.process_index())
     stream.counters.load(run.meta.get("stream", {}))
     start_step = int(trainer.state.step)
-    _train(trainer, ring, publish, sampler, stream)
+    try:
+      _train(trainer, ring, publish, sampler, stream)
+    except BaseException:  # SIGTERM arrives as KeyboardInterrupt.
+      _save_on_exit(trainer)
+      raise
     final_step = int(trainer.state.step)
     if final_step > start_step or run.ckpt.latest_step() != final_step:
       run.ckpt.save(final_step, trainer.state, run.meta)
