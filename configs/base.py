@@ -68,6 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.eval_size = 256  # Held-out problems per evaluation.
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
+  # Longest one env reset/step may take; longer ends the episode as an ERROR
+  # row (counted, never trained on) while the other episodes go on.
+  config.env.step_timeout_s = 60.0
   # Reward = r_quality * r_style in {0, 1}; the evolving env switches the
   # required answer style at these policy versions (docs/DESIGN.md §2, online).
   # ('plain', 'boxed', 'answer_tag'; sao_jax.envs.evolving.STYLES).
@@ -159,6 +162,9 @@ def get_config() -> ml_collections.ConfigDict:
   # A step with non-finite losses, gradient norms or parameters is skipped
   # (nothing changes); this many skips in a row stop the run with an error.
   config.train.max_skipped_steps = 3
+  # More than this share of ERROR trajectories (env raised or timed out)
+  # among the last 4 batches' stops the run; ERROR rows are never trained on.
+  config.train.max_error_frac = 0.5
   # Supervised warm start on task solutions before RL (0 = none).
   config.train.sft_steps = 0
   config.train.sft_batch_size = 64

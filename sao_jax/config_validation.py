@@ -266,7 +266,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
     "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
-    "env.max_tool_calls": _NONNEG,
+    "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "sampler.temperature": _GT0,
     "sampler.top_p": ((lambda v: 0 < v <= 1), "float in (0, 1]"),
     "sampler.top_k": (_nonneg, "int >= 0 (0 disables top-k)"),
@@ -297,7 +297,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{f"train.{k}": _NONNEG for k in (
         "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
         "publish_lag", "max_generated_tokens", "sft_seed")},
-    "train.sft_lr": _FINITE_GT0, "train.sft_tool_frac": _UNIT,
+    "train.sft_lr": _FINITE_GT0, "train.max_error_frac": _UNIT, "train.sft_tool_frac": _UNIT,
     "ring.capacity_bytes": _POS, "ring.put_timeout_s": _GT0,
     "ring.get_timeout_s": _GT0,
     "distributed.num_processes": ((lambda v: v is None or v >= 1),

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import flax.linen as nn
@@ -24,10 +25,17 @@ import pytest
 
 from configs import base
 from sao_jax import config_validation as cv
+from sao_jax import tokenizer as tok_lib
+from sao_jax.data import stream as stream_lib
+from sao_jax.envs import base as base_env
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.sampler import rollout
 from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import step as step_lib
+from sao_jax.trajectory import FinishReason
+from sao_jax.trajectory import Trajectory
+from scripted_policy import ScriptedPolicy
 import tiny_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,5 +348,101 @@ def test_sigterm_saves_the_last_completed_step(tmp_path):
   for leaf in saved[max(saved)]:
     if np.issubdtype(np.asarray(leaf).dtype, np.inexact):
       assert np.isfinite(leaf).all()
+  time.sleep(1.0)
+  assert _our_segments() <= before, _our_segments() - before
+
+
+# ------------------------------------ rows 2, 6: env time limits, errors ----
+
+
+class _FixedEnv(base_env.Environment):
+  """One-step episodes; ``hang``: its step never returns (a hung scorer)."""
+
+  name = "fixed"
+
+  def __init__(self, hang: bool):
+    self._hang = hang
+
+  def reset(self, task):
+    self.prompt_id = task
+    return "What is 1 + 1?"
+
+  def step(self, action_text):
+    if self._hang:
+      threading.Event().wait(600)
+    return base_env.StepResult("", 1.0, True, {})
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+  corpus = tok_lib.task_corpus(("basic_arithmetic",), n=100, seed=0)
+  return tok_lib.train_tokenizer(
+      corpus, tmp_path_factory.mktemp("tok") / "t.model", 294, seed=0)
+
+
+def test_hung_env_step_becomes_an_error_row_and_others_go_on(tok):
+  """Row 2: env.step_timeout_s bounds a step; only that episode fails."""
+  limits = rollout.RolloutLimits(max_turns=2, max_total_tokens=64,
+                                 max_new_tokens_per_turn=4,
+                                 step_timeout_s=0.5)
+  t0 = time.monotonic()
+  trajs = rollout.run_episodes(
+      ScriptedPolicy([[tok.eos_id], [tok.eos_id]]),
+      [_FixedEnv(hang=True), _FixedEnv(hang=False)], [0, 1], tok, limits)
+  assert time.monotonic() - t0 < 10
+  assert trajs[0].finish_reason == FinishReason.ERROR
+  assert trajs[0].error == ("step: TimeoutError: env.step did not return "
+                            "within env.step_timeout_s=0.5 s")
+  assert trajs[1].finish_reason == FinishReason.STOP
+  assert float(trajs[1].rewards.sum()) == 1.0
+
+
+def _traj(error: str = "") -> Trajectory:
+  n = 6
+  return Trajectory(
+      prompt_id=7, tokens=np.arange(n), action_mask=[0, 0, 1, 1, 1, 0],
+      rollout_logp=np.full(n, -1.0), policy_version=np.zeros(n),
+      rewards=[0, 0, 0, 0, 1, 0], task="fixed",
+      finish_reason=FinishReason.ERROR if error else FinishReason.STOP,
+      error=error)
+
+
+def test_error_rows_are_never_trained_on_and_too_many_stop_the_run():
+  """Rows 2, 6: ERROR rows carry no action or reward; > max_error_frac of a
+  window of them raises, quoting one."""
+  counters = stream_lib.StreamCounters()
+  pad = stream_lib.PadToLength(8, counters, max_error_frac=0.5,
+                               error_window=4)
+  row = pad.map((_traj("step: TimeoutError: hung"), 0))
+  assert row["action_mask"].sum() == 0 and row["rewards"].sum() == 0
+  assert counters.error_rows == 1
+  ok = pad.map((_traj(), 0))
+  assert ok["action_mask"].sum() == 3 and ok["rewards"].sum() == 1
+  pad.map((_traj("reset: ValueError: prompt too long"), 0))  # 2 of 3.
+  with pytest.raises(stream_lib.TooManyErrorsError) as e:
+    pad.map((_traj("reset: ValueError: prompt has 40 tokens"), 0))
+  assert str(e.value) == (
+      "3 of the last 4 trajectories ended in an environment error (> "
+      "train.max_error_frac=0.5); e.g. prompt 7 (fixed): reset: ValueError: "
+      "prompt has 40 tokens")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_every_prompt_too_long_stops_the_run(tmp_path):
+  """Row 6: prompts longer than max_total_tokens: an error, not a run that
+  trains on empty trajectories and exits 0."""
+  before = _our_segments()
+  run = subprocess.run(
+      tiny_settings.main_args(REPO, tmp_path / "run", {
+          "sampler.max_total_tokens": 8, "train.max_seq_len": 8,
+          "train.num_steps": 20, "train.mode": "sync"}),
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert run.returncode != 0
+  assert "TooManyErrorsError: 32 of the last 32 trajectories ended in an " \
+         "environment error (> train.max_error_frac=0.5)" in run.stderr, \
+         run.stderr[-3000:]
+  assert "tokens >= max_total_tokens=8" in run.stderr
+  assert not (tmp_path / "run" / "summary.json").exists()
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before

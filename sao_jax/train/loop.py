@@ -228,7 +228,8 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
         trainer_version=trainer.policy_version, staleness=staleness,
         overlong="truncate", pad_id=run.tokenizer.pad_id,
         read_timeout=float(config.ring.get_timeout_s),
-        check_producers=sampler.check, process_index=jax.process_index())
+        check_producers=sampler.check, process_index=jax.process_index(),
+        max_error_frac=float(config.train.max_error_frac))
     stream.counters.load(run.meta.get("stream", {}))
     start_step = int(trainer.state.step)
     try:
