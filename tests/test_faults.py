@@ -446,3 +446,25 @@ def test_every_prompt_too_long_stops_the_run(tmp_path):
   assert not (tmp_path / "run" / "summary.json").exists()
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_trainer_wait_error_says_what_it_waited_for_and_the_sampler_state(
+    tmp_path):
+  """Row 2: the trainer's wait ends in an error naming the wait, the batch
+  and what the sampler was doing (its sampler starts slower than 1 s)."""
+  before = _our_segments()
+  run = subprocess.run(
+      tiny_settings.main_args(REPO, tmp_path / "run", {
+          "ring.get_timeout_s": 1.0, "train.num_steps": 4,
+          "train.mode": "sync"}),
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert run.returncode != 0
+  lines = [line for line in run.stderr.splitlines()
+           if line.startswith("TimeoutError: Step 1: no batch of 8 "
+                              "trajectories within ring.get_timeout_s=1 s")]
+  assert lines, run.stderr[-3000:]
+  assert "; the sampler " in lines[0] and "env.step_timeout_s" in lines[0]
+  time.sleep(1.0)
+  assert _our_segments() <= before, _our_segments() - before

@@ -40,6 +40,11 @@ from absl import logging
 from sao_jax.trajectory import StalenessPolicy
 
 
+PHASES = ("starting", "waiting for admission (the trainer's step)",
+          "loading weights", "running episodes (generation and env calls)",
+          "waiting for ring space")
+
+
 class SamplerStats(ctypes.Structure):
   """The sampler's counters, shared with the trainer (one writer: the child)."""
 
@@ -53,12 +58,27 @@ class SamplerStats(ctypes.Structure):
       ("env_errors", ctypes.c_double),  # Episodes that ended in an env error.
       # 1 while the loop runs, 2 after a clean exit, -1 on crash.
       ("alive", ctypes.c_double),
+      ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
+      ("phase", ctypes.c_double),  # Index into PHASES.
   ]
 
+  def describe(self) -> str:
+    """What the sampler was last doing, for the trainer's errors."""
+    if not self.heartbeat:
+      return "the sampler has not started its loop yet"
+    return (f"the sampler was {PHASES[int(self.phase)]} "
+            f"{time.time() - self.heartbeat:.0f} s ago, after "
+            f"{int(self.episodes)} episodes ({int(self.env_errors)} env "
+            f"errors), weights version {int(self.weights_version)}")
+
+  def enter(self, phase: str) -> None:
+    self.phase, self.heartbeat = PHASES.index(phase), time.time()
+
   def as_dict(self) -> dict[str, float]:
-    """``sampler/<name>`` of every counter but ``alive``."""
+    """``sampler/<name>`` of every counter but ``alive`` and the heartbeat."""
     return {f"sampler/{name}": float(getattr(self, name))
-            for name, _ in self._fields_ if name != "alive"}
+            for name, _ in self._fields_
+            if name not in ("alive", "heartbeat", "phase")}
 
   def idle_frac(self) -> float:
     """Share of the sampler's time spent waiting (admission, ring space)."""
@@ -335,6 +355,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       # 1. Admission: do not start work that would exceed the staleness bound.
       target_step = (episode + episodes_per_batch - 1) // train_batch
       t_idle = time.perf_counter()
+      stats.enter(PHASES[1])
       while (not staleness.admits(target_step, trainer_step.value)
              and not stop_event.is_set()):
         check_parent()
@@ -344,11 +365,13 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
         break
       check_parent()
       # 2. Newest weights.
+      stats.enter(PHASES[2])
       params, version = load_weights()
       if params is None:
         time.sleep(0.01)
         continue
       # 3. Episodes.
+      stats.enter(PHASES[3])
       t0 = time.perf_counter()
       first_prompt = episode // n_roll
       task_ids = [int(prompt_ds[first_prompt + i])
@@ -363,6 +386,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       for i, traj in enumerate(trajs):
         traj.group_id = ((first_prompt + i // n_roll) * spec.process_count
                          + spec.process_index)
+      stats.enter(PHASES[4])
       if not _publish(trajs, writer, stats, stop_event, check_parent):
         return
       episode += episodes_per_batch

@@ -138,7 +138,16 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
   batches = iter(stream.dataset)
   for step in range(start_step, trainer.total_steps):
     t_wait, read_before = time.perf_counter(), stream.counters.records_read
-    host_batch = next(batches, None)
+    try:
+      host_batch = next(batches, None)
+    except ring_lib.RingEmptyError:
+      raise TimeoutError(
+          f"Step {step + 1}: no batch of {int(t.batch_size)} trajectories "
+          f"within ring.get_timeout_s={float(config.ring.get_timeout_s):g} s "
+          f"({stream.counters.records_read} read so far); "
+          f"{sampler.stats.describe()}. A slow environment is bounded by "
+          "env.step_timeout_s; raise ring.get_timeout_s for slow "
+          "generation.") from None
     if host_batch is None:  # The ring says its producer is gone.
       sampler.check(wait_s=10.0)
       raise sampler_lib.SamplerDiedError(
