@@ -5,6 +5,7 @@ does about it: the error's words, exit codes, which checkpoints exist and that
 they are finite, what is left in /dev/shm, counters.
 """
 
+import json
 import math
 import os
 import signal
@@ -28,6 +29,7 @@ from sao_jax import config_validation as cv
 from sao_jax import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import base as base_env
+from sao_jax.models import hf
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import rollout
@@ -468,3 +470,55 @@ def test_trainer_wait_error_says_what_it_waited_for_and_the_sampler_state(
   assert "; the sampler " in lines[0] and "env.step_timeout_s" in lines[0]
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
+
+
+# ------------------------------------------------ row 10: the HF loader -----
+
+
+def _hf_checkpoint(path, nan: bool = False):
+  """A tiny random Llama checkpoint in ``path`` (one NaN if ``nan``)."""
+  tok = jnp.zeros((1, 4), jnp.int32)
+  params = nn.unbox(transformer.Transformer(CFG).init(
+      jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
+  if nan:
+    leaves, tree = jax.tree.flatten(params)
+    leaves[-1] = leaves[-1].at[(0,) * leaves[-1].ndim].set(jnp.nan)
+    params = jax.tree.unflatten(tree, leaves)
+  hf.save_hf_checkpoint(CFG, params, path)
+  return path
+
+
+def _load_error(path) -> str:
+  with pytest.raises(hf.CheckpointError) as e:
+    hf.load_hf_checkpoint(path)
+  return str(e.value)
+
+
+def test_hf_truncated_safetensors_names_the_file(tmp_path):
+  weights = _hf_checkpoint(tmp_path) / hf.WEIGHTS_FILE
+  data = weights.read_bytes()
+  weights.write_bytes(data[:len(data) // 2])
+  assert _load_error(tmp_path).startswith(f"{weights}: cannot read")
+
+
+def test_hf_index_that_is_not_json_names_the_file(tmp_path):
+  index = _hf_checkpoint(tmp_path) / hf.INDEX_FILE
+  index.write_text("{not json")
+  assert _load_error(tmp_path).startswith(
+      f"{index} is not a readable JSON index (JSONDecodeError")
+
+
+def test_hf_nonfinite_weights_are_an_error(tmp_path):
+  weights = _hf_checkpoint(tmp_path, nan=True) / hf.WEIGHTS_FILE
+  msg = _load_error(tmp_path)
+  assert msg.startswith(f"{weights}: tensor ") and "holds 1 NaN/Inf" in msg
+
+
+def test_hf_index_paths_stay_inside_the_checkpoint(tmp_path):
+  ckpt = _hf_checkpoint(tmp_path / "ckpt")
+  outside = tmp_path / "outside.safetensors"
+  outside.write_bytes((ckpt / hf.WEIGHTS_FILE).read_bytes())
+  (ckpt / hf.INDEX_FILE).write_text(json.dumps({"weight_map": {
+      "model.embed_tokens.weight": "../outside.safetensors"}}))
+  assert "'../outside.safetensors', outside the checkpoint directory" in (
+      _load_error(ckpt))
