@@ -16,6 +16,7 @@ import threading
 import time
 
 import flax.linen as nn
+import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -32,6 +33,7 @@ from sao_jax.envs import base as base_env
 from sao_jax.models import hf
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.sampler import process as sampler_process
 from sao_jax.sampler import rollout
 from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import step as step_lib
@@ -522,3 +524,54 @@ def test_hf_index_paths_stay_inside_the_checkpoint(tmp_path):
       "model.embed_tokens.weight": "../outside.safetensors"}}))
   assert "'../outside.safetensors', outside the checkpoint directory" in (
       _load_error(ckpt))
+
+
+# ------------------------- row 9: weight versions not from this trainer -----
+
+
+class _FakeSlot:
+  """Stands for a weight slot someone else may have published into."""
+
+  def __init__(self):
+    self.version = 0
+
+  def read(self, timeout):
+    del timeout
+    return self.version, {"w": self.version}
+
+
+def test_sampler_ignores_weight_versions_the_trainer_cannot_have_made():
+  """Row 9: version 777 at trainer step 62, or one going backwards, is
+  ignored; the sampler keeps the weights it has."""
+  slot = _FakeSlot()
+  mp_value = type("V", (), {"value": 62})()
+  newest = sampler_process._NewestWeights(  # pylint: disable=protected-access
+      slot, sampler_process.SamplerStats(), mp_value)
+  slot.version = 60
+  assert newest() == ({"w": 60}, 60)
+  slot.version = 777
+  assert newest() == ({"w": 60}, 60)
+  slot.version = 59
+  assert newest() == ({"w": 60}, 60)
+  slot.version = 63  # Published just before the trainer announces step 63.
+  assert newest() == ({"w": 63}, 63)
+
+
+def test_negative_staleness_is_never_admitted():
+  """Row 9: a trajectory from a version newer than the trainer's is dropped
+  and counted, not admitted with staleness -715."""
+  from sao_jax.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
+
+  assert not StalenessPolicy(max_staleness=4).keeps(-715)
+  assert not StalenessPolicy(max_staleness=None).keeps(-1)
+  counters = stream_lib.StreamCounters()
+  future = _traj()
+  future.policy_version[:] = 777
+  fresh = _traj()
+  fresh.policy_version[:] = 60
+  ds = stream_lib.StalenessFilter(
+      grain.MapDataset.source([future, fresh]).to_iter_dataset(),
+      lambda: 62, StalenessPolicy(max_staleness=4), counters)
+  kept = list(ds)
+  assert len(kept) == 1 and kept[0][1] == 2
+  assert counters.dropped_future == 1 and counters.admitted == 1

@@ -53,6 +53,7 @@ class StreamCounters:
   admitted: int = 0
   multi_version: int = 0  # Admitted records sampled by more than one version.
   error_rows: int = 0  # ERROR trajectories (kept as rows with no action).
+  dropped_future: int = 0  # Versions newer than the trainer's: not ours.
   read_wait_s: float = 0.0
 
   def as_dict(self) -> dict:
@@ -172,6 +173,13 @@ class _StalenessIterator(grain.DatasetIterator):
       version = int(self._ds._version())  # pylint: disable=protected-access
       staleness = traj.staleness(version)
       policy = self._ds._policy  # pylint: disable=protected-access
+      if staleness < 0:
+        c.dropped_future += 1
+        logging.warning(
+            "Stream dropped a trajectory sampled by policy version %d, newer "
+            "than the trainer's %d (%d so far): not this run's weights.",
+            version - staleness, version, c.dropped_future)
+        continue
       if not policy.keeps(staleness):
         c.dropped_stale += 1
         if c.dropped_stale in (1, 10, 100) or c.dropped_stale % 1000 == 0:

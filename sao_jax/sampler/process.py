@@ -261,16 +261,36 @@ def _attach_slot(name: str, mcfg):
 
 
 class _NewestWeights:
-  """``() -> (params, version)``: the slot's newest weights, or the last ones."""
+  """``() -> (params, version)``: the slot's newest weights, or the last ones.
 
-  def __init__(self, slot, stats: SamplerStats):
+  Versions only increase and never pass the trainer's step (the policy
+  version is at most the step): anything else did not come from this run's
+  trainer and is ignored with a warning.
+  """
+
+  def __init__(self, slot, stats: SamplerStats, trainer_step):
     self._slot, self._stats = slot, stats
+    self._trainer_step = trainer_step
     self.params, self.version = None, None
+
+  def _plausible(self, version: int) -> bool:
+    newer = self.version is None or version > self.version
+    if version == self.version:
+      return False
+    # The trainer publishes a step's weights just before it announces the
+    # step: at most one ahead.
+    if not newer or version > self._trainer_step.value + 1:
+      logging.warning(
+          "sampler: ignoring weights version %d (have %s, trainer at step "
+          "%d): not published by this run's trainer.", version, self.version,
+          self._trainer_step.value)
+      return False
+    return True
 
   def __call__(self):
     t0 = time.perf_counter()
     got = self._slot.read(timeout=5.0)
-    if got is not None and got[0] != self.version:
+    if got is not None and self._plausible(int(got[0])):
       self.version, self.params = got
       self._stats.weight_load_s += time.perf_counter() - t0
       self._stats.weights_version = self.version
@@ -337,7 +357,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
   if spec.process_count > 1:  # Each host its own sampling noise.
     base_key = jax.random.fold_in(base_key, spec.process_index)
-  load_weights = _NewestWeights(slot, stats)
+  load_weights = _NewestWeights(slot, stats, trainer_step)
 
   def check_parent():
     if not _parent_alive(spec.parent_pid):
