@@ -20,6 +20,12 @@ Every ``log_every`` steps scalars go to TensorBoard (``workdir/tb``); held-out
 accuracy every ``eval_every`` policy steps; orbax checkpoints every
 ``checkpoint_every`` steps and at the end. The sampler is stopped and the
 shared-memory segments unlinked on every exit path, SIGTERM included.
+
+Faults (issue 17): a non-finite update is skipped in the jitted step and
+``train.max_skipped_steps`` in a row stop the run (``health.SkipGuard``); an
+error or SIGTERM first checkpoints the last completed step (one process);
+a dead sampler, a wait for data past ``ring.get_timeout_s`` and too many
+ERROR trajectories each end the run with one error saying what happened.
 """
 
 from __future__ import annotations
