@@ -575,3 +575,75 @@ def test_negative_staleness_is_never_admitted():
   kept = list(ds)
   assert len(kept) == 1 and kept[0][1] == 2
   assert counters.dropped_future == 1 and counters.admitted == 1
+
+
+_HUNG_ENV_RUN = textwrap.dedent("""
+    import multiprocessing
+    import sys
+    import threading
+
+    from sao_jax.envs import reasoning_gym_env
+    from sao_jax.envs import registry
+
+
+    class HangingEnv(reasoning_gym_env.ReasoningGymEnv):
+      # Hangs in the sampler only (the trainer's eval uses it too).
+      def step(self, action_text):
+        if multiprocessing.current_process().name.startswith("sao-sampler"):
+          print("HUNG", flush=True)
+          threading.Event().wait()
+        return super().step(action_text)
+
+
+    # At the top level: the spawned sampler re-imports this file.
+    registry.register_env("hang", HangingEnv)
+
+    if __name__ == "__main__":
+      from configs import base
+      from sao_jax.train import loop
+      import tiny_settings
+      config = base.get_config()
+      flat = {**tiny_settings.TINY_OVERRIDES, "env.name": "hang",
+              "env.step_timeout_s": 3600.0, "train.mode": "sync",
+              "train.num_steps": 4}
+      for key, value in flat.items():
+        section, leaf = key.split(".")
+        config[section][leaf] = value
+      config.env.dataset_config.update(tiny_settings.DATASET_CONFIG)
+      loop.train_and_evaluate(config, sys.argv[1])
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_trainer_sigkilled_while_sampler_hangs_in_env_leaves_nothing(
+    tmp_path):
+  """Row 3 end to end: the sampler hangs inside env.step, the trainer is
+  SIGKILLed: the sampler dies too and /dev/shm is clean."""
+  before = _our_segments()
+  script = tmp_path / "hung_run.py"
+  script.write_text(_HUNG_ENV_RUN)
+  trainer = subprocess.Popen(
+      [sys.executable, str(script), str(tmp_path / "run")], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+      env=dict(os.environ, PYTHONPATH=f"{REPO}:{REPO}/tests"))
+  children = []
+  try:
+    assert trainer.stdout.readline().strip() == "HUNG"
+    children = psutil.Process(trainer.pid).children(recursive=True)
+    assert children
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(30)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"still alive after their parent died: {alive}"
+  finally:
+    trainer.kill()
+    trainer.wait(30)
+    for child in children:  # Only if the test failed: no orphan left.
+      try:  # The resource tracker then unlinks the segments itself.
+        if "resource_tracker" not in " ".join(child.cmdline()):
+          child.kill()
+      except psutil.NoSuchProcess:
+        pass
+  time.sleep(1.0)
+  assert _our_segments() <= before, _our_segments() - before
