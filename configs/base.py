@@ -77,6 +77,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.eval_size = 256  # Held-out problems per evaluation.
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
+  # Longest one env reset/step may take; longer ends the episode as an ERROR
+  # row (counted, never trained on) while the other episodes go on.
+  config.env.step_timeout_s = 60.0
   # Reward = r_quality * r_style in {0, 1}; the evolving env switches the
   # required answer style at these policy versions (docs/DESIGN.md §2, online).
   # ('plain', 'boxed', 'answer_tag'; sao_jax.envs.evolving.STYLES).
@@ -141,7 +144,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optim.b1 = 0.9  # Adam beta1.
   config.optim.b2 = 0.999  # Adam beta2.
   config.optim.eps = 1e-8  # Adam epsilon.
-  config.optim.grad_clip = 1.0  # Global norm; <= 0 disables.
+  config.optim.grad_clip = 1.0  # Global norm; 0 disables.
 
   # ---------------------------------------------------------------- train ---
   config.train = ml_collections.ConfigDict()
@@ -165,6 +168,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.checkpoint_every = 100  # Steps between checkpoints; 0 = never.
   config.train.log_every = 10  # Steps between TensorBoard writes.
   config.train.seed = 0  # Init and sampling PRNG seed.
+  # A step with non-finite losses, gradient norms or parameters is skipped
+  # (nothing changes); this many skips in a row stop the run with an error.
+  config.train.max_skipped_steps = 3
+  # More than this share of ERROR trajectories (env raised or timed out)
+  # among the last 4 batches' stops the run; ERROR rows are never trained on.
+  config.train.max_error_frac = 0.5
   # Supervised warm start on task solutions before RL (0 = none).
   config.train.sft_steps = 0
   config.train.sft_batch_size = 64

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import math
 import os
 import pathlib
 from typing import Any, Callable, Iterator
@@ -253,6 +254,7 @@ def _in(names: tuple[str, ...], what: str = "one of"):
 _POS = (_pos_int, "a positive int")
 _NONNEG = (_nonneg, "int >= 0")
 _GT0 = ((lambda v: v > 0), "float > 0")
+_FINITE_GT0 = ((lambda v: 0 < v < math.inf), "a finite float > 0")
 _UNIT = ((lambda v: 0 <= v <= 1), "float in [0, 1]")
 _BETA = ((lambda v: 0 <= v < 1), "float in [0, 1)")
 
@@ -263,8 +265,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "num_heads", "num_kv_heads", "head_dim")},
     "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
     "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
-    "env.size": _POS, "env.eval_size": _NONNEG, "env.max_turns": _POS,
-    "env.max_tool_calls": _NONNEG,
+    "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
+    "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "sampler.temperature": _GT0,
     "sampler.top_p": ((lambda v: 0 < v <= 1), "float in (0, 1]"),
     "sampler.top_k": (_nonneg, "int >= 0 (0 disables top-k)"),
@@ -281,18 +283,21 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
                               "'prompt' or 'global'"),
     "rl.critic_warmup_steps": _NONNEG, "rl.critic_updates_per_step": _POS,
     "rl.value_clip": ((lambda v: v is None or v > 0), "None or float > 0"),
-    "optim.actor_lr": _GT0, "optim.critic_lr": _GT0,
+    "optim.actor_lr": _FINITE_GT0, "optim.critic_lr": _FINITE_GT0,
+    "optim.grad_clip": ((lambda v: v == 0 or 0 < v < math.inf),
+                        "a finite float > 0 (global-norm clip) or 0 (no "
+                        "clipping)"),
     "optim.warmup_steps": _NONNEG, "optim.schedule": _in(SCHEDULES),
     "optim.weight_decay": (_nonneg, "float >= 0"), "optim.b1": _BETA,
     "optim.b2": _BETA, "optim.eps": _GT0,
     "train.mode": _in(TRAIN_MODES),
     **{f"train.{k}": _POS for k in (
         "num_steps", "batch_size", "max_seq_len", "publish_every",
-        "log_every", "sft_batch_size", "sft_max_len")},
+        "log_every", "sft_batch_size", "sft_max_len", "max_skipped_steps")},
     **{f"train.{k}": _NONNEG for k in (
         "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
         "publish_lag", "max_generated_tokens", "sft_seed")},
-    "train.sft_lr": _GT0, "train.sft_tool_frac": _UNIT,
+    "train.sft_lr": _FINITE_GT0, "train.max_error_frac": _UNIT, "train.sft_tool_frac": _UNIT,
     "ring.capacity_bytes": _POS, "ring.put_timeout_s": _GT0,
     "ring.get_timeout_s": _GT0,
     "distributed.num_processes": ((lambda v: v is None or v >= 1),
@@ -367,6 +372,16 @@ def _check_tokenizer(c: Any) -> None:
         f"{t.vocab_size}, got {c.model.vocab_size}")
 
 
+def _check_sampler_devices(c: Any) -> None:
+  from sao_jax.sampler import process  # pylint: disable=g-import-not-at-top
+
+  try:
+    process.parse_cores(str(c.sampler.devices))
+  except ValueError:
+    raise _fail("sampler.devices", "CPU core ids such as '0', '0,2' or "
+                "'0-3' ('' for the JAX default)", c.sampler.devices) from None
+
+
 def _check_cross_fields(c: Any) -> None:
   """Keys that must agree with each other."""
   m, s, t = c.model, c.sampler, c.train
@@ -437,8 +452,8 @@ def validate_config(config: Any,
         f" get_config())")
   for path, (pred, expected) in _RANGES.items():
     _check(config, path, pred, expected)
-  for check in (_check_names, _check_tokenizer, _check_cross_fields,
-                _check_mesh):
+  for check in (_check_names, _check_tokenizer, _check_sampler_devices,
+                _check_cross_fields, _check_mesh):
     check(config)
 
 

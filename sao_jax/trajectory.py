@@ -203,5 +203,11 @@ class StalenessPolicy:
     return target_step - trainer_step <= self.admission_bound
 
   def keeps(self, staleness: int) -> bool:
-    """Whether the trainer may consume a trajectory this stale."""
+    """Whether the trainer may consume a trajectory this stale.
+
+    Negative staleness (tokens from a version the trainer has not reached)
+    cannot come from this run's weights: never kept.
+    """
+    if staleness < 0:
+      return False
     return self.max_staleness is None or staleness <= self.max_staleness

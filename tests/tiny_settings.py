@@ -19,3 +19,18 @@ TINY_OVERRIDES = {
 DATASET_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1,
                   "max_digits": 1, "operators": ("+", "-"),
                   "allow_parentheses": False, "allow_negation": False}
+
+
+def main_args(repo: str, workdir, overrides: dict) -> list[str]:
+  """``python -m sao_jax.main`` on the tiny settings plus ``overrides``."""
+  import sys  # pylint: disable=g-import-not-at-top
+
+  args = [sys.executable, "-m", "sao_jax.main",
+          f"--config={repo}/configs/base.py", f"--workdir={workdir}"]
+  flat = {**TINY_OVERRIDES, **overrides, **{
+      f"env.dataset_config.{k}": v for k, v in DATASET_CONFIG.items()}}
+  for key, value in flat.items():
+    if isinstance(value, tuple):
+      value = "(" + ",".join(repr(v) for v in value) + ",)"
+    args.append(f"--config.{key}={value}")
+  return args

@@ -25,6 +25,7 @@ checkpoint continues with whatever the sampler publishes next.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Callable
@@ -51,6 +52,8 @@ class StreamCounters:
   staleness_max: int = 0
   admitted: int = 0
   multi_version: int = 0  # Admitted records sampled by more than one version.
+  error_rows: int = 0  # ERROR trajectories (kept as rows with no action).
+  dropped_future: int = 0  # Versions newer than the trainer's: not ours.
   read_wait_s: float = 0.0
 
   def as_dict(self) -> dict:
@@ -170,6 +173,13 @@ class _StalenessIterator(grain.DatasetIterator):
       version = int(self._ds._version())  # pylint: disable=protected-access
       staleness = traj.staleness(version)
       policy = self._ds._policy  # pylint: disable=protected-access
+      if staleness < 0:
+        c.dropped_future += 1
+        logging.warning(
+            "Stream dropped a trajectory sampled by policy version %d, newer "
+            "than the trainer's %d (%d so far): not this run's weights.",
+            version - staleness, version, c.dropped_future)
+        continue
       if not policy.keeps(staleness):
         c.dropped_stale += 1
         if c.dropped_stale in (1, 10, 100) or c.dropped_stale % 1000 == 0:
@@ -194,11 +204,23 @@ class _StalenessIterator(grain.DatasetIterator):
     self._parent.set_state(state)
 
 
+class TooManyErrorsError(RuntimeError):
+  """Too many trajectories of a window ended in an environment error."""
+
+
 class PadToLength(grain.transforms.Map):
-  """(Trajectory, staleness) -> one batch row (``trajectory.pad_row``)."""
+  """(Trajectory, staleness) -> one batch row (``trajectory.pad_row``).
+
+  An ERROR trajectory (its environment raised or timed out) becomes a row
+  with no action token and no reward, so it is never trained on (batch shapes
+  and groups are kept); it is counted, and more than ``max_error_frac`` of the
+  last ``error_window`` trajectories being errors raises ``TooManyErrorsError``
+  quoting one.
+  """
 
   def __init__(self, seq_len: int, counters: StreamCounters, *,
-               overlong: str = "drop", pad_id: int = 0):
+               overlong: str = "drop", pad_id: int = 0,
+               max_error_frac: float = 1.0, error_window: int = 64):
     if overlong not in ("drop", "truncate"):
       raise ValueError(
           f"overlong must be 'drop' or 'truncate', got {overlong!r}."
@@ -207,12 +229,35 @@ class PadToLength(grain.transforms.Map):
     self._counters = counters
     self._overlong = overlong
     self._pad_id = pad_id
+    self._max_error_frac = float(max_error_frac)
+    self._window: collections.deque[bool] = collections.deque(
+        maxlen=int(error_window))
+
+  def _check_errors(self, traj: Trajectory) -> None:
+    failed = traj.finish_reason == traj_lib.FinishReason.ERROR
+    self._window.append(failed)
+    if not failed:
+      return
+    self._counters.error_rows += 1
+    n = len(self._window)
+    frac = sum(self._window) / n
+    if n == self._window.maxlen and frac > self._max_error_frac:
+      raise TooManyErrorsError(
+          f"{sum(self._window)} of the last {n} trajectories ended in an "
+          f"environment error (> train.max_error_frac="
+          f"{self._max_error_frac:g}); e.g. prompt {traj.prompt_id} "
+          f"({traj.task}): {traj.error}")
 
   def map(self, element):
     traj, staleness = element
     if traj.length > self._t:
       self._counters.truncated += 1
-    return traj_lib.pad_row(traj, staleness, self._t, self._pad_id)
+    self._check_errors(traj)
+    row = traj_lib.pad_row(traj, staleness, self._t, self._pad_id)
+    if traj.finish_reason == traj_lib.FinishReason.ERROR:
+      row["action_mask"][:] = 0
+      row["rewards"][:] = 0.0
+    return row
 
 
 class _OverlongFilter(grain.transforms.Filter):
@@ -262,6 +307,7 @@ class TrajectoryStream:
       drop_remainder: bool = True,
       check_producers: Callable[[], None] | None = None,
       process_index: int = 0,
+      max_error_frac: float = 1.0,
   ):
     """See the module docstring for the pipeline.
 
@@ -281,6 +327,8 @@ class TrajectoryStream:
         raise from it to abort (e.g. when the sampler process died).
       process_index: This host's index; keeps its ``group_index`` values
         apart from other hosts' (``trajectory.with_group_index``).
+      max_error_frac: Most ERROR trajectories allowed among the last
+        ``4 * batch_size`` (``PadToLength``); 1 never stops.
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers)
@@ -288,7 +336,8 @@ class TrajectoryStream:
     if overlong == "drop":
       ds = ds.filter(_OverlongFilter(seq_len, self.counters))
     ds = ds.map(PadToLength(seq_len, self.counters, overlong=overlong,
-                            pad_id=pad_id))
+                            pad_id=pad_id, max_error_frac=max_error_frac,
+                            error_window=4 * batch_size))
     self.dataset: grain.IterDataset = ds.batch(
         batch_size, drop_remainder=drop_remainder
     ).map(lambda batch: traj_lib.with_group_index(batch, process_index))

@@ -122,17 +122,57 @@ def _read_config(path: str) -> tuple[dict[str, Any], ModelConfig]:
     raise CheckpointError(f"{config_path} lacks required key {e}.") from e
 
 
+def _safe_open(file: str):
+  """``safetensors.safe_open`` whose errors name the file."""
+  try:
+    return safetensors.safe_open(file, framework="numpy")
+  except Exception as e:  # SafetensorError, OSError: truncated, not a file.
+    raise CheckpointError(
+        f"{file}: cannot read it as safetensors ({type(e).__name__}: {e}); "
+        "re-download or re-convert the checkpoint.") from e
+
+
+def _read_tensor(handle, name: str, file: str) -> np.ndarray:
+  """One tensor; errors (a truncated file) and NaN/Inf values name the file."""
+  try:
+    x = handle.get_tensor(name)
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(
+        f"{file}: cannot read tensor {name!r} ({type(e).__name__}: {e}); the "
+        "file is truncated or corrupt.") from e
+  if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+    raise CheckpointError(
+        f"{file}: tensor {name!r} holds {int((~np.isfinite(x)).sum())} "
+        "NaN/Inf values; the checkpoint is broken.")
+  return x
+
+
+def _index_weight_map(index_path: str) -> dict[str, str]:
+  try:
+    with open(index_path) as f:
+      index = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{index_path} is not a readable JSON index "
+                          f"({type(e).__name__}: {e}).") from e
+  weight_map = index.get("weight_map") if isinstance(index, dict) else None
+  if not weight_map or not isinstance(weight_map, dict):
+    raise CheckpointError(f"{index_path} has no 'weight_map' object.")
+  return weight_map
+
+
 def _tensor_files(path: str) -> dict[str, str]:
-  """HF tensor name -> safetensors file holding it."""
+  """HF tensor name -> safetensors file holding it (inside ``path`` only)."""
   index_path = os.path.join(path, INDEX_FILE)
   if os.path.isfile(index_path):
-    with open(index_path) as f:
-      weight_map = json.load(f).get("weight_map")
-    if not weight_map:
-      raise CheckpointError(f"{index_path} has no 'weight_map'.")
+    weight_map = _index_weight_map(index_path)
+    root = os.path.realpath(path)
     out = {}
     for name, file in weight_map.items():
-      full = os.path.join(path, file)
+      full = os.path.join(path, str(file))
+      if os.path.commonpath([root, os.path.realpath(full)]) != root:
+        raise CheckpointError(
+            f"{index_path} maps tensor {name!r} to {file!r}, outside the "
+            f"checkpoint directory {path}; refusing to read it.")
       if not os.path.isfile(full):
         raise CheckpointError(
             f"{index_path} maps tensor {name!r} to {full}, which does not "
@@ -147,7 +187,7 @@ def _tensor_files(path: str) -> dict[str, str]:
   out = {}
   for file in files:
     full = os.path.join(path, file)
-    with safetensors.safe_open(full, framework="numpy") as f:
+    with _safe_open(full) as f:
       for name in f.keys():
         out[name] = full
   return out
@@ -226,14 +266,14 @@ def load_hf_checkpoint(
             f"(files: {sorted(set(map(os.path.basename, files.values())))}).")
       file = files[e.hf_name]
       if file not in handles:
-        handles[file] = stack.enter_context(
-            safetensors.safe_open(file, framework="numpy"))
+        handles[file] = stack.enter_context(_safe_open(file))
       shape = tuple(handles[file].get_slice(e.hf_name).get_shape())
       if shape != e.hf_shape:
         raise CheckpointError(
             f"Tensor {e.hf_name!r} in {file} has shape {shape}, expected "
             f"{e.hf_shape} from config.json.")
-      x = e.to_ours(handles[file].get_tensor(e.hf_name)).astype(dtype)
+      x = e.to_ours(_read_tensor(handles[file], e.hf_name, file)).astype(
+          dtype)
       if shardings is None:
         sharding = None
       elif isinstance(shardings, jax.sharding.Sharding):

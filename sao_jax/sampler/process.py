@@ -17,9 +17,10 @@ cores. Its loop (docs/DESIGN.md §1, §4):
    unique across hosts: the rollouts of one prompt share it) and publish it
    to the ring (blocking on backpressure).
 
-It exits when told to (stop event), when its parent dies (checked between
-waits, so an orphaned sampler never lingers), or on error (recorded in the
-shared status for the trainer to report).
+It exits when told to (stop event), when its parent dies (the kernel kills
+it, ``PR_SET_PDEATHSIG``, even inside a hung environment; elsewhere than Linux
+the parent is checked between waits), or on error (the traceback's last lines
+go to a shared buffer, which ``SamplerHandle.check`` puts in its error).
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ import ctypes
 import dataclasses
 import multiprocessing as mp
 import os
+import signal
+import sys
 import time
+import traceback
 from typing import Any
 
 from absl import logging
 
 from sao_jax.trajectory import StalenessPolicy
+
+
+PHASES = ("starting", "waiting for admission (the trainer's step)",
+          "loading weights", "running episodes (generation and env calls)",
+          "waiting for ring space")
 
 
 class SamplerStats(ctypes.Structure):
@@ -49,12 +58,27 @@ class SamplerStats(ctypes.Structure):
       ("env_errors", ctypes.c_double),  # Episodes that ended in an env error.
       # 1 while the loop runs, 2 after a clean exit, -1 on crash.
       ("alive", ctypes.c_double),
+      ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
+      ("phase", ctypes.c_double),  # Index into PHASES.
   ]
 
+  def describe(self) -> str:
+    """What the sampler was last doing, for the trainer's errors."""
+    if not self.heartbeat:
+      return "the sampler has not started its loop yet"
+    return (f"the sampler was {PHASES[int(self.phase)]} "
+            f"{time.time() - self.heartbeat:.0f} s ago, after "
+            f"{int(self.episodes)} episodes ({int(self.env_errors)} env "
+            f"errors), weights version {int(self.weights_version)}")
+
+  def enter(self, phase: str) -> None:
+    self.phase, self.heartbeat = PHASES.index(phase), time.time()
+
   def as_dict(self) -> dict[str, float]:
-    """``sampler/<name>`` of every counter but ``alive``."""
+    """``sampler/<name>`` of every counter but ``alive`` and the heartbeat."""
     return {f"sampler/{name}": float(getattr(self, name))
-            for name, _ in self._fields_ if name != "alive"}
+            for name, _ in self._fields_
+            if name not in ("alive", "heartbeat", "phase")}
 
   def idle_frac(self) -> float:
     """Share of the sampler's time spent waiting (admission, ring space)."""
@@ -97,6 +121,29 @@ def parse_cores(spec: str) -> tuple[int, ...]:
   return tuple(cores)
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_ERROR_BYTES = 2048  # Shared buffer for the tail of the sampler's traceback.
+
+
+class SamplerDiedError(RuntimeError):
+  """The sampler process exited without being asked to."""
+
+
+def die_with_parent(parent_pid: int) -> None:
+  """Makes the kernel SIGKILL this process when its parent exits (Linux).
+
+  Unlike a check between waits, this also ends a sampler stuck in a hung
+  environment call, so its attachments never pin the run's shared memory.
+  Exits at once if the parent is already gone.
+  """
+  if sys.platform.startswith("linux"):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+      raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+  if os.getppid() != parent_pid:  # Died before prctl took effect.
+    os._exit(0)  # pylint: disable=protected-access
+
+
 class SamplerHandle:
   """Parent-side view of one sampler process and its shared control block."""
 
@@ -106,9 +153,11 @@ class SamplerHandle:
     self.trainer_step = ctx.Value("q", 0, lock=False)
     self.stop_event = ctx.Event()
     self.stats = ctx.Value(SamplerStats, lock=False)
+    self.last_error = ctx.Array("c", _ERROR_BYTES, lock=False)
     self.process = ctx.Process(
         target=sampler_main, name=f"sao-sampler-{spec.lane}",
-        args=(spec, self.trainer_step, self.stop_event, self.stats),
+        args=(spec, self.trainer_step, self.stop_event, self.stats,
+              self.last_error),
         daemon=True)
 
   def start(self) -> None:
@@ -122,13 +171,26 @@ class SamplerHandle:
   def alive(self) -> bool:
     return self.process.is_alive()
 
-  def check(self) -> None:
-    """Raises if the sampler died without being asked to stop."""
-    if not self.process.is_alive() and not self.stop_event.is_set():
-      raise RuntimeError(
-          f"Sampler process {self.process.pid} exited with code "
-          f"{self.process.exitcode}; see its log lines above (prefixed "
-          "'sampler').")
+  def check(self, wait_s: float = 0.0) -> None:
+    """Raises ``SamplerDiedError`` if the sampler exited without being asked.
+
+    Args:
+      wait_s: Seconds to wait for it to exit first (when the ring already
+        says its producer is gone but the process is still being reaped).
+    """
+    if wait_s > 0:
+      self.process.join(wait_s)
+    if self.process.is_alive() or self.stop_event.is_set():
+      return
+    code = self.process.exitcode
+    how = (f"was killed by signal {-code}" if code is not None and code < 0
+           else f"exited with code {code}")
+    error = self.last_error.value.decode("utf-8", "replace").strip()
+    raise SamplerDiedError(
+        f"Sampler process {self.process.pid} {how}. "
+        + (f"Its error:\n{error}" if error else
+           "It left no error (killed from outside, e.g. by the OOM killer?); "
+           "see its log lines above (prefixed 'sampler')."))
 
   def stop(self, timeout: float = 30.0) -> None:
     """Asks the sampler to stop, waits, then terminates/kills if needed."""
@@ -148,13 +210,21 @@ def _parent_alive(pid: int) -> bool:
   return os.getppid() == pid
 
 
-def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
+def _record_error(buffer) -> None:
+  """The last lines of the current exception's traceback, into ``buffer``."""
+  text = traceback.format_exc().encode("utf-8", "replace")
+  buffer.value = text[-(_ERROR_BYTES - 1):]
+
+
+def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats,
+                 last_error=None) -> None:
   """Entry point of the spawned sampler process."""
-  if spec.cores:
-    os.sched_setaffinity(0, spec.cores)
-  # Heavy imports happen here, in the child, after affinity is set.
+  die_with_parent(spec.parent_pid)
+  # Heavy imports happen in _run, in the child, after affinity is set.
   from absl import logging as child_logging  # pylint: disable=g-import-not-at-top,reimported
   try:
+    if spec.cores:
+      os.sched_setaffinity(0, spec.cores)
     child_logging.set_verbosity(child_logging.INFO)
     _run(spec, trainer_step, stop_event, stats)
     stats.alive = 2
@@ -164,6 +234,8 @@ def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
     stats.alive = 2
   except BaseException:
     stats.alive = -1
+    if last_error is not None:
+      _record_error(last_error)
     child_logging.exception("sampler: crashed.")
     raise
 
@@ -189,16 +261,36 @@ def _attach_slot(name: str, mcfg):
 
 
 class _NewestWeights:
-  """``() -> (params, version)``: the slot's newest weights, or the last ones."""
+  """``() -> (params, version)``: the slot's newest weights, or the last ones.
 
-  def __init__(self, slot, stats: SamplerStats):
+  Versions only increase and never pass the trainer's step (the policy
+  version is at most the step): anything else did not come from this run's
+  trainer and is ignored with a warning.
+  """
+
+  def __init__(self, slot, stats: SamplerStats, trainer_step):
     self._slot, self._stats = slot, stats
+    self._trainer_step = trainer_step
     self.params, self.version = None, None
+
+  def _plausible(self, version: int) -> bool:
+    newer = self.version is None or version > self.version
+    if version == self.version:
+      return False
+    # The trainer publishes a step's weights just before it announces the
+    # step: at most one ahead.
+    if not newer or version > self._trainer_step.value + 1:
+      logging.warning(
+          "sampler: ignoring weights version %d (have %s, trainer at step "
+          "%d): not published by this run's trainer.", version, self.version,
+          self._trainer_step.value)
+      return False
+    return True
 
   def __call__(self):
     t0 = time.perf_counter()
     got = self._slot.read(timeout=5.0)
-    if got is not None and got[0] != self.version:
+    if got is not None and self._plausible(int(got[0])):
       self.version, self.params = got
       self._stats.weight_load_s += time.perf_counter() - t0
       self._stats.weights_version = self.version
@@ -265,7 +357,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
   if spec.process_count > 1:  # Each host its own sampling noise.
     base_key = jax.random.fold_in(base_key, spec.process_index)
-  load_weights = _NewestWeights(slot, stats)
+  load_weights = _NewestWeights(slot, stats, trainer_step)
 
   def check_parent():
     if not _parent_alive(spec.parent_pid):
@@ -283,6 +375,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       # 1. Admission: do not start work that would exceed the staleness bound.
       target_step = (episode + episodes_per_batch - 1) // train_batch
       t_idle = time.perf_counter()
+      stats.enter(PHASES[1])
       while (not staleness.admits(target_step, trainer_step.value)
              and not stop_event.is_set()):
         check_parent()
@@ -292,11 +385,13 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
         break
       check_parent()
       # 2. Newest weights.
+      stats.enter(PHASES[2])
       params, version = load_weights()
       if params is None:
         time.sleep(0.01)
         continue
       # 3. Episodes.
+      stats.enter(PHASES[3])
       t0 = time.perf_counter()
       first_prompt = episode // n_roll
       task_ids = [int(prompt_ds[first_prompt + i])
@@ -311,6 +406,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       for i, traj in enumerate(trajs):
         traj.group_id = ((first_prompt + i // n_roll) * spec.process_count
                          + spec.process_index)
+      stats.enter(PHASES[4])
       if not _publish(trajs, writer, stats, stop_event, check_parent):
         return
       episode += episodes_per_batch

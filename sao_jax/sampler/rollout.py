@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import threading
 from typing import Any, Callable, Sequence
 
 from absl import logging
@@ -117,12 +118,16 @@ class RolloutLimits:
     max_total_tokens: Maximum trajectory length (prompt + actions + obs).
     max_new_tokens_per_turn: Maximum tokens in one action segment.
     min_prompt_bucket: Shortest padding of prompts and observations.
+    step_timeout_s: Longest an environment's ``reset`` or ``step`` may take;
+      a call that runs longer ends its episode as an ERROR row (the call's
+      thread is abandoned). 0: no limit.
   """
 
   max_turns: int = 4
   max_total_tokens: int = 512
   max_new_tokens_per_turn: int = 128
   min_prompt_bucket: int = MIN_BUCKET
+  step_timeout_s: float = 0.0
 
   @classmethod
   def from_config(cls, config: Any) -> "RolloutLimits":
@@ -130,7 +135,8 @@ class RolloutLimits:
     return cls(max_turns=int(config.env.max_turns),
                max_total_tokens=int(config.sampler.max_total_tokens),
                max_new_tokens_per_turn=int(config.sampler.max_new_tokens),
-               min_prompt_bucket=int(config.sampler.min_prompt_bucket))
+               min_prompt_bucket=int(config.sampler.min_prompt_bucket),
+               step_timeout_s=float(config.env.step_timeout_s))
 
   def cache_len(self) -> int:
     """KV cache slots that always suffice for `ModelPolicy`."""
@@ -160,6 +166,34 @@ class _Row:
     self.logp += [0.0] * n if logp is None else [float(x) for x in logp]
     self.version += [version] * n
     self.rewards += [0.0] * n
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout_s: float,
+                      what: str) -> Any:
+  """``fn()``, or ``TimeoutError`` if it runs longer than ``timeout_s`` (> 0).
+
+  ``fn`` runs in a daemon thread, which is abandoned on timeout (Python
+  cannot stop it); it never keeps the process from exiting.
+  """
+  if timeout_s <= 0:
+    return fn()
+  out: dict[str, Any] = {}
+
+  def target():
+    try:
+      out["value"] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      out["error"] = e
+
+  worker = threading.Thread(target=target, name=what, daemon=True)
+  worker.start()
+  worker.join(timeout_s)
+  if worker.is_alive():
+    raise TimeoutError(f"{what} did not return within env.step_timeout_s="
+                       f"{timeout_s:g} s")
+  if "error" in out:
+    raise out["error"]
+  return out["value"]
 
 
 def _encode(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
@@ -195,7 +229,9 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   for i, (env, task) in enumerate(zip(envs, tasks)):
     try:
       env.set_template(tokenizer.template)
-      prompt = _encode(env.reset(task), tokenizer)
+      prompt = _encode(call_with_timeout(
+          lambda: env.reset(task), limits.step_timeout_s, "env.reset"),
+                       tokenizer)
       if len(prompt) >= limits.max_total_tokens:
         raise ValueError(f"prompt has {len(prompt)} tokens >= max_total_tokens="
                          f"{limits.max_total_tokens}")
@@ -224,7 +260,10 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
         continue
       try:
         envs[i].set_policy_version(version)
-        obs, reward, done, _ = envs[i].step(tokenizer.decode(seg.tokens))
+        text = tokenizer.decode(seg.tokens)
+        obs, reward, done, _ = call_with_timeout(
+            lambda: envs[i].step(text),  # pylint: disable=cell-var-from-loop
+            limits.step_timeout_s, "env.step")
         obs_tokens = _encode(obs, tokenizer) if not done else []
       except Exception as e:  # pylint: disable=broad-except
         fail(i, "step", e)

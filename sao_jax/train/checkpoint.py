@@ -8,7 +8,8 @@ order continues, the stream's counters and the held-out accuracy before RL).
 No RNG key is saved: the sampler derives each batch's key from the seed and
 the batch index. Saves are atomic (orbax writes to a temporary
 directory and renames), so a trainer killed mid-save leaves the previous
-checkpoint as the newest complete one.
+checkpoint as the newest complete one. A state with a NaN/Inf leaf is never
+saved (the previous checkpoints stay the newest).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+
+from sao_jax.train import health
 
 _STATE = "state"
 _META = "meta"
@@ -42,8 +45,20 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``."""
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> bool:
+    """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``.
+
+    Returns:
+      False (and saves nothing) if a floating-point leaf of ``state`` is not
+      finite, so that rotation never deletes a good checkpoint for a bad one.
+    """
+    bad = health.nonfinite_leaves(state)
+    if bad:
+      logging.error(
+          "Not saving checkpoint step %d: %d leaves hold NaN/Inf (first: %s); "
+          "the newest checkpoint in %s stays step %s.", step, len(bad),
+          bad[0], self.directory, self.latest_step())
+      return False
     self._manager.save(
         step,
         args=ocp.args.Composite(**{
@@ -53,6 +68,7 @@ class Checkpointer:
         force=True)
     self._manager.wait_until_finished()
     logging.info("Saved checkpoint step %d to %s", step, self.directory)
+    return True
 
   def restore(self, abstract_state: Any,
               step: int | None = None) -> tuple[Any, dict[str, Any], int]:
@@ -87,6 +103,33 @@ class Checkpointer:
           "with a different model/optimizer config; delete it or use the "
           "matching config.") from e
     return restored[_STATE], dict(restored[_META]), step
+
+  def restore_newest(self, abstract_state: Any
+                     ) -> tuple[Any, dict[str, Any], int]:
+    """Restores the newest checkpoint that restores, newest first.
+
+    A checkpoint that fails is skipped with a warning naming it and, in a
+    one-process run, renamed ``<step>.unrestorable`` (kept for inspection,
+    out of the rotation).
+
+    Raises:
+      CheckpointError: none exists, or none restores (the newest one's error).
+    """
+    first_error = None
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        return self.restore(abstract_state, step)
+      except CheckpointError as e:
+        first_error = first_error or e
+        logging.warning("Skipping checkpoint step %d: %s", step, e)
+        if jax.process_count() == 1:  # Hosts of one run share the directory.
+          bad = os.path.join(self.directory, str(step))
+          os.replace(bad, bad + ".unrestorable")
+          logging.warning("Moved it to %s.", bad + ".unrestorable")
+          self._manager.reload()
+    if first_error is not None:
+      raise first_error
+    return self.restore(abstract_state)  # Raises: no checkpoint.
 
   def close(self) -> None:
     self._manager.close()

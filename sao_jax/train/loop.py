@@ -20,6 +20,12 @@ Every ``log_every`` steps scalars go to TensorBoard (``workdir/tb``); held-out
 accuracy every ``eval_every`` policy steps; orbax checkpoints every
 ``checkpoint_every`` steps and at the end. The sampler is stopped and the
 shared-memory segments unlinked on every exit path, SIGTERM included.
+
+Faults (issue 17): a non-finite update is skipped in the jitted step and
+``train.max_skipped_steps`` in a row stop the run (``health.SkipGuard``); an
+error or SIGTERM first checkpoints the last completed step (one process);
+a dead sampler, a wait for data past ``ring.get_timeout_s`` and too many
+ERROR trajectories each end the run with one error saying what happened.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from sao_jax.ipc import segment
 from sao_jax.ipc import weights as weights_lib
 from sao_jax.sampler import process as sampler_lib
 from sao_jax.train import evaluate as eval_lib
+from sao_jax.train import health
 from sao_jax.train import metrics as metrics_lib
 from sao_jax.train import publish as publish_lib
 from sao_jax.train import setup as setup_lib
@@ -56,20 +63,27 @@ class _Trainer:
     self.total_steps = self.warmup + int(run.config.train.num_steps)
     self._last_log = (time.perf_counter(), 0.0)  # (time, sampler tokens)
     self._version = int(self.state.policy_version)
+    self.start_step = int(self.state.step)
+    self.meta_step = self.start_step  # The step run.meta describes.
+    self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
   def policy_version(self) -> int:
     """The version staleness is measured against (docs/DESIGN.md §4)."""
     return self._version
 
-  def step(self, step: int, host_batch: dict[str, Any]) -> dict[str, Any]:
-    """One jitted step on the global batch; returns the step's metrics."""
+  def step(self, step: int, host_batch: dict[str, Any]
+           ) -> tuple[dict[str, Any], bool]:
+    """One jitted step on the global batch: (its metrics, whether skipped)."""
     run = self.run
     batch = sharding.make_global_batch(host_batch, run.mesh, run.rules)
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
     with sharding.mesh_rules(run.mesh, run.rules):
       self.state, metrics = train_step(self.state, batch)
-    self._version = int(self.state.policy_version)
-    return metrics
+    # One host sync per step, as before: the version and the skip flag.
+    version, skipped = jax.device_get(
+        (self.state.policy_version, metrics["health/skipped"]))
+    self._version = int(version)
+    return metrics, bool(skipped)
 
   def evaluate(self, step: int, generated: float) -> dict[str, float]:
     run = self.run
@@ -98,6 +112,7 @@ class _Trainer:
         sampler_idle_frac=sampler_stats.idle_frac(), publish_s=publish_s,
         generated_tokens=self.generated(stream),
         stream_counters=stream.counters.as_dict(), ring_stats=ring.stats())
+    scalars["health/skipped_steps"] = float(self.skips.skipped_total)
     self._last_log = (now, sampler_stats.action_tokens)
     self.writer.write_scalars(done, scalars)
     self.writer.write_histograms(done, {"staleness": host_batch["staleness"]})
@@ -129,12 +144,30 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
   batches = iter(stream.dataset)
   for step in range(start_step, trainer.total_steps):
     t_wait, read_before = time.perf_counter(), stream.counters.records_read
-    host_batch = next(batches)
+    try:
+      host_batch = next(batches, None)
+    except ring_lib.RingEmptyError:
+      raise TimeoutError(
+          f"Step {step + 1}: no batch of {int(t.batch_size)} trajectories "
+          f"within ring.get_timeout_s={float(config.ring.get_timeout_s):g} s "
+          f"({stream.counters.records_read} read so far); "
+          f"{sampler.stats.describe()}. A slow environment is bounded by "
+          "env.step_timeout_s; raise ring.get_timeout_s for slow "
+          "generation.") from None
+    if host_batch is None:  # The ring says its producer is gone.
+      sampler.check(wait_s=10.0)
+      raise sampler_lib.SamplerDiedError(
+          f"Step {step + 1}: the trajectory stream ended (the ring's producer "
+          "closed) but the sampler process is still running.")
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (stream.counters.records_read - read_before
                          ) * jax.process_count()
-    metrics = trainer.step(step, host_batch)
+    metrics, skipped = trainer.step(step, host_batch)
     done = step + 1
+    run.meta.update(episodes_consumed=trainer.consumed,
+                    stream=stream.counters.as_dict())
+    trainer.meta_step = done
+    trainer.skips.observe(done, skipped, metrics)
     last = done == trainer.total_steps
     if done % every["publish"] == 0 or last:
       publish(trainer.state.policy_params, trainer.policy_version())
@@ -151,14 +184,33 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
         and policy_steps % every["eval"] == 0):
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
-    run.meta.update(episodes_consumed=trainer.consumed,
-                    stream=stream.counters.as_dict())
     if every["checkpoint"] and done % every["checkpoint"] == 0 and more:
       run.ckpt.save(done, trainer.state, run.meta)
     if out_of_tokens:
       logging.info("Generated-token budget reached: %d >= %d tokens at "
                    "step %d.", generated, token_budget, done)
       break
+
+
+def _save_on_exit(trainer: _Trainer) -> None:
+  """Checkpoints the last completed step of a run stopped by SIGTERM or an
+  error, so that at most the step in flight is lost (never a NaN state:
+  ``Checkpointer.save`` refuses those)."""
+  run = trainer.run
+  if jax.process_count() > 1:  # A save is collective: peers may be gone.
+    logging.warning("Multi-host run stopped: no checkpoint on the way out; "
+                    "the newest is step %s.", run.ckpt.latest_step())
+    return
+  try:
+    step = int(trainer.state.step)
+    if step != trainer.meta_step:
+      logging.warning("Stopped inside step %d: no checkpoint on the way out.",
+                      step)
+    elif step > trainer.start_step and step != run.ckpt.latest_step():
+      logging.warning("Run stopped: saving step %d before exiting.", step)
+      run.ckpt.save(step, trainer.state, run.meta)
+  except Exception:  # pylint: disable=broad-except
+    logging.exception("Could not save a checkpoint on the way out.")
 
 
 def _run_async(trainer: _Trainer) -> dict[str, float]:
@@ -191,10 +243,15 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
         trainer_version=trainer.policy_version, staleness=staleness,
         overlong="truncate", pad_id=run.tokenizer.pad_id,
         read_timeout=float(config.ring.get_timeout_s),
-        check_producers=sampler.check, process_index=jax.process_index())
+        check_producers=sampler.check, process_index=jax.process_index(),
+        max_error_frac=float(config.train.max_error_frac))
     stream.counters.load(run.meta.get("stream", {}))
     start_step = int(trainer.state.step)
-    _train(trainer, ring, publish, sampler, stream)
+    try:
+      _train(trainer, ring, publish, sampler, stream)
+    except BaseException:  # SIGTERM arrives as KeyboardInterrupt.
+      _save_on_exit(trainer)
+      raise
     final_step = int(trainer.state.step)
     if final_step > start_step or run.ckpt.latest_step() != final_step:
       run.ckpt.save(final_step, trainer.state, run.meta)

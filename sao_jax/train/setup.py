@@ -198,7 +198,7 @@ def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
                           "eval_before": None}
   if ckpt.latest_step() is not None:
     # Restored straight into the mesh shardings (each host reads its shards).
-    state, meta, step0 = ckpt.restore(state)
+    state, meta, step0 = ckpt.restore_newest(state)
     logging.info("Resumed from checkpoint step %d (policy version %d).",
                  step0, int(state.policy_version))
   step_fns = [step_lib.make_step(

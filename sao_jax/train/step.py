@@ -26,6 +26,12 @@ Losses that need π_old (PPO/GRPO family) get ``old_logp = sg(logp)``: one
 update per batch, π_old is the trainer's current policy, as in verl/OpenRLHF
 with a single mini-batch. Their staleness is therefore *not* corrected: that
 is the point of the GRPO-vs-DIS comparison.
+
+A step whose losses, gradient norms or updated parameters are not finite is
+skipped inside the jitted step: parameters, optimizer states and the policy
+version stay as they were (only ``step`` advances), and the metric
+``health/skipped`` is 1. The loop counts skips and stops a run that keeps
+producing them (``sao_jax.train.health``).
 """
 
 from __future__ import annotations
@@ -249,11 +255,22 @@ def _policy_update(policy, tx, cfg: StepConfig, state: TrainState,
   return state, metrics
 
 
+def _is_finite(metrics: Mapping[str, Array], new_state: TrainState) -> Array:
+  """Whether every loss, gradient norm and updated parameter is finite."""
+  checked = [v for k, v in metrics.items()
+             if k.endswith("loss") or k.endswith("grad_norm")]
+  checked += [p for p in jax.tree.leaves(
+      (new_state.policy_params, new_state.value_params))
+              if jnp.issubdtype(p.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in checked]))
+
+
 def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
                cfg: StepConfig, policy_tx: optax.GradientTransformation,
                value_tx: optax.GradientTransformation,
                update_policy: bool) -> tuple[TrainState, dict[str, Array]]:
   """One SAO step (see module docstring). Pure; jit it with ``make_step``."""
+  old_state = state
   policy = transformer.Transformer(model_config)
   critic = transformer.ValueModel(model_config)
   mask = batch["action_mask"].astype(jnp.float32)
@@ -281,7 +298,12 @@ def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
       "returns/mean": rl_metrics.masked_mean(returns, mask),
       "tokens/action": mask.sum(),
   })
-  return state.replace(step=state.step + 1), metrics
+  # Skip a non-finite update: keep every leaf of the old state.
+  finite = _is_finite(metrics, state)
+  state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), state,
+                       old_state)
+  metrics["health/skipped"] = 1.0 - finite.astype(jnp.float32)
+  return state.replace(step=old_state.step + 1), metrics
 
 
 def make_step(model_config: ModelConfig, cfg: StepConfig,
