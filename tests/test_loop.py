@@ -12,14 +12,13 @@ import numpy as np
 import psutil
 import pytest
 
-from configs import base
-from sao_jax import config_validation
 from sao_jax.ipc import segment
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
 import multihost
 from tiny_settings import DATASET_CONFIG
 from tiny_settings import TINY_OVERRIDES
+from tiny_settings import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -36,19 +35,6 @@ REQUIRED_TAGS = (
     "throughput/trainer_tokens_per_s", "throughput/sampler_tokens_per_s",
     "weights/publish_s_total",
 )
-
-
-def tiny_config(**overrides):
-  config = base.get_config()
-  for key, value in {**TINY_OVERRIDES, **overrides}.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  config.env.dataset_config.update(DATASET_CONFIG)
-  config_validation.validate_config(config)
-  return config
 
 
 def _our_segments():

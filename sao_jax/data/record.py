@@ -274,7 +274,7 @@ class ReplayStream:
           f"Replay needs overlong='truncate' (as the live loop), got "
           f"{overlong!r}: dropping rows would shift the recorded steps.")
     first, end = recorded_range(directory, process_index)
-    if not first <= start < stop <= end:
+    if not first <= start <= stop <= end:
       raise RecordError(
           f"Cannot replay steps [{start}, {stop}): the stream in {directory} "
           f"holds steps [{first}, {end}). Pick train.replay_steps inside it.")

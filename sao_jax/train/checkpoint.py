@@ -42,6 +42,9 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``."""
     self._manager.save(
