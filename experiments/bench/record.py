@@ -101,26 +101,31 @@ def _steps_per_s(summary) -> float:
 def loop_cost(tmp: str) -> None:
   from sao_jax.train import loop  # pylint: disable=g-import-not-at-top
 
-  rates = {False: [], True: []}
-  replay = []
-  # One warm-up run of each kind fills the compilation caches.
+  rates = {"off": [], "on": [], "replay": []}
+  recorded = None
+  # One warm-up round fills the compilation caches; the order of the three
+  # kinds rotates each round so that drifts in machine load spread evenly.
   for i in range(_REPEATS.value + 1):
-    for recording in (False, True):
-      workdir = os.path.join(tmp, f"run_{recording}_{i}")
-      summary = loop.train_and_evaluate(loop_config(recording), workdir)
+    kinds = ["off", "on", "replay"]
+    kinds = kinds[i % 3:] + kinds[:i % 3]
+    if recorded is None:  # The first round needs a recording to replay.
+      kinds.remove("on")
+      kinds.insert(0, "on")
+    for kind in kinds:
+      workdir = os.path.join(tmp, f"{kind}_{i}")
+      config = (loop_config(False, **{"train.mode": "replay",
+                                      "train.replay_from": recorded})
+                if kind == "replay" else loop_config(kind == "on"))
+      summary = loop.train_and_evaluate(config, workdir)
+      recorded = workdir if kind == "on" else recorded
       if i:
-        rates[recording].append(_steps_per_s(summary))
-    summary = loop.train_and_evaluate(
-        loop_config(False, **{"train.mode": "replay",
-                              "train.replay_from": workdir}),
-        os.path.join(tmp, f"replay_{i}"))
-    if i:
-      replay.append(_steps_per_s(summary))
-  for recording, runs in rates.items():
-    _emit("async_steps_per_s", record_stream=recording,
-          value=statistics.median(runs), runs=runs, steps=_STEPS.value)
-  _emit("replay_steps_per_s", value=statistics.median(replay), runs=replay,
-        steps=_STEPS.value)
+        rates[kind].append(_steps_per_s(summary))
+  for kind in ("off", "on"):
+    _emit("async_steps_per_s", record_stream=kind == "on",
+          value=statistics.median(rates[kind]), runs=rates[kind],
+          steps=_STEPS.value)
+  _emit("replay_steps_per_s", value=statistics.median(rates["replay"]),
+        runs=rates["replay"], steps=_STEPS.value)
 
 
 def main(argv):

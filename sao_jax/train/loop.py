@@ -158,7 +158,8 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
     clock.step_done(done, start_step)
     if done % every["log"] == 0 or last or out_of_tokens:
       trainer.log(done, metrics, host_batch, stream,
-                  sampler and sampler.stats, ring, publish and publish.seconds)
+                  sampler.stats if sampler is not None else None, ring,
+                  publish.seconds if publish is not None else None)
     policy_steps = done - trainer.warmup
     more = not (last or out_of_tokens)
     if (every["eval"] and policy_steps > 0 and more
@@ -191,6 +192,7 @@ def _finish(trainer: _Trainer, stream, start_step: int,
 
 def _recorder(config: Any, workdir: str,
               start_step: int) -> record_lib.StreamRecorder | None:
+  """The stream recorder of ``train.record_stream`` (None when off)."""
   if not config.train.record_stream:
     return None
   return record_lib.StreamRecorder(
