@@ -228,9 +228,10 @@ def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
   if source is not None:
     # Restored straight into the mesh shardings (each host reads its shards).
     state, meta, step0 = source.restore(state, source_step)
-    logging.info("Resumed from checkpoint step %d of %s (policy version %d).",
-                 step0, source.directory, int(state.policy_version))
+    logging.info("Resumed from checkpoint step %d (policy version %d).",
+                 step0, int(state.policy_version))
     if source is not ckpt:
+      logging.info("(The recorded run's checkpoint, in %s.)", source.directory)
       source.close()
   step_fns = [step_lib.make_step(
       mcfg, step_cfg, policy_tx, value_tx, update_policy=update_policy,
