@@ -15,6 +15,7 @@ INSTALL_REQUIRES = [
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12,<0.13",
     "grain>=0.2.18,<0.3",
+    "array-record>=0.8,<0.9",  # Recorded trajectory streams (data/record.py).
     "sentencepiece>=0.2,<0.3",
     "ml-collections>=1.1,<2",
     "ml-dtypes>=0.5",  # bfloat16 weights in the weight slot (ipc/weights.py).

@@ -148,8 +148,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---------------------------------------------------------------- train ---
   config.train = ml_collections.ConfigDict()
-  # 'async' (SAO), 'sync' (generate then train, staleness 0) or 'group'
-  # (sync with n_rollouts > 1 for group baselines).
+  # 'async' (SAO), 'sync' (generate then train, staleness 0), 'group'
+  # (sync with n_rollouts > 1 for group baselines) or 'replay' (the trainer
+  # alone on the stream recorded in train.replay_from; README "Record and
+  # replay").
   config.train.mode = "async"
   config.train.num_steps = 200  # Policy optimizer steps.
   config.train.batch_size = 16  # Trajectories per step (global).
@@ -174,6 +176,16 @@ def get_config() -> ml_collections.ConfigDict:
   # More than this share of ERROR trajectories (env raised or timed out)
   # among the last 4 batches' stops the run; ERROR rows are never trained on.
   config.train.max_error_frac = 0.5
+  # Record every trajectory the trainer reads (with its step, staleness and
+  # whether it was dropped as stale) to workdir/stream, one ArrayRecord shard
+  # per record_shard_steps steps (and per checkpoint).
+  config.train.record_stream = False
+  config.train.record_shard_steps = 100
+  # mode='replay': the workdir of the recorded run, and the steps [a, b) to
+  # replay (() = all recorded); a replay starts from that run's newest
+  # checkpoint at or before a.
+  config.train.replay_from = ""
+  config.train.replay_steps = ()
   # Supervised warm start on task solutions before RL (0 = none).
   config.train.sft_steps = 0
   config.train.sft_batch_size = 64

@@ -23,7 +23,7 @@ import ml_collections
 # Sections whose keys are passed through unchecked (e.g. kwargs of
 # reasoning_gym.create_dataset).
 FREE_FORM = ("env.dataset_config",)
-TRAIN_MODES = ("async", "sync", "group")
+TRAIN_MODES = ("async", "sync", "group", "replay")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -293,7 +293,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.mode": _in(TRAIN_MODES),
     **{f"train.{k}": _POS for k in (
         "num_steps", "batch_size", "max_seq_len", "publish_every",
-        "log_every", "sft_batch_size", "sft_max_len", "max_skipped_steps")},
+        "log_every", "sft_batch_size", "sft_max_len", "max_skipped_steps",
+        "record_shard_steps")},
     **{f"train.{k}": _NONNEG for k in (
         "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
         "publish_lag", "max_generated_tokens", "sft_seed")},
@@ -394,8 +395,14 @@ def _check_cross_fields(c: Any) -> None:
   _check(c, "train.publish_lag", lambda v: v <= t.max_staleness,
          f"int <= train.max_staleness={t.max_staleness} (trajectories "
          "sampled with held-back weights are at least that stale)")
-  _check(c, "train.publish_lag", lambda v: v == 0 or t.mode == "async",
+  _check(c, "train.publish_lag",
+         lambda v: v == 0 or t.mode in ("async", "replay"),
          f"0 in train.mode={t.mode!r} (the holdback needs 'async')")
+  _check(c, "train.replay_steps",
+         lambda v: not v or (len(v) == 2 and 0 <= v[0] < v[1]),
+         "() (the whole recording) or (a, b) with 0 <= a < b")
+  _check(c, "train.replay_from", lambda v: bool(v) or t.mode != "replay",
+         "the recorded run's workdir with train.mode='replay'")
   _check(c, "train.max_seq_len", lambda v: v >= s.max_total_tokens,
          f"int >= sampler.max_total_tokens={s.max_total_tokens}")
   if t.mode == "group" and s.n_rollouts < 2:

@@ -155,8 +155,14 @@ def test_int_for_float_and_placeholder_are_accepted(config):
      "config.tokenizer.datasets[1]: expected a reasoning_gym dataset name, "
      "got 'leg_count' (did you mean 'leg_counting'?)"),
     ({"train.mode": "asynch"},
-     "config.train.mode: expected one of ('async', 'sync', 'group'), got "
-     "'asynch'"),
+     "config.train.mode: expected one of ('async', 'sync', 'group', "
+     "'replay'), got 'asynch'"),
+    ({"train.mode": "replay"}, "config.train.replay_from: expected the "
+     "recorded run's workdir with train.mode='replay', got ''"),
+    ({"train.replay_steps": (5, 2)}, "config.train.replay_steps: expected () "
+     "(the whole recording) or (a, b) with 0 <= a < b, got (5, 2)"),
+    ({"train.record_shard_steps": 0}, "config.train.record_shard_steps: "
+     "expected a positive int, got 0"),
     ({"model.num_heads": 6, "model.num_kv_heads": 4},
      "config.model.num_heads: expected a multiple of model.num_kv_heads=4 "
      "(grouped-query attention), got 6"),

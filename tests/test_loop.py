@@ -5,21 +5,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import psutil
 import pytest
 
-from configs import base
-from sao_jax import config_validation
 from sao_jax.ipc import segment
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
 import multihost
-from tiny_settings import DATASET_CONFIG
-from tiny_settings import TINY_OVERRIDES
+import tiny_settings
+from tiny_settings import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -36,19 +33,6 @@ REQUIRED_TAGS = (
     "throughput/trainer_tokens_per_s", "throughput/sampler_tokens_per_s",
     "weights/publish_s_total",
 )
-
-
-def tiny_config(**overrides):
-  config = base.get_config()
-  for key, value in {**TINY_OVERRIDES, **overrides}.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  config.env.dataset_config.update(DATASET_CONFIG)
-  config_validation.validate_config(config)
-  return config
 
 
 def _our_segments():
@@ -117,19 +101,9 @@ def test_sync_resume_reproduces_uninterrupted_run(tmp_path):
 
 
 def _main_cmd(workdir, num_steps):
-  args = [sys.executable, "-m", "sao_jax.main",
-          f"--config={REPO}/configs/base.py", f"--workdir={workdir}"]
-  for key, value in {**TINY_OVERRIDES, "train.mode": "async",
-                     "train.num_steps": num_steps,
-                     "train.checkpoint_every": 2}.items():
-    if isinstance(value, tuple):
-      value = "(" + ",".join(repr(v) for v in value) + ",)"
-    args.append(f"--config.{key}={value}")
-  for key, value in DATASET_CONFIG.items():
-    if isinstance(value, tuple):
-      value = "(" + ",".join(repr(v) for v in value) + ",)"
-    args.append(f"--config.env.dataset_config.{key}={value}")
-  return args
+  return tiny_settings.main_args(REPO, workdir, {
+      "train.mode": "async", "train.num_steps": num_steps,
+      "train.checkpoint_every": 2})
 
 
 def test_sigkill_trainer_then_resume(tmp_path):

@@ -1,6 +1,9 @@
 """Tiny trainer settings (flattened config overrides) shared by the end-to-end
 tests: a 1-layer model on two-term one-digit arithmetic, seconds per step."""
 
+from configs import base
+from sao_jax import config_validation
+
 TINY_OVERRIDES = {
     "model.vocab_size": 294, "model.hidden_size": 32,
     "model.intermediate_size": 64, "model.num_layers": 1,
@@ -19,6 +22,20 @@ TINY_OVERRIDES = {
 DATASET_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1,
                   "max_digits": 1, "operators": ("+", "-"),
                   "allow_parentheses": False, "allow_negation": False}
+
+
+def tiny_config(**overrides):
+  """The base config with the tiny settings and ``overrides`` (dotted keys)."""
+  config = base.get_config()
+  for key, value in {**TINY_OVERRIDES, **overrides}.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  config.env.dataset_config.update(DATASET_CONFIG)
+  config_validation.validate_config(config)
+  return config
 
 
 def main_args(repo: str, workdir, overrides: dict) -> list[str]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from absl import logging
 import grain
@@ -60,6 +60,21 @@ class StreamCounters:
     d = dataclasses.asdict(self)
     d["staleness_mean"] = self.staleness_sum / max(1, self.admitted)
     return d
+
+  def count_read(self, traj: Trajectory) -> None:
+    self.records_read += 1
+    self.action_tokens_read += traj.num_action_tokens
+
+  def count_stale(self) -> None:
+    self.dropped_stale += 1
+
+  def count_admitted(self, traj: Trajectory, staleness: int) -> None:
+    self.admitted += 1
+    self.staleness_sum += staleness
+    self.staleness_max = max(self.staleness_max, staleness)
+    acts = traj.policy_version[traj.action_mask.astype(bool)]
+    if acts.size and acts.min() != acts.max():
+      self.multi_version += 1
 
   def load(self, state: dict) -> None:
     for f in dataclasses.fields(self):
@@ -124,9 +139,8 @@ class _RingIterator(grain.DatasetIterator):
       raise StopIteration from None
     finally:
       self._counters.read_wait_s += time.perf_counter() - t0
-    self._counters.records_read += 1
     traj = codec.decode(rec.data)
-    self._counters.action_tokens_read += traj.num_action_tokens
+    self._counters.count_read(traj)
     return traj
 
   def get_state(self) -> dict:
@@ -141,7 +155,8 @@ class StalenessFilter(grain.IterDataset):
 
   Staleness = trainer version - the trajectory's oldest action-token version,
   with the trainer version read from ``trainer_version()`` when the record is
-  consumed. Yields ``(trajectory, staleness)``.
+  consumed. Yields ``(trajectory, staleness)``; ``on_read(trajectory,
+  staleness, kept)`` (the stream recorder) sees every record, dropped or not.
   """
 
   def __init__(
@@ -150,11 +165,13 @@ class StalenessFilter(grain.IterDataset):
       trainer_version: Callable[[], int],
       policy: traj_lib.StalenessPolicy,
       counters: StreamCounters,
+      on_read: Callable[[Trajectory, int, bool], None] | None = None,
   ):
     super().__init__(parent)
     self._version = trainer_version
     self._policy = policy
     self._counters = counters
+    self._on_read = on_read
 
   def __iter__(self) -> grain.DatasetIterator:
     return _StalenessIterator(self._parent.__iter__(), self)
@@ -180,8 +197,11 @@ class _StalenessIterator(grain.DatasetIterator):
             "than the trainer's %d (%d so far): not this run's weights.",
             version - staleness, version, c.dropped_future)
         continue
-      if not policy.keeps(staleness):
-        c.dropped_stale += 1
+      kept = policy.keeps(staleness)
+      if self._ds._on_read is not None:  # pylint: disable=protected-access
+        self._ds._on_read(traj, staleness, kept)  # pylint: disable=protected-access
+      if not kept:
+        c.count_stale()
         if c.dropped_stale in (1, 10, 100) or c.dropped_stale % 1000 == 0:
           logging.warning(
               "Stream dropped %d stale trajectories so far (this one: "
@@ -189,12 +209,7 @@ class _StalenessIterator(grain.DatasetIterator):
               c.dropped_stale, staleness, policy.max_staleness, version,
           )
         continue
-      c.admitted += 1
-      c.staleness_sum += staleness
-      c.staleness_max = max(c.staleness_max, staleness)
-      acts = traj.policy_version[traj.action_mask.astype(bool)]
-      if acts.size and acts.min() != acts.max():
-        c.multi_version += 1
+      c.count_admitted(traj, staleness)
       return traj, staleness
 
   def get_state(self) -> dict:
@@ -281,6 +296,32 @@ class _OverlongFilter(grain.transforms.Filter):
     return False
 
 
+def to_batches(ds: grain.IterDataset, counters: StreamCounters, *,
+               batch_size: int, seq_len: int, overlong: str = "drop",
+               pad_id: int = 0, drop_remainder: bool = True,
+               process_index: int = 0, max_error_frac: float = 1.0,
+               on_batch: Callable[[dict], dict] | None = None
+               ) -> grain.IterDataset:
+  """(trajectory, staleness) elements -> ``[B, T]`` batches (the pipeline's
+  tail, shared by the live stream and a replay); ``on_batch`` sees each."""
+  if overlong == "drop":
+    ds = ds.filter(_OverlongFilter(seq_len, counters))
+  ds = ds.map(PadToLength(seq_len, counters, overlong=overlong, pad_id=pad_id,
+                          max_error_frac=max_error_frac,
+                          error_window=4 * batch_size))
+  ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
+      lambda batch: traj_lib.with_group_index(batch, process_index))
+  return ds if on_batch is None else ds.map(on_batch)
+
+
+class StreamRecorderLike(Protocol):
+  """What the stream calls on its recorder (``record.StreamRecorder``)."""
+
+  def add(self, traj: Trajectory, staleness: int, kept: bool) -> None: ...
+
+  def batch_done(self, batch: dict) -> dict: ...
+
+
 class TrajectoryStream:
   """Builds the pipeline and exposes its counters.
 
@@ -308,6 +349,7 @@ class TrajectoryStream:
       check_producers: Callable[[], None] | None = None,
       process_index: int = 0,
       max_error_frac: float = 1.0,
+      recorder: StreamRecorderLike | None = None,
   ):
     """See the module docstring for the pipeline.
 
@@ -329,15 +371,15 @@ class TrajectoryStream:
         apart from other hosts' (``trajectory.with_group_index``).
       max_error_frac: Most ERROR trajectories allowed among the last
         ``4 * batch_size`` (``PadToLength``); 1 never stops.
+      recorder: Sees every record read (``add``) and every batch emitted
+        (``batch_done``): ``sao_jax.data.record.StreamRecorder``.
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers)
-    ds = StalenessFilter(ds, trainer_version, staleness, self.counters)
-    if overlong == "drop":
-      ds = ds.filter(_OverlongFilter(seq_len, self.counters))
-    ds = ds.map(PadToLength(seq_len, self.counters, overlong=overlong,
-                            pad_id=pad_id, max_error_frac=max_error_frac,
-                            error_window=4 * batch_size))
-    self.dataset: grain.IterDataset = ds.batch(
-        batch_size, drop_remainder=drop_remainder
-    ).map(lambda batch: traj_lib.with_group_index(batch, process_index))
+    ds = StalenessFilter(ds, trainer_version, staleness, self.counters,
+                         on_read=recorder and recorder.add)
+    self.dataset: grain.IterDataset = to_batches(
+        ds, self.counters, batch_size=batch_size, seq_len=seq_len,
+        overlong=overlong, pad_id=pad_id, drop_remainder=drop_remainder,
+        process_index=process_index, max_error_frac=max_error_frac,
+        on_batch=recorder and recorder.batch_done)

@@ -45,6 +45,9 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> bool:
     """Saves ``state`` (a pytree of arrays) and ``meta`` (JSON-able) at ``step``.
 
@@ -116,7 +119,7 @@ class Checkpointer:
       CheckpointError: none exists, or none restores (the newest one's error).
     """
     first_error = None
-    for step in sorted(self._manager.all_steps(), reverse=True):
+    for step in reversed(self.all_steps()):
       try:
         return self.restore(abstract_state, step)
       except CheckpointError as e:

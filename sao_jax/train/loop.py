@@ -15,6 +15,8 @@ where to resume (``episodes_consumed``) so prompts continue exactly.
 Modes: ``async`` (the sampler runs ahead up to ``max_staleness`` steps),
 ``sync`` (bound 0: strict generate→train alternation) and ``group`` (sync, with
 ``n_rollouts`` per prompt); one ``StalenessPolicy`` bounds sampler and stream.
+``train.record_stream`` records the stream to ``workdir/stream``; ``replay``
+runs the trainer alone on a recorded stream (``sao_jax.data.record``).
 
 Every ``log_every`` steps scalars go to TensorBoard (``workdir/tb``); held-out
 accuracy every ``eval_every`` policy steps; orbax checkpoints every
@@ -39,6 +41,7 @@ from absl import logging
 
 from sao_jax import sharding
 from sao_jax import trajectory as traj_lib
+from sao_jax.data import record as record_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import segment
@@ -96,24 +99,29 @@ class _Trainer:
 
   def log(self, done: int, metrics: Any, host_batch: dict[str, Any],
           stream: stream_lib.TrajectoryStream, sampler_stats,
-          ring: ring_lib.RingReader, publish_s: float) -> None:
-    """Writes the step's scalars and staleness histogram; one log line."""
+          ring: ring_lib.RingReader | None, publish_s: float | None) -> None:
+    """Writes the step's scalars and staleness histogram; one log line.
+
+    A replay passes None for ``sampler_stats``, ``ring`` and ``publish_s``.
+    """
     now = time.perf_counter()
     since = max(now - self._last_log[0], 1e-9)
     metrics = jax.device_get(metrics)
+    live = sampler_stats is not None
+    sampled = sampler_stats.action_tokens if live else 0.0
     scalars = metrics_lib.step_scalars(
         metrics, host_batch, policy_version=self.policy_version(),
         trainer_tokens_per_s=float(metrics["tokens/action"]) * int(
             self.run.config.train.log_every) / since,
-        sampler_tokens_per_s=(
-            sampler_stats.action_tokens - self._last_log[1]) / since,
+        sampler_tokens_per_s=(sampled - self._last_log[1]) / since,
         trainer_idle_frac=self.clock.trainer_wait / self.clock.elapsed,
-        sampler_stats=sampler_stats.as_dict(),
-        sampler_idle_frac=sampler_stats.idle_frac(), publish_s=publish_s,
-        generated_tokens=self.generated(stream),
-        stream_counters=stream.counters.as_dict(), ring_stats=ring.stats())
+        sampler_stats=sampler_stats.as_dict() if live else None,
+        sampler_idle_frac=sampler_stats.idle_frac() if live else None,
+        publish_s=publish_s, generated_tokens=self.generated(stream),
+        stream_counters=stream.counters.as_dict(),
+        ring_stats=ring.stats() if ring is not None else None)
     scalars["health/skipped_steps"] = float(self.skips.skipped_total)
-    self._last_log = (now, sampler_stats.action_tokens)
+    self._last_log = (now, sampled)
     self.writer.write_scalars(done, scalars)
     self.writer.write_histograms(done, {"staleness": host_batch["staleness"]})
     self.writer.flush()
@@ -131,10 +139,15 @@ class _Trainer:
     return stream.counters.action_tokens_read * jax.process_count()
 
 
-def _train(trainer: _Trainer, ring: ring_lib.RingReader,
-           publish: publish_lib.Publisher, sampler: sampler_lib.SamplerHandle,
+def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
+           publish: publish_lib.Publisher | None,
+           sampler: sampler_lib.SamplerHandle | None,
            stream: stream_lib.TrajectoryStream) -> None:
-  """Steps until ``total_steps`` or the generated-token budget."""
+  """Steps until ``total_steps`` or the generated-token budget.
+
+  A replay has no ring, publisher or sampler (None): ``stream`` is then a
+  ``record.ReplayStream``.
+  """
   run, config, clock = trainer.run, trainer.run.config, trainer.clock
   token_budget = int(config.train.max_generated_tokens)
   t = config.train
@@ -154,6 +167,8 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
           f"{sampler.stats.describe()}. A slow environment is bounded by "
           "env.step_timeout_s; raise ring.get_timeout_s for slow "
           "generation.") from None
+    if host_batch is None and sampler is None:
+      raise ValueError(f"Step {step + 1}: the recorded stream ends here.")
     if host_batch is None:  # The ring says its producer is gone.
       sampler.check(wait_s=10.0)
       raise sampler_lib.SamplerDiedError(
@@ -169,15 +184,17 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader,
     trainer.meta_step = done
     trainer.skips.observe(done, skipped, metrics)
     last = done == trainer.total_steps
-    if done % every["publish"] == 0 or last:
+    if publish is not None and (done % every["publish"] == 0 or last):
       publish(trainer.state.policy_params, trainer.policy_version())
     generated = trainer.generated(stream)
     out_of_tokens = bool(token_budget) and generated >= token_budget
-    sampler.set_trainer_step(done)
+    if sampler is not None:
+      sampler.set_trainer_step(done)
     clock.step_done(done, start_step)
     if done % every["log"] == 0 or last or out_of_tokens:
-      trainer.log(done, metrics, host_batch, stream, sampler.stats, ring,
-                  publish.seconds)
+      trainer.log(done, metrics, host_batch, stream,
+                  sampler.stats if sampler is not None else None, ring,
+                  publish.seconds if publish is not None else None)
     policy_steps = done - trainer.warmup
     more = not (last or out_of_tokens)
     if (every["eval"] and policy_steps > 0 and more
@@ -213,7 +230,57 @@ def _save_on_exit(trainer: _Trainer) -> None:
     logging.exception("Could not save a checkpoint on the way out.")
 
 
-def _run_async(trainer: _Trainer) -> dict[str, float]:
+
+
+def _finish(trainer: _Trainer, stream, start_step: int,
+            sampler_stats) -> dict[str, float]:
+  """The final checkpoint and eval; returns the run's summary."""
+  run = trainer.run
+  final_step = int(trainer.state.step)
+  if final_step > start_step or run.ckpt.latest_step() != final_step:
+    run.ckpt.save(final_step, trainer.state, run.meta)
+  final_eval = trainer.evaluate(final_step, float(trainer.generated(stream)))
+  return metrics_lib.run_summary(
+      run.meta["eval_before"], final_eval, final_step,
+      trainer.policy_version(), stream.counters.as_dict(),
+      jax.process_count(), sampler_stats, trainer.clock)
+
+
+def _recorder(config: Any, workdir: str,
+              start_step: int) -> record_lib.StreamRecorder | None:
+  """The stream recorder of ``train.record_stream`` (None when off)."""
+  if not config.train.record_stream:
+    return None
+  return record_lib.StreamRecorder(
+      os.path.join(workdir, "stream"), start_step=start_step,
+      shard_steps=int(config.train.record_shard_steps),
+      checkpoint_every=int(config.train.checkpoint_every),
+      process_index=jax.process_index(), config=config)
+
+
+def _run_replay(trainer: _Trainer) -> dict[str, float]:
+  """The trainer alone on the recorded stream of ``train.replay_from``."""
+  run, config = trainer.run, trainer.run.config
+  directory = os.path.join(str(config.train.replay_from), "stream")
+  changed = record_lib.config_differences(directory, config)
+  logging.info("Replaying %s; config keys that differ from the recorded "
+               "run's: %s", directory, ", ".join(changed) or "none")
+  start_step = int(trainer.state.step)
+  _, recorded_end = record_lib.recorded_range(directory, jax.process_index())
+  window = tuple(config.train.replay_steps)
+  trainer.total_steps = min(trainer.total_steps,
+                            int(window[1]) if window else recorded_end)
+  stream = record_lib.ReplayStream(
+      directory, start=start_step, stop=trainer.total_steps,
+      batch_size=setup_lib.local_batch_size(config),
+      seq_len=int(config.train.max_seq_len), overlong="truncate",
+      pad_id=run.tokenizer.pad_id, process_index=jax.process_index())
+  stream.counters.load(run.meta.get("stream", {}))
+  _train(trainer, None, None, None, stream)
+  return _finish(trainer, stream, start_step, None)
+
+
+def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
   """Ring, weight slot and sampler around ``_train``; then the final eval."""
   run, config = trainer.run, trainer.run.config
   staleness = traj_lib.StalenessPolicy.from_config(config)
@@ -222,6 +289,7 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
   slot = weights_lib.WeightSlot.create(
       sharding.to_host(trainer.state.policy_params))
   sampler = None
+  recorder = _recorder(config, workdir, int(trainer.state.step))
   try:
     publish = publish_lib.Publisher(slot, staleness.publish_lag)
     publish(trainer.state.policy_params, trainer.policy_version())
@@ -244,7 +312,8 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
         overlong="truncate", pad_id=run.tokenizer.pad_id,
         read_timeout=float(config.ring.get_timeout_s),
         check_producers=sampler.check, process_index=jax.process_index(),
-        max_error_frac=float(config.train.max_error_frac))
+        max_error_frac=float(config.train.max_error_frac),
+        recorder=recorder)
     stream.counters.load(run.meta.get("stream", {}))
     start_step = int(trainer.state.step)
     try:
@@ -252,15 +321,12 @@ def _run_async(trainer: _Trainer) -> dict[str, float]:
     except BaseException:  # SIGTERM arrives as KeyboardInterrupt.
       _save_on_exit(trainer)
       raise
-    final_step = int(trainer.state.step)
-    if final_step > start_step or run.ckpt.latest_step() != final_step:
-      run.ckpt.save(final_step, trainer.state, run.meta)
-    final_eval = trainer.evaluate(final_step, float(trainer.generated(stream)))
-    return metrics_lib.run_summary(
-        run.meta["eval_before"], final_eval, final_step,
-        trainer.policy_version(), stream.counters.as_dict(),
-        jax.process_count(), sampler.stats, trainer.clock)
+    if recorder is not None:
+      recorder.close()  # Before the final checkpoint covers its steps.
+    return _finish(trainer, stream, start_step, sampler.stats)
   finally:
+    if recorder is not None:
+      recorder.close()
     if sampler is not None:
       sampler.stop()
     ring.close()
@@ -291,7 +357,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       logging.info("Held-out accuracy before RL: %.3f",
                    run.meta["eval_before"]["eval/accuracy"])
     with segment.sigterm_unwinds():
-      summary = _run_async(trainer)
+      summary = (_run_replay(trainer) if config.train.mode == "replay"
+                 else _run_async(trainer, workdir))
     writer.write_scalars(int(trainer.state.step),
                          {f"summary/{k}": v for k, v in summary.items()})
     logging.info("Summary: %s", summary)

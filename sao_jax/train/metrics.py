@@ -135,11 +135,11 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
 def step_scalars(step_metrics: Mapping[str, float],
                  host_batch: Mapping[str, np.ndarray],
                  *, policy_version: int, trainer_tokens_per_s: float,
-                 sampler_tokens_per_s: float, trainer_idle_frac: float,
-                 sampler_stats: Mapping[str, float], sampler_idle_frac: float,
-                 publish_s: float, generated_tokens: int,
-                 stream_counters: Mapping[str, float],
-                 ring_stats: Mapping[str, object]) -> dict[str, float]:
+                 sampler_tokens_per_s: float | None, trainer_idle_frac: float,
+                 sampler_stats: Mapping[str, float] | None,
+                 sampler_idle_frac: float | None, publish_s: float | None,
+                 generated_tokens: int, stream_counters: Mapping[str, float],
+                 ring_stats: Mapping[str, object] | None) -> dict[str, float]:
   """Every scalar a logged train step reports (the one place they are named).
 
   Args:
@@ -155,30 +155,36 @@ def step_scalars(step_metrics: Mapping[str, float],
     generated_tokens: Action tokens read from the ring (all hosts).
     stream_counters: ``StreamCounters.as_dict()``.
     ring_stats: ``RingReader.stats()``.
+
+  A replay (no sampler, ring or weight slot) passes None for the sampler,
+  ring and publishing figures; their scalars are left out.
   """
   staleness = np.asarray(host_batch["staleness"], np.float64)
-  lanes = ring_stats["lanes"]
-  return {
+  scalars = {
       **{k: float(v) for k, v in step_metrics.items()},
       "staleness/min": staleness.min(),
       "staleness/mean": staleness.mean(),
       "staleness/max": staleness.max(),
       "policy_version": policy_version,
       "throughput/trainer_tokens_per_s": trainer_tokens_per_s,
-      "throughput/sampler_tokens_per_s": sampler_tokens_per_s,
       "idle/trainer_frac": trainer_idle_frac,
-      "idle/sampler_frac": sampler_idle_frac,
-      "weights/publish_s_total": publish_s,
       "tokens/generated_total": float(generated_tokens),
       "stream/dropped_stale": stream_counters["dropped_stale"],
       "stream/multi_version_frac": stream_counters["multi_version"] / max(
           1, stream_counters["admitted"]),
-      "ring/occupancy_bytes": float(sum(
-          lane["occupancy_bytes"] for lane in lanes)),
-      "ring/occupancy_frac": float(ring_stats["occupancy"]),
-      "ring/producer_deaths": float(ring_stats["producer_deaths"]),
-      **sampler_stats,
   }
+  if sampler_stats is not None:
+    scalars.update({
+        "throughput/sampler_tokens_per_s": sampler_tokens_per_s,
+        "idle/sampler_frac": sampler_idle_frac,
+        "weights/publish_s_total": publish_s, **sampler_stats})
+  if ring_stats is not None:
+    scalars.update({
+        "ring/occupancy_bytes": float(sum(
+            lane["occupancy_bytes"] for lane in ring_stats["lanes"])),
+        "ring/occupancy_frac": float(ring_stats["occupancy"]),
+        "ring/producer_deaths": float(ring_stats["producer_deaths"])})
+  return scalars
 
 
 def run_summary(eval_before: Mapping[str, float],
@@ -187,13 +193,14 @@ def run_summary(eval_before: Mapping[str, float],
                 process_count: int, sampler_stats, clock) -> dict[str, float]:
   """The run's closing figures (``summary.json`` and ``summary/*`` scalars).
 
-  ``sampler_stats`` is the sampler's ``SamplerStats``; ``clock`` the loop's
-  wall clock (``elapsed``, ``trainer_wait`` and the steady-state span, from
-  the 3rd step on: compilation excluded).
+  ``sampler_stats`` is the sampler's ``SamplerStats`` (None in a replay: no
+  sampler figures); ``clock`` the loop's wall clock (``elapsed``,
+  ``trainer_wait`` and the steady-state span, from the 3rd step on:
+  compilation excluded).
   """
   c = stream_counters
   elapsed = clock.elapsed
-  return {
+  summary = {
       "accuracy_before": eval_before["eval/accuracy"],
       "accuracy_after": eval_after["eval/accuracy"],
       "eval_problems": eval_after["eval/num_problems"],
@@ -205,14 +212,17 @@ def run_summary(eval_before: Mapping[str, float],
       "generated_tokens": float(c["action_tokens_read"] * process_count),
       "staleness_mean": float(c["staleness_mean"]),
       "staleness_max": float(c["staleness_max"]),
-      "sampler_episodes": float(sampler_stats.episodes),
-      "sampler_tokens_per_s": sampler_stats.action_tokens / max(1e-9, elapsed),
       "wall_s": elapsed,
       "train_wall_s": clock.steady_end - clock.steady_start,
       "train_wall_steps": float(clock.steady_steps),
       "trainer_idle_frac": clock.trainer_wait / max(1e-9, elapsed),
-      "sampler_idle_frac": sampler_stats.idle_frac(),
   }
+  if sampler_stats is not None:
+    summary.update(
+        sampler_episodes=float(sampler_stats.episodes),
+        sampler_tokens_per_s=sampler_stats.action_tokens / max(1e-9, elapsed),
+        sampler_idle_frac=sampler_stats.idle_frac())
+  return summary
 
 
 @dataclasses.dataclass

@@ -178,17 +178,48 @@ def _train_state(config: Any, mcfg: ModelConfig, step_cfg: step_lib.StepConfig,
           value_tx)
 
 
+def run_artifacts_dir(config: Any, workdir: str) -> str:
+  """Where the tokenizer and the SFT warm start live: a replay (train.mode
+  'replay') uses the recorded run's, so it starts from the same policy."""
+  if str(config.train.mode) == "replay":
+    return os.path.abspath(str(config.train.replay_from))
+  return workdir
+
+
+def _replay_start(config: Any) -> tuple[ckpt_lib.Checkpointer | None,
+                                        int | None]:
+  """(the recorded run's checkpointer, its newest step <= a) for a replay of
+  ``train.replay_steps`` [a, b); (None, None): start from step 0."""
+  window = tuple(config.train.replay_steps)
+  if str(config.train.mode) != "replay" or not window:
+    return None, None
+  directory = os.path.join(str(config.train.replay_from), "checkpoints")
+  if not os.path.isdir(directory):
+    return None, None
+  source = ckpt_lib.Checkpointer(directory)
+  steps = [s for s in source.all_steps() if s <= int(window[0])]
+  if not steps:
+    source.close()
+    return None, None
+  return source, steps[-1]
+
+
 def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
           primary: bool) -> Setup:
-  """Builds the run (see the module docstring); resumes if it can."""
-  tokenizer = run_tokenizer(config, workdir, primary)
+  """Builds the run (see the module docstring); resumes if it can.
+
+  A replay without checkpoints of its own starts from the recorded run's
+  checkpoint at or before ``train.replay_steps[0]`` (if any).
+  """
+  artifacts = run_artifacts_dir(config, workdir)
+  tokenizer = run_tokenizer(config, artifacts, primary)
   mcfg = model_config_from(config, tokenizer)
   memory.log_memory_estimate(config, mcfg)
   train_tasks, eval_tasks = env_build.build_tasks(config.env)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.normalize_rules(config.mesh.rules)
   policy_params = warm_start.initial_policy(
-      config, mcfg, tokenizer, train_tasks, eval_tasks, workdir, writer)
+      config, mcfg, tokenizer, train_tasks, eval_tasks, artifacts, writer)
   step_cfg = step_config_from(config)
   state, state_sharding, policy_tx, value_tx = _train_state(
       config, mcfg, step_cfg, policy_params, len(train_tasks), mesh, rules)
@@ -196,11 +227,17 @@ def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
   meta: dict[str, Any] = {"episodes_consumed": 0, "stream": {},
                           "eval_before": None}
-  if ckpt.latest_step() is not None:
+  source, source_step = (ckpt, None) if ckpt.latest_step() is not None else (
+      _replay_start(config))
+  if source is not None:
     # Restored straight into the mesh shardings (each host reads its shards).
-    state, meta, step0 = ckpt.restore_newest(state)
+    state, meta, step0 = (ckpt.restore_newest(state) if source is ckpt else
+                          source.restore(state, source_step))
     logging.info("Resumed from checkpoint step %d (policy version %d).",
                  step0, int(state.policy_version))
+    if source is not ckpt:
+      logging.info("(The recorded run's checkpoint, in %s.)", source.directory)
+      source.close()
   step_fns = [step_lib.make_step(
       mcfg, step_cfg, policy_tx, value_tx, update_policy=update_policy,
       state_sharding=state_sharding,
