@@ -46,6 +46,7 @@ from absl import flags
 from absl import logging
 import ml_collections
 
+from sao_jax import config_overrides
 from sao_jax import config_validation
 
 FLAGS = flags.FLAGS
@@ -317,7 +318,7 @@ def plan(config_path: str | os.PathLike[str], workdir: str | os.PathLike[str],
     if validate:
       config = module.get_config()
       try:
-        config_validation.apply_overrides(config, overrides, base)
+        config_overrides.apply_overrides(config, overrides, base)
         config_validation.validate_config(config, base)
       except config_validation.ConfigError as e:
         raise SweepError(f"sweep point {point.name!r}: {e}") from None

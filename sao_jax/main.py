@@ -24,6 +24,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from sao_jax import config_overrides
 from sao_jax import config_validation
 from sao_jax import sharding
 
@@ -85,8 +86,8 @@ def main(argv: Sequence[str]) -> None:
   config = _CONFIG.value
   try:
     if _OVERRIDES.value:
-      config_validation.apply_overrides(
-          config, config_validation.load_overrides(_OVERRIDES.value))
+      config_overrides.apply_overrides(
+          config, config_overrides.load_overrides(_OVERRIDES.value))
     config_validation.validate_config(config)
   except config_validation.ConfigError as e:
     sys.exit(str(e))

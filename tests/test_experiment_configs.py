@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sao_jax import config_overrides as overrides_lib
 from sao_jax import config_validation as cv
 from sao_jax.envs import evolving
 from sao_jax.envs import build as env_build
@@ -36,7 +37,7 @@ def test_config_and_its_sweep_points_validate(name):
   assert len(set(names)) == len(names), names
   for point in points:
     config = module.get_config()
-    cv.apply_overrides(config, {k: v for k, v in point.items()
+    overrides_lib.apply_overrides(config, {k: v for k, v in point.items()
                                 if k != "_name"}, base)
     cv.validate_config(config, base)
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from sao_jax import config_overrides as overrides_lib
 from sao_jax import config_validation as cv
 import tiny_settings
 
@@ -119,7 +120,7 @@ def test_only_selects_names_with_commas():
 
 def test_apply_overrides():
   config = cv.base_config()
-  cv.apply_overrides(config, {
+  overrides_lib.apply_overrides(config, {
       "tokenizer.datasets": ["chain_sum"], "train.seed": 7,
       "optim.actor_lr": 1, "env.dataset_config.operators": ["+"]})
   assert config.tokenizer.datasets == ("chain_sum",)  # Tuple field: tuple.
@@ -128,27 +129,27 @@ def test_apply_overrides():
   assert config.env.dataset_config.operators == ["+"]  # New free-form key.
   cv.validate_config(config)
   with pytest.raises(cv.ConfigError) as info:
-    cv.apply_overrides(config, {"train.sede": 1})
+    overrides_lib.apply_overrides(config, {"train.sede": 1})
   assert str(info.value) == (
       "config.train.sede: unknown key; did you mean config.train.seed?")
   with pytest.raises(cv.ConfigError, match=r"^config.train.num_steps: cannot "
                      r"set 1.5 \(.*\)$"):
-    cv.apply_overrides(config, {"train.num_steps": 1.5})
+    overrides_lib.apply_overrides(config, {"train.num_steps": 1.5})
 
 
 def test_load_overrides_errors(tmp_path):
   missing = tmp_path / "missing.json"
   with pytest.raises(cv.ConfigError,
                      match=f"^--overrides={missing}: file not found"):
-    cv.load_overrides(missing)
+    overrides_lib.load_overrides(missing)
   bad = tmp_path / "bad.json"
   bad.write_text("{'train.seed': 1}")
   with pytest.raises(cv.ConfigError, match=f"^--overrides={bad}: not valid "):
-    cv.load_overrides(bad)
+    overrides_lib.load_overrides(bad)
   bad.write_text("[1, 2]")
   with pytest.raises(cv.ConfigError, match="expected a JSON object .* got a "
                      "JSON list$"):
-    cv.load_overrides(bad)
+    overrides_lib.load_overrides(bad)
 
 
 @pytest.fixture
