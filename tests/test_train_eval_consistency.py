@@ -61,7 +61,8 @@ def _config(env_name: str, dataset: str, dataset_config: dict,
       "instruction": instruction, "reward": reward, "seed": 0, "size": 64,
       "eval_seed": 1000,
       "eval_size": 8, "max_turns": 3 if env_name == "tool" else 1,
-      "max_tool_calls": 1, "styles": ("plain",), "style_change_steps": ()})
+      "max_tool_calls": 1, "styles": ("plain",), "style_change_steps": (),
+      "step_timeout_s": 60.0})
   config.sampler = ml_collections.ConfigDict({
       "max_total_tokens": 128, "max_new_tokens": 32, "min_prompt_bucket": 8})
   return config
