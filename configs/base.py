@@ -166,6 +166,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Stop once the trainer has read this many generated action tokens (equal
   # token budgets across algorithms); 0 = run num_steps.
   config.train.max_generated_tokens = 0
+  # Stop after the step that ends past this many wall seconds since the
+  # trainer started (job time limits); final eval and summary still run.
+  # 0 = no limit.
+  config.train.max_train_s = 0.0
   config.train.eval_every = 50  # Policy steps between evals; 0 = never.
   config.train.checkpoint_every = 100  # Steps between checkpoints; 0 = never.
   config.train.log_every = 10  # Steps between TensorBoard writes.

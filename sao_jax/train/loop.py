@@ -37,7 +37,9 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from sao_jax import sharding
 from sao_jax import trajectory as traj_lib
@@ -143,13 +145,14 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
            publish: publish_lib.Publisher | None,
            sampler: sampler_lib.SamplerHandle | None,
            stream: stream_lib.TrajectoryStream) -> None:
-  """Steps until ``total_steps`` or the generated-token budget.
+  """Steps until ``total_steps``, the generated-token or the time budget.
 
   A replay has no ring, publisher or sampler (None): ``stream`` is then a
   ``record.ReplayStream``.
   """
   run, config, clock = trainer.run, trainer.run.config, trainer.clock
   token_budget = int(config.train.max_generated_tokens)
+  time_budget = float(config.train.max_train_s)
   t = config.train
   every = {"publish": int(t.publish_every), "log": int(t.log_every),
            "eval": int(t.eval_every), "checkpoint": int(t.checkpoint_every)}
@@ -188,15 +191,16 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
       publish(trainer.state.policy_params, trainer.policy_version())
     generated = trainer.generated(stream)
     out_of_tokens = bool(token_budget) and generated >= token_budget
+    out_of_time = bool(time_budget) and _agreed(clock.elapsed >= time_budget)
     if sampler is not None:
       sampler.set_trainer_step(done)
     clock.step_done(done, start_step)
-    if done % every["log"] == 0 or last or out_of_tokens:
+    if done % every["log"] == 0 or last or out_of_tokens or out_of_time:
       trainer.log(done, metrics, host_batch, stream,
                   sampler.stats if sampler is not None else None, ring,
                   publish.seconds if publish is not None else None)
     policy_steps = done - trainer.warmup
-    more = not (last or out_of_tokens)
+    more = not (last or out_of_tokens or out_of_time)
     if (every["eval"] and policy_steps > 0 and more
         and policy_steps % every["eval"] == 0):
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
@@ -207,6 +211,17 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
       logging.info("Generated-token budget reached: %d >= %d tokens at "
                    "step %d.", generated, token_budget, done)
       break
+    if out_of_time:
+      logging.info("Time budget reached: %.0f s >= train.max_train_s=%g at "
+                   "step %d.", clock.elapsed, time_budget, done)
+      break
+
+
+def _agreed(flag: bool) -> bool:
+  """Process 0's ``flag`` on every host (clocks differ; steps must not)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
 
 def _save_on_exit(trainer: _Trainer) -> None:
