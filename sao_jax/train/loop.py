@@ -194,7 +194,8 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
     out_of_time = bool(time_budget) and _agreed(clock.elapsed >= time_budget)
     if sampler is not None:
       sampler.set_trainer_step(done)
-    clock.step_done(done, start_step)
+    # The first policy update compiles a second step: count from after it.
+    clock.step_done(done, max(start_step, trainer.warmup))
     if done % every["log"] == 0 or last or out_of_tokens or out_of_time:
       trainer.log(done, metrics, host_batch, stream,
                   sampler.stats if sampler is not None else None, ring,

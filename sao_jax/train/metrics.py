@@ -195,8 +195,8 @@ def run_summary(eval_before: Mapping[str, float],
 
   ``sampler_stats`` is the sampler's ``SamplerStats`` (None in a replay: no
   sampler figures); ``clock`` the loop's wall clock (``elapsed``,
-  ``trainer_wait`` and the steady-state span, from the 3rd step on:
-  compilation excluded).
+  ``trainer_wait`` and the steady-state span, from the 2nd step after the
+  critic warm-up (or the resume) on: compilation excluded).
   """
   c = stream_counters
   elapsed = clock.elapsed
@@ -239,8 +239,11 @@ class RunClock:
   def elapsed(self) -> float:
     return time.perf_counter() - self.start
 
-  def step_done(self, done: int, start_step: int) -> None:
-    if done == start_step + 2:  # Trainer and sampler have compiled by now.
+  def step_done(self, done: int, last_compile_before: int) -> None:
+    """Steps after ``last_compile_before + 1`` (the last step that compiles:
+    the first one, or the first policy update after the critic warm-up) and
+    one more are the steady state."""
+    if done == last_compile_before + 2:  # Trainer and sampler have compiled.
       self.steady_start = time.perf_counter()
     elif self.steady_start:
       self.steady_steps += 1
