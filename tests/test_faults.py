@@ -647,3 +647,100 @@ def test_trainer_sigkilled_while_sampler_hangs_in_env_leaves_nothing(
         pass
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
+
+
+# ------------------------- row 8: records not written by this run ----------
+
+_FORGER = textwrap.dedent("""
+    # Another process of the same user: attaches to the ring by name and
+    # writes a trajectory with reward 1000 the way the ring's code would.
+    import sys
+
+    import numpy as np
+
+    from sao_jax.ipc import codec
+    from sao_jax.ipc import ring_layout as layout
+    from sao_jax.ipc import segment
+    from sao_jax.trajectory import Trajectory
+
+    name, what = sys.argv[1], sys.argv[2]
+    seg = layout.Segment(segment.attach(name), owner=False)
+    ctl, mv, cap = seg.ctl[0], seg.lanes[0], seg.lane_bytes
+    forged = b"".join(bytes(memoryview(b).cast("B")) for b in codec.encode(
+        Trajectory(prompt_id=7, tokens=np.arange(6),
+                   action_mask=[0, 0, 1, 1, 1, 0],
+                   rollout_logp=np.full(6, -1.0),
+                   policy_version=np.zeros(6),
+                   rewards=[0, 0, 0, 0, 1000, 0], task="fixed")))
+    n = len(forged)
+    size = (32 + n + layout.TAG_BYTES + 63) // 64 * 64  # As RingWriter's.
+    if what == "rewrite":  # The committed, unread record, checksum recomputed.
+      off = ctl[layout.TAIL] % cap
+      magic, _, length, seq, _ = layout.HDR.unpack_from(mv, off)
+      assert length == n, (length, n)
+      mv[off + 32:off + 32 + n] = forged
+      layout.HDR.pack_into(mv, off, magic, 0, n, seq, layout.checksum(forged))
+    else:  # A new record at the head, with the next sequence number...
+      head = ctl[layout.HEAD]
+      off, seq = head % cap, ctl[layout.RECORDS_WRITTEN]
+      if what == "replay":  # ... or a copy of the last genuine record.
+        last = (ctl[layout.TAIL] - size) % cap
+        mv[off:off + size] = mv[last:last + size]
+      else:
+        mv[off + 32:off + 32 + n] = forged
+        layout.HDR.pack_into(mv, off, layout.REC_MAGIC, 0, n, seq,
+                             layout.checksum(forged))
+      ctl[layout.HEAD] = head + size
+    print(seq, flush=True)
+""")
+
+
+def _forge(tmp_path, name: str, what: str) -> int:
+  script = tmp_path / "forger.py"
+  script.write_text(_FORGER)
+  run = subprocess.run([sys.executable, str(script), name, what], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+  assert run.returncode == 0, run.stderr[-2000:]
+  return int(run.stdout)
+
+
+@pytest.mark.multiprocess
+def test_records_written_by_another_process_are_rejected_and_counted(
+    tmp_path):
+  """Row 8: a committed record rewritten (checksum recomputed), a record
+  appended with the next sequence number and a replayed genuine record are
+  each rejected and counted; the genuine records before and after are read
+  exactly once, in order, and reading never raises."""
+  from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
+  from sao_jax.ipc import ring  # pylint: disable=g-import-not-at-top
+  from sao_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 14,
+                              authenticate=True) as r:
+    with pytest.raises(ring.RingError, match="is authenticated: pass key="):
+      ring.RingWriter(r.name, lane=0)  # No key, no lane.
+    with ring.RingWriter(r.name, lane=0, key=r.key) as w:
+      assert w.write(*codec.encode(_traj())) == 0
+      assert _forge(tmp_path, r.name, "rewrite") == 0
+      with pytest.raises(ring.RingEmptyError):
+        r.read(timeout=0.3)  # Rejected: nothing genuine to read.
+      assert r.stats()["rejected_records"] == 1
+      assert _forge(tmp_path, r.name, "append") == 1
+      assert w.write(*codec.encode(_traj())) == 1  # After the forged one.
+      rec = r.read(timeout=1.0)
+      assert rec.seq == 1 and r.stats()["rejected_records"] == 2
+      assert float(codec.decode(rec.data).rewards.sum()) == 1.0
+      assert _forge(tmp_path, r.name, "replay") == 2
+      assert w.write(*codec.encode(_traj())) == 2
+      assert r.read(timeout=1.0).seq == 2  # The replayed seq 1 was skipped.
+      stats = r.stats()
+  assert stats["rejected_records"] == 3 and stats["records_read"] == 2
+  scalars = metrics_lib.step_scalars(
+      {}, {"staleness": np.zeros(2)}, policy_version=0,
+      trainer_tokens_per_s=0.0, sampler_tokens_per_s=0.0,
+      trainer_idle_frac=0.0, sampler_stats=None, sampler_idle_frac=None,
+      publish_s=None, generated_tokens=0,
+      stream_counters={"dropped_stale": 0, "multi_version": 0, "admitted": 1},
+      ring_stats=stats)
+  assert scalars["ring/rejected_records"] == 3.0
