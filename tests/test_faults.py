@@ -534,6 +534,7 @@ class _FakeSlot:
 
   def __init__(self):
     self.version = 0
+    self.rejected = 0
 
   def read(self, timeout):
     del timeout
@@ -744,3 +745,89 @@ def test_records_written_by_another_process_are_rejected_and_counted(
       stream_counters={"dropped_stale": 0, "multi_version": 0, "admitted": 1},
       ring_stats=stats)
   assert scalars["ring/rejected_records"] == 3.0
+
+
+_SLOT_FORGER = textwrap.dedent("""
+    # Another process of the same user, with the code but not the key.
+    import sys
+
+    import numpy as np
+
+    from sao_jax.ipc import segment
+    from sao_jax.ipc import weights as w
+
+    name, what = sys.argv[1], sys.argv[2]
+    try:
+      w.WeightSlot.attach(name).publish({"w": np.zeros((4, 8))}, 777)
+      print("published", flush=True)
+    except ValueError:  # An authenticated slot: the API needs the key.
+      shm = segment.attach(name)
+      hdr = np.frombuffer(shm.buf, np.int64, count=8)
+      start = w._HEADER_BYTES + w._align(int(hdr[w._H_TABLE_BYTES]))
+      data_bytes = int(hdr[w._H_DATA_BYTES])
+      latest = int(hdr[w._H_LATEST])
+      b = 1 - latest if what == "publish" else latest
+      at = start + b * (w._CTL_BYTES + data_bytes)
+      ctl = np.frombuffer(shm.buf, np.int64, count=8, offset=at)
+      data = np.frombuffer(shm.buf, np.float32, count=32,
+                           offset=at + w._CTL_BYTES)
+      ctl[w._SEQ] += 1  # Odd: being written.
+      if what == "publish":  # Version 777, its seqlock and `latest` as
+        ctl[w._VERSION] = 777  # WeightSlot.publish would leave them.
+        data[:] = 777.0
+        ctl[w._SEQ] += 1
+        hdr[w._H_LATEST] = b
+      print("raw", flush=True)  # "stall": left odd, as if it died writing.
+""")
+
+
+def _forge_slot(tmp_path, name: str, what: str) -> str:
+  script = tmp_path / "slot_forger.py"
+  script.write_text(_SLOT_FORGER)
+  run = subprocess.run([sys.executable, str(script), name, what], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+  assert run.returncode == 0, run.stderr[-2000:]
+  return run.stdout.strip()
+
+
+@pytest.mark.multiprocess
+def test_weights_published_by_another_process_are_rejected(tmp_path):
+  """Row 9: another process publishes version 777 into the slot: the reader
+  rejects and counts it and keeps the trainer's version; a buffer it leaves
+  "being written" costs the sampler nothing, and the trainer's next publish
+  repairs it. Only the creator publishes, and never an older version."""
+  from sao_jax.ipc import weights  # pylint: disable=g-import-not-at-top
+
+  tree = lambda v: {"w": np.full((4, 8), v, np.float32)}
+  stats = sampler_process.SamplerStats()
+  trainer_step = type("V", (), {"value": 1})()
+  with weights.WeightSlot.create(tree(0.0), authenticate=True) as slot:
+    slot.publish(tree(1.0), version=1)
+    reader = weights.WeightSlot.attach(slot.name, tree(0.0), key=slot.key)
+    try:
+      newest = sampler_process._NewestWeights(  # pylint: disable=protected-access
+          reader, stats, trainer_step)
+      assert newest()[1] == 1
+      assert _forge_slot(tmp_path, slot.name, "publish") == "raw"
+      version, got = reader.read(timeout=1.0)  # The genuine buffer.
+      assert version == 1 and float(got["w"].max()) == 1.0
+      assert reader.rejected == 1
+      params, version = newest()
+      assert version == 1 and float(params["w"].max()) == 1.0
+      assert stats.rejected_weights == 2
+      assert _forge_slot(tmp_path, slot.name, "stall") == "raw"
+      with pytest.raises(TimeoutError, match="the next publish repairs it"):
+        reader.read(timeout=0.2)
+      assert newest()[1] == 1  # Survives, keeps what it has.
+      for v in (2, 3):  # Both buffers written again: repaired.
+        trainer_step.value = v
+        slot.publish(tree(float(v)), version=v)
+        params, version = newest()
+        assert version == v and float(params["w"].min()) == v
+      with pytest.raises(PermissionError, match="one writer"):
+        reader.publish(tree(9.0), version=9)
+      with pytest.raises(ValueError, match="only increase"):
+        slot.publish(tree(2.0), version=2)
+    finally:
+      reader.close()

@@ -31,13 +31,13 @@ CPUs a checksum mismatch is retried briefly before being reported.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterator, Sequence
 
 from absl import logging
 import numpy as np
 
+from sao_jax.ipc import mac as mac_lib
 from sao_jax.ipc import ring_layout as layout
 from sao_jax.ipc import segment
 
@@ -87,7 +87,7 @@ class RingReader:
     # writing) only once the records up to it are consumed.
     self._heads = [0] * seg.num_lanes
     self._key = key
-    self._mac = layout.RecordMac(key) if key is not None else None
+    self._mac = mac_lib.Mac(key) if key is not None else None
     self._overhead = HEADER_BYTES + (layout.TAG_BYTES if key else 0)
     self._next_seq = [0] * seg.num_lanes  # Keyed: newest accepted + 1.
 
@@ -108,7 +108,7 @@ class RingReader:
     seg = layout.Segment.create(num_lanes, lane_bytes, keyed=authenticate)
     logging.info("Created ring %s: %d lanes x %d bytes%s.", seg.name,
                  num_lanes, lane_bytes, ", authenticated" * authenticate)
-    key = os.urandom(layout.KEY_BYTES) if authenticate else None
+    key = mac_lib.new_key() if authenticate else None
     return cls(seg, liveness_interval_s, key)
 
   @property
@@ -326,7 +326,7 @@ class RingWriter:
     self._lane, self._ctl, self._mv = lane, ctl, seg.lanes[lane]
     self._cap = seg.lane_bytes
     self._timeout = timeout
-    self._mac = layout.RecordMac(key) if key is not None else None
+    self._mac = mac_lib.Mac(key) if key is not None else None
     self._overhead = HEADER_BYTES + (layout.TAG_BYTES if key else 0)
     self._seq = 0
     # Last ``tail`` seen: re-read (the consumer's cache line) only when the

@@ -19,7 +19,6 @@ producer writes a *wrap* marker and continues at offset 0.
 from __future__ import annotations
 
 import functools
-import hmac
 import os
 import struct
 import time
@@ -29,6 +28,7 @@ from absl import logging
 import numpy as np
 import xxhash
 
+from sao_jax.ipc import mac
 from sao_jax.ipc import segment
 
 MAGIC = 0x5A0_12196  # Segment layout magic.
@@ -56,35 +56,7 @@ HDR = struct.Struct("<IIQQQ")  # magic, reserved, length, seq, checksum.
 HEADER_BYTES = 32
 assert HDR.size == HEADER_BYTES
 checksum = xxhash.xxh3_64_intdigest  # Of one buffer.
-TAG_BYTES = 16  # The MAC trailer of a record in a keyed ring.
-KEY_BYTES = 32
-
-
-class RecordMac:
-  """AES-256-GMAC of a record's payload under the run's secret key.
-
-  The nonce is the record's (lane, sequence number), unique per record for
-  the ring's life (a lane is never reused, a ring never outlives its key), so
-  the tag also binds the record to its lane and place in the order. GMAC runs
-  at memory speed with AES-NI/PCLMULQDQ (BENCHMARKS.md: keyed BLAKE2b and
-  HMAC-SHA256 of hashlib are slower than ``multiprocessing.Queue``).
-  """
-
-  def __init__(self, key: bytes):
-    # pylint: disable-next=g-import-not-at-top
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    if len(key) != KEY_BYTES:
-      raise ValueError(f"A ring key has {KEY_BYTES} bytes, got {len(key)}; "
-                       "pass RingReader.key of the ring's creator.")
-    self._encrypt = AESGCM(key).encrypt
-    self._nonce = struct.Struct("<IQ").pack
-
-  def tag(self, lane: int, seq: int, payload) -> bytes:
-    """The 16-byte tag of ``payload`` (bytes-like) at (lane, seq)."""
-    return self._encrypt(self._nonce(lane, seq), b"", payload)
-
-  def verify(self, lane: int, seq: int, payload, tag) -> bool:
-    return hmac.compare_digest(self.tag(lane, seq, payload), bytes(tag))
+TAG_BYTES = mac.TAG_BYTES  # The MAC trailer of a record in a keyed ring.
 
 
 def checksum_parts(parts) -> int:

@@ -58,6 +58,8 @@ class SamplerStats(ctypes.Structure):
       ("env_errors", ctypes.c_double),  # Episodes that ended in an env error.
       # 1 while the loop runs, 2 after a clean exit, -1 on crash.
       ("alive", ctypes.c_double),
+      # Weight versions whose MAC failed (written by another process).
+      ("rejected_weights", ctypes.c_double),
       ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
       ("phase", ctypes.c_double),  # Index into PHASES.
   ]
@@ -104,6 +106,10 @@ class SamplerSpec:
   # only that host's shard of the prompts and fills its share of each batch.
   process_index: int = 0
   process_count: int = 1
+  # The MAC keys of the ring and the weight slot (``ipc/mac.py``): they reach
+  # the child through the spawn pipe, never shared memory or disk.
+  ring_key: bytes | None = None
+  weights_key: bytes | None = None
 
 
 def parse_cores(spec: str) -> tuple[int, ...]:
@@ -244,7 +250,7 @@ class _ParentGone(Exception):
   pass
 
 
-def _attach_slot(name: str, mcfg):
+def _attach_slot(name: str, mcfg, key: bytes | None):
   """The trainer's weight slot, read into the policy's params structure."""
   # pylint: disable=g-import-not-at-top
   import flax.linen as nn
@@ -257,7 +263,7 @@ def _attach_slot(name: str, mcfg):
   template = jax.eval_shape(
       lambda: transformer.Transformer(mcfg).init(
           jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
-  return weights_lib.WeightSlot.attach(name, nn.unbox(template))
+  return weights_lib.WeightSlot.attach(name, nn.unbox(template), key=key)
 
 
 class _NewestWeights:
@@ -289,7 +295,13 @@ class _NewestWeights:
 
   def __call__(self):
     t0 = time.perf_counter()
-    got = self._slot.read(timeout=5.0)
+    try:
+      got = self._slot.read(timeout=5.0)
+    except TimeoutError as e:  # Keep the weights we have; retried later.
+      logging.warning("sampler: %s Keeping weights version %s.", e,
+                      self.version)
+      got = None
+    self._stats.rejected_weights = self._slot.rejected
     if got is not None and self._plausible(int(got[0])):
       self.version, self.params = got
       self._stats.weight_load_s += time.perf_counter() - t0
@@ -349,9 +361,10 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
                             top_p=float(cfg.sampler.top_p),
                             top_k=int(cfg.sampler.top_k))
-  slot = _attach_slot(spec.weights_name, mcfg)
+  slot = _attach_slot(spec.weights_name, mcfg, spec.weights_key)
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
-                               timeout=float(cfg.ring.put_timeout_s))
+                               timeout=float(cfg.ring.put_timeout_s),
+                               key=spec.ring_key)
   staleness = spec.staleness
   train_batch = int(cfg.train.batch_size) // spec.process_count
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)

@@ -284,10 +284,12 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
   """Ring, weight slot and sampler around ``_train``; then the final eval."""
   run, config = trainer.run, trainer.run.config
   staleness = traj_lib.StalenessPolicy.from_config(config)
+  # Both authenticated: only the sampler, given the keys, writes to them.
   ring = ring_lib.RingReader.create(
-      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64)
+      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
+      authenticate=True)
   slot = weights_lib.WeightSlot.create(
-      sharding.to_host(trainer.state.policy_params))
+      sharding.to_host(trainer.state.policy_params), authenticate=True)
   sampler = None
   recorder = _recorder(config, workdir, int(trainer.state.step))
   try:
@@ -302,7 +304,8 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
         staleness=staleness,
         cores=sampler_lib.parse_cores(str(config.sampler.devices)),
         process_index=jax.process_index(),
-        process_count=jax.process_count()))
+        process_count=jax.process_count(), ring_key=ring.key,
+        weights_key=slot.key))
     sampler.set_trainer_step(int(trainer.state.step))
     sampler.start()
     stream = stream_lib.TrajectoryStream(
