@@ -45,6 +45,7 @@ class Mac:
     """The 16-byte tag of ``payload`` (bytes-like) at (stream, index)."""
     return self._encrypt(_NONCE.pack(stream, index), b"", payload)
 
-  def verify(self, stream: int, index: int, payload, tag) -> bool:
+  def verify(self, stream: int, index: int, payload, tag: bytes) -> bool:
     """Whether ``tag`` is ``payload``'s at (stream, index); constant time."""
-    return hmac.compare_digest(self.tag(stream, index, payload), bytes(tag))
+    return hmac.compare_digest(self._encrypt(_NONCE.pack(stream, index), b"",
+                                             payload), tag)

@@ -62,6 +62,7 @@ _HDR, _REC_MAGIC, _WRAP_MAGIC, _ALIGN = (
     layout.HDR, layout.REC_MAGIC, layout.WRAP_MAGIC, layout.ALIGN)
 _checksum, _new_record, _byte_view = (
     layout.checksum, layout.new_record, layout.byte_view)
+_TAG_BYTES = layout.TAG_BYTES
 
 
 class RingReader:
@@ -216,8 +217,11 @@ class RingReader:
       start = off + HEADER_BYTES
       out = np.array(mv[start:start + length])  # One memcpy, uint8.
       if mac is not None:
-        if not self._authentic(out, mv[start:new_tail - tail + off], lane,
-                               seq, tail, expected_seq):
+        end = start + length
+        tag = mv[end:end + _TAG_BYTES].tobytes()
+        if not (seq >= expected_seq and mac.verify(lane, seq, out, tag)
+                or self._authentic(out, mv[start:end], lane, seq, tag, tail,
+                                   expected_seq)):
           ctl[_TAIL] = new_tail  # Rejected: skipped, counted.
           continue
         self._next_seq[lane] = seq + 1
@@ -240,11 +244,11 @@ class RingReader:
     return ok
 
   def _authentic(self, out: np.ndarray, src: memoryview, lane: int, seq: int,
-                 tail: int, expected_seq: int) -> bool:
-    """Whether a keyed ring's record is genuine and newer; counts rejects."""
+                 tag: bytes, tail: int, expected_seq: int) -> bool:
+    """Whether a keyed ring's record that failed the first check is genuine
+    and newer after re-copies (weak memory ordering); counts rejects."""
     n = out.nbytes
-    tag = bytes(src[n:n + layout.TAG_BYTES])
-    ok, retries = layout.recopied(out, src[:n], lambda o: self._mac.verify(
+    ok, retries = layout.recopied(out, src, lambda o: self._mac.verify(
         lane, seq, o, tag), 3)
     self._checksum_retries += retries
     if ok and seq >= expected_seq:

@@ -12,7 +12,9 @@ cores. Its loop (docs/DESIGN.md §1, §4):
    between turns of multi-turn episodes, through ``ModelPolicy``).
 3. Run the episodes (``run_episodes``), tasks drawn by index from a
    shuffled, repeated grain ``MapDataset``: episode ``e`` always gets task
-   ``ds[e]``, so a resumed run continues exactly where the checkpoint was.
+   ``ds[e]``, so a resumed run continues exactly where the checkpoint was
+   (a task whose prompt alone is over ``max_total_tokens`` is skipped for
+   the same draw of a later epoch and counted: ``FittingPrompts``).
 4. Stamp each trajectory's ``group_id`` (the index of its prompt draw, made
    unique across hosts: the rollouts of one prompt share it) and publish it
    to the ring (blocking on backpressure).
@@ -60,6 +62,8 @@ class SamplerStats(ctypes.Structure):
       ("alive", ctypes.c_double),
       # Weight versions whose MAC failed (written by another process).
       ("rejected_weights", ctypes.c_double),
+      # Tasks skipped at selection: their prompt alone is over the budget.
+      ("skipped_long_prompts", ctypes.c_double),
       ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
       ("phase", ctypes.c_double),  # Index into PHASES.
   ]
@@ -358,6 +362,12 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       shard_index=spec.process_index, shard_count=spec.process_count)
   envs = env_build.make_envs(cfg.env, train_tasks, episodes_per_batch)
   limits = rollout.RolloutLimits.from_config(cfg)
+  probe = env_build.make_envs(cfg.env, train_tasks, 1)[0]
+  prompts = prompts_lib.FittingPrompts(
+      prompt_ds, len(range(len(train_tasks))[spec.process_index::
+                                               spec.process_count]),
+      lambda task: len(rollout.prompt_tokens(probe, task, tokenizer, limits)),
+      limits.max_total_tokens)
   sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
                             top_p=float(cfg.sampler.top_p),
                             top_k=int(cfg.sampler.top_k))
@@ -407,8 +417,9 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       stats.enter(PHASES[3])
       t0 = time.perf_counter()
       first_prompt = episode // n_roll
-      task_ids = [int(prompt_ds[first_prompt + i])
+      task_ids = [int(prompts[first_prompt + i])
                   for i in range(prompts_per_batch) for _ in range(n_roll)]
+      stats.skipped_long_prompts = prompts.skipped
       policy = rollout.ModelPolicy(
           mcfg, load_weights, limits.cache_len(), sampling,
           rng=jax.random.fold_in(base_key, batch_index),

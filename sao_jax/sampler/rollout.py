@@ -200,6 +200,14 @@ def _encode(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
   return tokenizer.encode(obs) if isinstance(obs, str) else [int(t) for t in obs]
 
 
+def prompt_tokens(env: Environment, task: Any, tokenizer: tok_lib.Tokenizer,
+                  limits: RolloutLimits) -> list[int]:
+  """``env.reset(task)`` (within ``step_timeout_s``) as the policy's tokens."""
+  env.set_template(tokenizer.template)
+  return _encode(call_with_timeout(
+      lambda: env.reset(task), limits.step_timeout_s, "env.reset"), tokenizer)
+
+
 def run_episodes(policy: Policy, envs: Sequence[Environment],
                  tasks: Sequence[Any], tokenizer: tok_lib.Tokenizer,
                  limits: RolloutLimits = RolloutLimits(),
@@ -228,10 +236,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   prompts = []
   for i, (env, task) in enumerate(zip(envs, tasks)):
     try:
-      env.set_template(tokenizer.template)
-      prompt = _encode(call_with_timeout(
-          lambda: env.reset(task), limits.step_timeout_s, "env.reset"),
-                       tokenizer)
+      prompt = prompt_tokens(env, task, tokenizer, limits)
       if len(prompt) >= limits.max_total_tokens:
         raise ValueError(f"prompt has {len(prompt)} tokens >= max_total_tokens="
                          f"{limits.max_total_tokens}")
