@@ -431,11 +431,56 @@ def test_error_rows_are_never_trained_on_and_too_many_stop_the_run():
       "prompt has 40 tokens")
 
 
+def test_long_prompts_are_skipped_and_counted_at_selection(caplog):
+  """Row 6: a task whose prompt alone is over the budget is skipped before
+  any reset, counted and warned about; the same draw of a later epoch takes
+  its place (a function of the draw alone: resumes pick the same tasks)."""
+  from sao_jax.data import prompts  # pylint: disable=g-import-not-at-top
+
+  lengths = {task: 40 if task % 3 == 0 else 5 for task in range(30)}
+  asked = []
+
+  def prompt_len(task):
+    asked.append(task)
+    if task == 3:  # Would be skipped, but its length is unknown.
+      raise ValueError("the env's own reset will report this")
+    return lengths[task]
+
+  ds = prompts.prompt_dataset(range(30), seed=0)
+  picker = prompts.FittingPrompts(ds, 30, prompt_len, max_tokens=32)
+  with caplog.at_level("WARNING"):
+    drawn = [picker[k] for k in range(60)]
+  assert all(lengths[t] < 32 or t == 3 for t in drawn)
+
+  def tries(k):  # Draws of k whose task was too long.
+    i = 0
+    while lengths[ds[k + i * 30]] >= 32 and ds[k + i * 30] != 3:
+      i += 1
+    return i
+
+  assert picker.skipped == sum(tries(k) for k in range(60)) > 0
+  assert sorted(asked) == sorted(set(asked))  # Each task measured once.
+  assert [picker[k] for k in range(60)] == drawn  # Same draws, same tasks.
+  again = prompts.FittingPrompts(ds, 30, prompt_len, max_tokens=32)
+  assert [again[k] for k in range(30, 60)] == drawn[30:]  # As if resumed.
+  warned = [r.getMessage() for r in caplog.records]
+  assert warned[0].startswith("Skipped the prompt of task ")
+  assert "40 tokens >= max_total_tokens=32 (1 prompts skipped so far)" in (
+      warned[0])
+  never = prompts.FittingPrompts(ds, 30, lambda t: 40, max_tokens=32,
+                                 max_tries=5)
+  with pytest.raises(ValueError, match=(
+      "Prompt draw 7: 5 tasks in a row have prompts too long "
+      r"\(e.g. task \d+: 40 tokens >= max_total_tokens=32\)")):
+    never[7]
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_every_prompt_too_long_stops_the_run(tmp_path):
-  """Row 6: prompts longer than max_total_tokens: an error, not a run that
-  trains on empty trajectories and exits 0."""
+  """Row 6: prompts longer than max_total_tokens: skipped at selection, and
+  when none fits an error, not a run that trains on empty trajectories and
+  exits 0."""
   before = _our_segments()
   run = subprocess.run(
       tiny_settings.main_args(REPO, tmp_path / "run", {
@@ -443,33 +488,52 @@ def test_every_prompt_too_long_stops_the_run(tmp_path):
           "train.num_steps": 20, "train.mode": "sync"}),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert run.returncode != 0
-  assert "TooManyErrorsError: 32 of the last 32 trajectories ended in an " \
-         "environment error (> train.max_error_frac=0.5)" in run.stderr, \
-         run.stderr[-3000:]
-  assert "tokens >= max_total_tokens=8" in run.stderr
+  lines = run.stderr.strip().splitlines()
+  assert any(line.startswith("sao_jax.sampler.process.SamplerDiedError")
+             for line in lines), run.stderr[-3000:]
+  assert lines[-1].startswith(
+      "ValueError: Prompt draw 0: 64 tasks in a row have prompts too long "
+      "(e.g. task "), lines[-1]
+  assert "tokens >= max_total_tokens=8)" in lines[-1]
   assert not (tmp_path / "run" / "summary.json").exists()
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
+
+
+def test_trainer_wait_for_data_is_derived_from_the_config():
+  """Row 2: the trainer waits for one sampler batch's generation allowance
+  plus the bound of its env calls, and says how the figure was made."""
+  config = base.get_config()  # 16 episodes, 1 turn, 60 s per env call.
+  assert sampler_process.data_wait_s(config) == (3480.0, (
+      "3480 s = ring.get_timeout_s=600 s (generation) + 48 env calls (16 "
+      "episodes x (probe, reset, 1 steps)) x env.step_timeout_s=60 s"))
+  config.env.max_turns, config.env.step_timeout_s = 3, 0.5
+  config.sampler.batch_size, config.sampler.n_rollouts = 10, 4  # 2 x 4.
+  assert sampler_process.data_wait_s(config)[0] == 600 + 8 * 5 * 0.5
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_trainer_wait_error_says_what_it_waited_for_and_the_sampler_state(
     tmp_path):
-  """Row 2: the trainer's wait ends in an error naming the wait, the batch
-  and what the sampler was doing (its sampler starts slower than 1 s)."""
+  """Row 2: the trainer's wait ends in an error naming the wait, how long
+  and why, the batch and what the sampler was doing (its sampler starts
+  slower than the 1.24 s this config allows)."""
   before = _our_segments()
   run = subprocess.run(
       tiny_settings.main_args(REPO, tmp_path / "run", {
-          "ring.get_timeout_s": 1.0, "train.num_steps": 4,
-          "train.mode": "sync"}),
+          "ring.get_timeout_s": 1.0, "env.step_timeout_s": 0.01,
+          "train.num_steps": 4, "train.mode": "sync"}),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert run.returncode != 0
   lines = [line for line in run.stderr.splitlines()
-           if line.startswith("TimeoutError: Step 1: no batch of 8 "
-                              "trajectories within ring.get_timeout_s=1 s")]
+           if line.startswith(
+               "TimeoutError: Step 1: no trajectory for the batch of 8 within "
+               "1.24 s = ring.get_timeout_s=1 s (generation) + 24 env calls "
+               "(8 episodes x (probe, reset, 1 steps)) x "
+               "env.step_timeout_s=0.01 s (0 read so far); the sampler ")]
   assert lines, run.stderr[-3000:]
-  assert "; the sampler " in lines[0] and "env.step_timeout_s" in lines[0]
+  assert "raise ring.get_timeout_s for slow generation." in lines[0]
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
 

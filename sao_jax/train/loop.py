@@ -26,7 +26,7 @@ shared-memory segments unlinked on every exit path, SIGTERM included.
 Faults (issue 17): a non-finite update is skipped in the jitted step and
 ``train.max_skipped_steps`` in a row stop the run (``health.SkipGuard``); an
 error or SIGTERM first checkpoints the last completed step (one process);
-a dead sampler, a wait for data past ``ring.get_timeout_s`` and too many
+a dead sampler, a wait for data past ``sampler.data_wait_s`` and too many
 ERROR trajectories each end the run with one error saying what happened.
 """
 
@@ -155,17 +155,18 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
            "eval": int(t.eval_every), "checkpoint": int(t.checkpoint_every)}
   start_step = int(trainer.state.step)
   batches = iter(stream.dataset)
+  wait_how = sampler_lib.data_wait_s(config)[1]
   for step in range(start_step, trainer.total_steps):
     t_wait, read_before = time.perf_counter(), stream.counters.records_read
     try:
       host_batch = next(batches, None)
     except ring_lib.RingEmptyError:
       raise TimeoutError(
-          f"Step {step + 1}: no batch of {int(t.batch_size)} trajectories "
-          f"within ring.get_timeout_s={float(config.ring.get_timeout_s):g} s "
+          f"Step {step + 1}: no trajectory for the batch of "
+          f"{int(t.batch_size)} within {wait_how} "
           f"({stream.counters.records_read} read so far); "
-          f"{sampler.stats.describe()}. A slow environment is bounded by "
-          "env.step_timeout_s; raise ring.get_timeout_s for slow "
+          f"{sampler.stats.describe()}. A hung environment call ends its "
+          "episode at env.step_timeout_s; raise ring.get_timeout_s for slow "
           "generation.") from None
     if host_batch is None and sampler is None:
       raise ValueError(f"Step {step + 1}: the recorded stream ends here.")
@@ -313,7 +314,7 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
         seq_len=int(config.train.max_seq_len),
         trainer_version=trainer.policy_version, staleness=staleness,
         overlong="truncate", pad_id=run.tokenizer.pad_id,
-        read_timeout=float(config.ring.get_timeout_s),
+        read_timeout=sampler_lib.data_wait_s(config)[0],
         check_producers=sampler.check, process_index=jax.process_index(),
         max_error_frac=float(config.train.max_error_frac),
         recorder=recorder)
