@@ -218,7 +218,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.ring.put_timeout_s = 60.0  # Sampler waits this long for free space.
   # The trainer waits for a trajectory this long for the sampler's generation
   # (and start-up), plus its env calls' bound (env.step_timeout_s each):
-  # sampler.process.data_wait_s.
+  # sampler.rollout.data_wait_s.
   config.ring.get_timeout_s = 600.0
 
   # ---------------------------------------------------------- distributed ---

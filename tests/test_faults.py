@@ -504,12 +504,12 @@ def test_trainer_wait_for_data_is_derived_from_the_config():
   """Row 2: the trainer waits for one sampler batch's generation allowance
   plus the bound of its env calls, and says how the figure was made."""
   config = base.get_config()  # 16 episodes, 1 turn, 60 s per env call.
-  assert sampler_process.data_wait_s(config) == (3480.0, (
+  assert rollout.data_wait_s(config) == (3480.0, (
       "3480 s = ring.get_timeout_s=600 s (generation) + 48 env calls (16 "
       "episodes x (probe, reset, 1 steps)) x env.step_timeout_s=60 s"))
   config.env.max_turns, config.env.step_timeout_s = 3, 0.5
   config.sampler.batch_size, config.sampler.n_rollouts = 10, 4  # 2 x 4.
-  assert sampler_process.data_wait_s(config)[0] == 600 + 8 * 5 * 0.5
+  assert rollout.data_wait_s(config)[0] == 600 + 8 * 5 * 0.5
 
 
 @pytest.mark.slow
@@ -640,6 +640,23 @@ def test_negative_staleness_is_never_admitted():
   kept = list(ds)
   assert len(kept) == 1 and kept[0][1] == 2
   assert counters.dropped_future == 1 and counters.admitted == 1
+
+
+def test_negative_staleness_from_authenticated_versions_is_a_bug():
+  """Row 9: with authenticated weights (the trainer's own stream) a version
+  newer than the trainer's cannot come from outside: it is asserted."""
+  from sao_jax.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
+
+  future = _traj()
+  future.policy_version[:] = 63
+  ds = stream_lib.StalenessFilter(
+      grain.MapDataset.source([future]).to_iter_dataset(), lambda: 62,
+      StalenessPolicy(max_staleness=4), stream_lib.StreamCounters(),
+      trusted_versions=True)
+  with pytest.raises(AssertionError, match=(
+      "A trajectory of prompt 7 was sampled by policy version 63, newer "
+      "than the trainer's 62, from authenticated weights: a bug")):
+    list(ds)
 
 
 _HUNG_ENV_RUN = textwrap.dedent("""

@@ -26,7 +26,7 @@ shared-memory segments unlinked on every exit path, SIGTERM included.
 Faults (issue 17): a non-finite update is skipped in the jitted step and
 ``train.max_skipped_steps`` in a row stop the run (``health.SkipGuard``); an
 error or SIGTERM first checkpoints the last completed step (one process);
-a dead sampler, a wait for data past ``sampler.data_wait_s`` and too many
+a dead sampler, a wait for data past ``rollout.data_wait_s`` and too many
 ERROR trajectories each end the run with one error saying what happened.
 """
 
@@ -47,6 +47,7 @@ from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import segment
 from sao_jax.ipc import weights as weights_lib
 from sao_jax.sampler import process as sampler_lib
+from sao_jax.sampler import rollout
 from sao_jax.train import evaluate as eval_lib
 from sao_jax.train import health
 from sao_jax.train import metrics as metrics_lib
@@ -155,7 +156,7 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
            "eval": int(t.eval_every), "checkpoint": int(t.checkpoint_every)}
   start_step = int(trainer.state.step)
   batches = iter(stream.dataset)
-  wait_how = sampler_lib.data_wait_s(config)[1]
+  wait_how = rollout.data_wait_s(config)[1]
   for step in range(start_step, trainer.total_steps):
     t_wait, read_before = time.perf_counter(), stream.counters.records_read
     try:
@@ -314,10 +315,10 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
         seq_len=int(config.train.max_seq_len),
         trainer_version=trainer.policy_version, staleness=staleness,
         overlong="truncate", pad_id=run.tokenizer.pad_id,
-        read_timeout=sampler_lib.data_wait_s(config)[0],
+        read_timeout=rollout.data_wait_s(config)[0],
         check_producers=sampler.check, process_index=jax.process_index(),
         max_error_frac=float(config.train.max_error_frac),
-        recorder=recorder)
+        recorder=recorder, trusted_versions=True)
     stream.counters.load(run.meta.get("stream", {}))
     start_step = int(trainer.state.step)
     try:
