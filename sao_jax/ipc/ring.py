@@ -101,7 +101,8 @@ class RingReader:
     Args:
       num_lanes: Number of producers (one process each).
       lane_bytes: Bytes per lane, a multiple of 64; a record needs its payload
-        + 32 bytes, rounded up to 64. Larger records are rejected.
+        + 32 bytes (+ 16 authenticated), rounded up to 64. Larger records
+        are rejected.
       liveness_interval_s: How often producer pids are checked.
       authenticate: Records carry a MAC under a fresh secret ``key``
         (``os.urandom``), which producers must be given.
