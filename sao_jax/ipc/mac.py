@@ -5,8 +5,8 @@ a 16-byte AES-256-GMAC tag under a secret key that the segment's creator
 draws (``new_key``) and hands to the other side over the spawn pipe; it is
 never stored in shared memory or on disk (docs/DESIGN.md §1). GMAC runs at
 memory speed with AES-NI and PCLMULQDQ, where the keyed BLAKE2b and
-HMAC-SHA256 of ``hashlib`` are slower than ``multiprocessing.Queue``
-(BENCHMARKS.md).
+HMAC-SHA256 of ``hashlib`` run at about the speed of a whole
+``multiprocessing.Queue`` transfer (BENCHMARKS.md).
 """
 
 from __future__ import annotations
