@@ -268,7 +268,10 @@ class WeightSlot:
   # --- readers --------------------------------------------------------------
 
   def latest_version(self) -> int:
-    """Version of the newest complete publish, or -1 before the first."""
+    """Version of the newest complete publish, or -1 before the first.
+
+    A hint only: not authenticated (``read`` checks the MAC).
+    """
     latest = int(self._hdr[_H_LATEST])
     return -1 if latest == _NONE else int(self._ctl[latest][_VERSION])
 
