@@ -220,7 +220,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.ring = ml_collections.ConfigDict()
   config.ring.capacity_bytes = 64 * 2**20  # Trajectory ring shared memory.
   config.ring.put_timeout_s = 60.0  # Sampler waits this long for free space.
-  config.ring.get_timeout_s = 600.0  # Trainer waits this long for a batch.
+  # The trainer waits for a trajectory this long for the sampler's generation
+  # (and start-up), plus its env calls' bound (env.step_timeout_s each):
+  # sampler.rollout.data_wait_s.
+  config.ring.get_timeout_s = 600.0
 
   # ---------------------------------------------------------- distributed ---
   # Multi-host: one trainer + one sampler per host. None = from the

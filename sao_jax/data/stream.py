@@ -157,6 +157,9 @@ class StalenessFilter(grain.IterDataset):
   with the trainer version read from ``trainer_version()`` when the record is
   consumed. Yields ``(trajectory, staleness)``; ``on_read(trajectory,
   staleness, kept)`` (the stream recorder) sees every record, dropped or not.
+  A version newer than the trainer's (negative staleness) is dropped and
+  counted; with ``trusted_versions`` (every version authenticated: the
+  trainer's own ring and weight slot) it cannot happen, and raises.
   """
 
   def __init__(
@@ -166,8 +169,10 @@ class StalenessFilter(grain.IterDataset):
       policy: traj_lib.StalenessPolicy,
       counters: StreamCounters,
       on_read: Callable[[Trajectory, int, bool], None] | None = None,
+      trusted_versions: bool = False,
   ):
     super().__init__(parent)
+    self._trusted = trusted_versions
     self._version = trainer_version
     self._policy = policy
     self._counters = counters
@@ -190,6 +195,12 @@ class _StalenessIterator(grain.DatasetIterator):
       version = int(self._ds._version())  # pylint: disable=protected-access
       staleness = traj.staleness(version)
       policy = self._ds._policy  # pylint: disable=protected-access
+      if staleness < 0 and self._ds._trusted:  # pylint: disable=protected-access
+        raise AssertionError(
+            f"A trajectory of prompt {traj.prompt_id} was sampled by policy "
+            f"version {version - staleness}, newer than the trainer's "
+            f"{version}, from authenticated weights: a bug in publishing "
+            "or version stamping, not a forgery.")
       if staleness < 0:
         c.dropped_future += 1
         logging.warning(
@@ -350,6 +361,7 @@ class TrajectoryStream:
       process_index: int = 0,
       max_error_frac: float = 1.0,
       recorder: StreamRecorderLike | None = None,
+      trusted_versions: bool = False,
   ):
     """See the module docstring for the pipeline.
 
@@ -373,11 +385,15 @@ class TrajectoryStream:
         ``4 * batch_size`` (``PadToLength``); 1 never stops.
       recorder: Sees every record read (``add``) and every batch emitted
         (``batch_done``): ``sao_jax.data.record.StreamRecorder``.
+      trusted_versions: Every policy version was authenticated (the ring
+        and weight slot of ``authenticate=True``): negative staleness is then
+        a bug and raises instead of being dropped (``StalenessFilter``).
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers)
     ds = StalenessFilter(ds, trainer_version, staleness, self.counters,
-                         on_read=recorder and recorder.add)
+                         on_read=recorder and recorder.add,
+                         trusted_versions=trusted_versions)
     self.dataset: grain.IterDataset = to_batches(
         ds, self.counters, batch_size=batch_size, seq_len=seq_len,
         overlong=overlong, pad_id=pad_id, drop_remainder=drop_remainder,

@@ -12,7 +12,9 @@ cores. Its loop (docs/DESIGN.md §1, §4):
    between turns of multi-turn episodes, through ``ModelPolicy``).
 3. Run the episodes (``run_episodes``), tasks drawn by index from a
    shuffled, repeated grain ``MapDataset``: episode ``e`` always gets task
-   ``ds[e]``, so a resumed run continues exactly where the checkpoint was.
+   ``ds[e]``, so a resumed run continues exactly where the checkpoint was
+   (a task whose prompt alone is over ``max_total_tokens`` is skipped for
+   the same draw of a later epoch and counted: ``FittingPrompts``).
 4. Stamp each trajectory's ``group_id`` (the index of its prompt draw, made
    unique across hosts: the rollouts of one prompt share it) and publish it
    to the ring (blocking on backpressure).
@@ -58,6 +60,10 @@ class SamplerStats(ctypes.Structure):
       ("env_errors", ctypes.c_double),  # Episodes that ended in an env error.
       # 1 while the loop runs, 2 after a clean exit, -1 on crash.
       ("alive", ctypes.c_double),
+      # Weight versions whose MAC failed (written by another process).
+      ("rejected_weights", ctypes.c_double),
+      # Tasks skipped at selection: their prompt alone is over the budget.
+      ("skipped_long_prompts", ctypes.c_double),
       ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
       ("phase", ctypes.c_double),  # Index into PHASES.
   ]
@@ -104,6 +110,10 @@ class SamplerSpec:
   # only that host's shard of the prompts and fills its share of each batch.
   process_index: int = 0
   process_count: int = 1
+  # The MAC keys of the ring and the weight slot (``ipc/mac.py``): they reach
+  # the child through the spawn pipe, never shared memory or disk.
+  ring_key: bytes | None = None
+  weights_key: bytes | None = None
 
 
 def parse_cores(spec: str) -> tuple[int, ...]:
@@ -244,7 +254,7 @@ class _ParentGone(Exception):
   pass
 
 
-def _attach_slot(name: str, mcfg):
+def _attach_slot(name: str, mcfg, key: bytes | None):
   """The trainer's weight slot, read into the policy's params structure."""
   # pylint: disable=g-import-not-at-top
   import flax.linen as nn
@@ -257,7 +267,7 @@ def _attach_slot(name: str, mcfg):
   template = jax.eval_shape(
       lambda: transformer.Transformer(mcfg).init(
           jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
-  return weights_lib.WeightSlot.attach(name, nn.unbox(template))
+  return weights_lib.WeightSlot.attach(name, nn.unbox(template), key=key)
 
 
 class _NewestWeights:
@@ -289,7 +299,13 @@ class _NewestWeights:
 
   def __call__(self):
     t0 = time.perf_counter()
-    got = self._slot.read(timeout=5.0)
+    try:
+      got = self._slot.read(timeout=5.0)
+    except TimeoutError as e:  # Keep the weights we have; retried later.
+      logging.warning("sampler: %s Keeping weights version %s.", e,
+                      self.version)
+      got = None
+    self._stats.rejected_weights = self._slot.rejected
     if got is not None and self._plausible(int(got[0])):
       self.version, self.params = got
       self._stats.weight_load_s += time.perf_counter() - t0
@@ -346,12 +362,19 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       shard_index=spec.process_index, shard_count=spec.process_count)
   envs = env_build.make_envs(cfg.env, train_tasks, episodes_per_batch)
   limits = rollout.RolloutLimits.from_config(cfg)
+  probe = env_build.make_envs(cfg.env, train_tasks, 1)[0]
+  prompts = prompts_lib.FittingPrompts(
+      prompt_ds, len(range(len(train_tasks))[spec.process_index::
+                                               spec.process_count]),
+      lambda task: len(rollout.prompt_tokens(probe, task, tokenizer, limits)),
+      limits.max_total_tokens)
   sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
                             top_p=float(cfg.sampler.top_p),
                             top_k=int(cfg.sampler.top_k))
-  slot = _attach_slot(spec.weights_name, mcfg)
+  slot = _attach_slot(spec.weights_name, mcfg, spec.weights_key)
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
-                               timeout=float(cfg.ring.put_timeout_s))
+                               timeout=float(cfg.ring.put_timeout_s),
+                               key=spec.ring_key)
   staleness = spec.staleness
   train_batch = int(cfg.train.batch_size) // spec.process_count
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
@@ -394,8 +417,9 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       stats.enter(PHASES[3])
       t0 = time.perf_counter()
       first_prompt = episode // n_roll
-      task_ids = [int(prompt_ds[first_prompt + i])
+      task_ids = [int(prompts[first_prompt + i])
                   for i in range(prompts_per_batch) for _ in range(n_roll)]
+      stats.skipped_long_prompts = prompts.skipped
       policy = rollout.ModelPolicy(
           mcfg, load_weights, limits.cache_len(), sampling,
           rng=jax.random.fold_in(base_key, batch_index),

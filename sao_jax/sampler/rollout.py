@@ -144,6 +144,27 @@ class RolloutLimits:
     return longest + max(longest, bucket_length(self.max_new_tokens_per_turn))
 
 
+def data_wait_s(config: Any) -> tuple[float, str]:
+  """The longest the trainer waits for a trajectory, and how it is derived.
+
+  One sampler batch at most: ``ring.get_timeout_s`` for its generation (and
+  the sampler's start-up) plus its environment calls, made one after another
+  and each bounded by ``env.step_timeout_s``: per episode at most a prompt
+  length probe, the reset and ``env.max_turns`` steps.
+  """
+  n_roll = int(config.sampler.n_rollouts)
+  episodes = max(1, int(config.sampler.batch_size) // n_roll) * n_roll
+  turns = int(config.env.max_turns)
+  calls = episodes * (2 + turns)
+  step_s = float(config.env.step_timeout_s)
+  gen_s = float(config.ring.get_timeout_s)
+  total = gen_s + calls * step_s
+  return total, (
+      f"{total:g} s = ring.get_timeout_s={gen_s:g} s (generation) + {calls} "
+      f"env calls ({episodes} episodes x (probe, reset, {turns} steps)) x "
+      f"env.step_timeout_s={step_s:g} s")
+
+
 def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
   """End of turn, end of tool call, eos."""
   return tuple(tokenizer.stop_ids)
@@ -200,6 +221,14 @@ def _encode(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
   return tokenizer.encode(obs) if isinstance(obs, str) else [int(t) for t in obs]
 
 
+def prompt_tokens(env: Environment, task: Any, tokenizer: tok_lib.Tokenizer,
+                  limits: RolloutLimits) -> list[int]:
+  """``env.reset(task)`` (within ``step_timeout_s``) as the policy's tokens."""
+  env.set_template(tokenizer.template)
+  return _encode(call_with_timeout(
+      lambda: env.reset(task), limits.step_timeout_s, "env.reset"), tokenizer)
+
+
 def run_episodes(policy: Policy, envs: Sequence[Environment],
                  tasks: Sequence[Any], tokenizer: tok_lib.Tokenizer,
                  limits: RolloutLimits = RolloutLimits(),
@@ -228,10 +257,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   prompts = []
   for i, (env, task) in enumerate(zip(envs, tasks)):
     try:
-      env.set_template(tokenizer.template)
-      prompt = _encode(call_with_timeout(
-          lambda: env.reset(task), limits.step_timeout_s, "env.reset"),
-                       tokenizer)
+      prompt = prompt_tokens(env, task, tokenizer, limits)
       if len(prompt) >= limits.max_total_tokens:
         raise ValueError(f"prompt has {len(prompt)} tokens >= max_total_tokens="
                          f"{limits.max_total_tokens}")

@@ -26,7 +26,7 @@ shared-memory segments unlinked on every exit path, SIGTERM included.
 Faults (issue 17): a non-finite update is skipped in the jitted step and
 ``train.max_skipped_steps`` in a row stop the run (``health.SkipGuard``); an
 error or SIGTERM first checkpoints the last completed step (one process);
-a dead sampler, a wait for data past ``ring.get_timeout_s`` and too many
+a dead sampler, a wait for data past ``rollout.data_wait_s`` and too many
 ERROR trajectories each end the run with one error saying what happened.
 """
 
@@ -49,6 +49,7 @@ from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import segment
 from sao_jax.ipc import weights as weights_lib
 from sao_jax.sampler import process as sampler_lib
+from sao_jax.sampler import rollout
 from sao_jax.train import evaluate as eval_lib
 from sao_jax.train import health
 from sao_jax.train import metrics as metrics_lib
@@ -158,17 +159,18 @@ def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
            "eval": int(t.eval_every), "checkpoint": int(t.checkpoint_every)}
   start_step = int(trainer.state.step)
   batches = iter(stream.dataset)
+  wait_how = rollout.data_wait_s(config)[1]
   for step in range(start_step, trainer.total_steps):
     t_wait, read_before = time.perf_counter(), stream.counters.records_read
     try:
       host_batch = next(batches, None)
     except ring_lib.RingEmptyError:
       raise TimeoutError(
-          f"Step {step + 1}: no batch of {int(t.batch_size)} trajectories "
-          f"within ring.get_timeout_s={float(config.ring.get_timeout_s):g} s "
+          f"Step {step + 1}: no trajectory for the batch of "
+          f"{int(t.batch_size)} within {wait_how} "
           f"({stream.counters.records_read} read so far); "
-          f"{sampler.stats.describe()}. A slow environment is bounded by "
-          "env.step_timeout_s; raise ring.get_timeout_s for slow "
+          f"{sampler.stats.describe()}. A hung environment call ends its "
+          "episode at env.step_timeout_s; raise ring.get_timeout_s for slow "
           "generation.") from None
     if host_batch is None and sampler is None:
       raise ValueError(f"Step {step + 1}: the recorded stream ends here.")
@@ -300,10 +302,12 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
   """Ring, weight slot and sampler around ``_train``; then the final eval."""
   run, config = trainer.run, trainer.run.config
   staleness = traj_lib.StalenessPolicy.from_config(config)
+  # Both authenticated: only the sampler, given the keys, writes to them.
   ring = ring_lib.RingReader.create(
-      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64)
+      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
+      authenticate=True)
   slot = weights_lib.WeightSlot.create(
-      sharding.to_host(trainer.state.policy_params))
+      sharding.to_host(trainer.state.policy_params), authenticate=True)
   sampler = None
   recorder = _recorder(config, workdir, int(trainer.state.step))
   try:
@@ -318,7 +322,8 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
         staleness=staleness,
         cores=sampler_lib.parse_cores(str(config.sampler.devices)),
         process_index=jax.process_index(),
-        process_count=jax.process_count()))
+        process_count=jax.process_count(), ring_key=ring.key,
+        weights_key=slot.key))
     sampler.set_trainer_step(int(trainer.state.step))
     sampler.start()
     stream = stream_lib.TrajectoryStream(
@@ -326,10 +331,10 @@ def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
         seq_len=int(config.train.max_seq_len),
         trainer_version=trainer.policy_version, staleness=staleness,
         overlong="truncate", pad_id=run.tokenizer.pad_id,
-        read_timeout=float(config.ring.get_timeout_s),
+        read_timeout=rollout.data_wait_s(config)[0],
         check_producers=sampler.check, process_index=jax.process_index(),
         max_error_frac=float(config.train.max_error_frac),
-        recorder=recorder)
+        recorder=recorder, trusted_versions=True)
     stream.counters.load(run.meta.get("stream", {}))
     start_step = int(trainer.state.step)
     try:
