@@ -37,8 +37,8 @@ from sao_jax.sampler import process as sampler_process
 from sao_jax.sampler import rollout
 from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import step as step_lib
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import Trajectory
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import Trajectory
 from scripted_policy import ScriptedPolicy
 import tiny_settings
 
@@ -560,7 +560,7 @@ def test_sampler_ignores_weight_versions_the_trainer_cannot_have_made():
 def test_negative_staleness_is_never_admitted():
   """Row 9: a trajectory from a version newer than the trainer's is dropped
   and counted, not admitted with staleness -715."""
-  from sao_jax.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
+  from sao_jax.data.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
 
   assert not StalenessPolicy(max_staleness=4).keeps(-715)
   assert not StalenessPolicy(max_staleness=None).keeps(-1)

@@ -12,7 +12,7 @@ Pipeline (docs/DESIGN.md §1, §4)::
 
 The batches are process-local, ready for
 ``jax.make_array_from_process_local_data``; their keys are the batch schema of
-``sao_jax.trajectory`` (``TOKEN_FIELDS`` [B, T] and ``ROW_FIELDS`` [B]).
+``sao_jax.data.trajectory`` (``TOKEN_FIELDS`` [B, T] and ``ROW_FIELDS`` [B]).
 
 Over-long records (more than T tokens): ``overlong="drop"`` (default) drops
 them; ``overlong="truncate"`` keeps the first T tokens and moves the rewards of
@@ -33,10 +33,9 @@ from typing import Callable, Protocol
 from absl import logging
 import grain
 
-from sao_jax import trajectory as traj_lib
-from sao_jax.ipc import codec
+from sao_jax.data import trajectory as traj_lib
+from sao_jax.data.trajectory import Trajectory
 from sao_jax.ipc import ring as ring_lib
-from sao_jax.trajectory import Trajectory
 
 
 @dataclasses.dataclass
@@ -139,7 +138,7 @@ class _RingIterator(grain.DatasetIterator):
       raise StopIteration from None
     finally:
       self._counters.read_wait_s += time.perf_counter() - t0
-    traj = codec.decode(rec.data)
+    traj = traj_lib.decode(rec.data)
     self._counters.count_read(traj)
     return traj
 

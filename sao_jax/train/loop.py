@@ -40,7 +40,7 @@ import jax
 from absl import logging
 
 from sao_jax import sharding
-from sao_jax import trajectory as traj_lib
+from sao_jax.data import trajectory as traj_lib
 from sao_jax.data import record as record_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.ipc import ring as ring_lib
