@@ -268,7 +268,7 @@ class ReplayStream:
 
   def __init__(self, directory: str, *, start: int, stop: int,
                batch_size: int, seq_len: int, overlong: str, pad_id: int,
-               process_index: int = 0):
+               process_index: int = 0, batch_sharding: Any = None):
     if overlong != "truncate":
       raise ValueError(
           f"Replay needs overlong='truncate' (as the live loop), got "
@@ -288,4 +288,5 @@ class ReplayStream:
         lambda e: (e.traj, e.staleness))
     self.dataset = stream_lib.to_batches(
         ds, self.counters, batch_size=batch_size, seq_len=seq_len,
-        overlong=overlong, pad_id=pad_id, process_index=process_index)
+        overlong=overlong, pad_id=pad_id, process_index=process_index,
+        batch_sharding=batch_sharding)
