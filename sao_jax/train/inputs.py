@@ -56,7 +56,8 @@ class Source:
   def batches(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
     """The global batches of steps ``start_step, ...``; where there is none,
     an error that says why."""
-    it, t = iter(self.stream.dataset), self.config.train
+    it = iter(self.stream.dataset)
+    t = self.config.train
     for step in range(start_step, self.stop_step):
       try:
         batch = next(it, None)

@@ -138,7 +138,8 @@ class _Trainer:
 
 def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
   """Steps until ``source.stop_step`` or the generated-token budget."""
-  run, clock, t = trainer.run, trainer.clock, trainer.run.config.train
+  run, clock = trainer.run, trainer.clock
+  t = run.config.train
   token_budget = int(t.max_generated_tokens)
   counters = source.stream.counters
   start_step = int(trainer.state.step)
