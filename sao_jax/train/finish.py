@@ -21,9 +21,11 @@ def save_on_exit(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict,
                  meta_step: int, start_step: int) -> None:
   """Checkpoints ``state`` if it is a completed step newer than the last save.
 
-  ``meta_step`` is the step ``meta`` describes: a state whose step differs was
-  stopped inside a step and is not saved. Never raises (the run is already
-  failing); never a NaN state (``Checkpointer.save`` refuses those).
+  ``meta_step`` is the step of the state ``meta`` goes with (the loop records
+  a batch's consumption before its step runs, so a stop inside the step
+  loses at most that batch); a state at another step is not saved. Never
+  raises (the run is already failing); never a NaN state
+  (``Checkpointer.save`` refuses those).
   """
   if jax.process_count() > 1:  # A save is collective: peers may be gone.
     logging.warning("Multi-host run stopped: no checkpoint on the way out; "

@@ -66,7 +66,7 @@ class _Trainer:
     self._last_log = (time.perf_counter(), 0.0)  # (time, sampler tokens)
     self._version = int(self.state.policy_version)
     self.start_step = int(self.state.step)
-    self.meta_step = self.start_step  # The step run.meta describes.
+    self.meta_step = self.start_step  # The step of the state run.meta is for.
     self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
   def policy_version(self) -> int:
@@ -80,6 +80,9 @@ class _Trainer:
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
     with sharding.mesh_rules(run.mesh, run.rules):
       self.state, metrics = train_step(self.state, batch)
+    # The new state goes with run.meta from here on, before the wait for its
+    # result, so a SIGTERM during that wait still saves it (finish.py).
+    self.meta_step = step + 1
     # One host sync per step, as before: the version and the skip flag.
     version, skipped = jax.device_get(
         (self.state.policy_version, metrics["health/skipped"]))
@@ -150,11 +153,12 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (counters.records_read - read_before
                          ) * jax.process_count()
-    metrics, skipped = trainer.step(step, batch)
-    done = step + 1
+    # What the batch consumed, recorded before its step runs (a stop inside
+    # the step loses at most that batch: docs/DESIGN.md §1).
     run.meta.update(episodes_consumed=trainer.consumed,
                     stream=counters.as_dict())
-    trainer.meta_step = done
+    metrics, skipped = trainer.step(step, batch)
+    done = step + 1
     trainer.skips.observe(done, skipped, metrics)
     last = done == source.stop_step
     source.step_done(done, trainer.state.policy_params,
