@@ -37,8 +37,8 @@ from sao_jax.sampler import process as sampler_process
 from sao_jax.sampler import rollout
 from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import step as step_lib
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import Trajectory
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import Trajectory
 from scripted_policy import ScriptedPolicy
 import tiny_settings
 
@@ -625,7 +625,7 @@ def test_sampler_ignores_weight_versions_the_trainer_cannot_have_made():
 def test_negative_staleness_is_never_admitted():
   """Row 9: a trajectory from a version newer than the trainer's is dropped
   and counted, not admitted with staleness -715."""
-  from sao_jax.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
+  from sao_jax.data.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
 
   assert not StalenessPolicy(max_staleness=4).keeps(-715)
   assert not StalenessPolicy(max_staleness=None).keeps(-1)
@@ -645,7 +645,7 @@ def test_negative_staleness_is_never_admitted():
 def test_negative_staleness_from_authenticated_versions_is_a_bug():
   """Row 9: with authenticated weights (the trainer's own stream) a version
   newer than the trainer's cannot come from outside: it is asserted."""
-  from sao_jax.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
+  from sao_jax.data.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
 
   future = _traj()
   future.policy_version[:] = 63
@@ -740,10 +740,10 @@ _FORGER = textwrap.dedent("""
 
     import numpy as np
 
-    from sao_jax.ipc import codec
+    from sao_jax.data import trajectory as codec
     from sao_jax.ipc import ring_layout as layout
     from sao_jax.ipc import segment
-    from sao_jax.trajectory import Trajectory
+    from sao_jax.data.trajectory import Trajectory
 
     name, what = sys.argv[1], sys.argv[2]
     seg = layout.Segment(segment.attach(name), owner=False)
@@ -794,7 +794,7 @@ def test_records_written_by_another_process_are_rejected_and_counted(
   appended with the next sequence number and a replayed genuine record are
   each rejected and counted; the genuine records before and after are read
   exactly once, in order, and reading never raises."""
-  from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
+  from sao_jax.data import trajectory as codec  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring  # pylint: disable=g-import-not-at-top
   from sao_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
@@ -819,12 +819,12 @@ def test_records_written_by_another_process_are_rejected_and_counted(
       stats = r.stats()
   assert stats["rejected_records"] == 3 and stats["records_read"] == 2
   scalars = metrics_lib.step_scalars(
-      {}, {"staleness": np.zeros(2)}, policy_version=0,
+      {}, np.zeros(2), policy_version=0,
       trainer_tokens_per_s=0.0, sampler_tokens_per_s=0.0,
       trainer_idle_frac=0.0, sampler_stats=None, sampler_idle_frac=None,
       publish_s=None, generated_tokens=0,
       stream_counters={"dropped_stale": 0, "multi_version": 0, "admitted": 1},
-      ring_stats=stats)
+      ring_stats=stats, skipped_steps=0)
   assert scalars["ring/rejected_records"] == 3.0
 
 

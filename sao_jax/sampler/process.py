@@ -39,7 +39,7 @@ from typing import Any
 
 from absl import logging
 
-from sao_jax.trajectory import StalenessPolicy
+from sao_jax.data.trajectory import StalenessPolicy
 
 
 PHASES = ("starting", "waiting for admission (the trainer's step)",
@@ -319,7 +319,7 @@ def _publish(trajs, writer, stats: SamplerStats, stop_event,
 
   Returns False if told to stop while waiting for space.
   """
-  from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
+  from sao_jax.data import trajectory as codec  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
 
   t_idle = time.perf_counter()

@@ -35,9 +35,9 @@ from sao_jax.sampler.generate import MIN_BUCKET
 from sao_jax.sampler.generate import Generator
 from sao_jax.sampler.generate import Segment
 from sao_jax.sampler.sampling import SamplingParams
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import NO_VERSION
-from sao_jax.trajectory import Trajectory
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import NO_VERSION
+from sao_jax.data.trajectory import Trajectory
 
 ParamsProvider = Callable[[], tuple[Any, int]]
 

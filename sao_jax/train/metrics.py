@@ -133,8 +133,9 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def step_scalars(step_metrics: Mapping[str, float],
-                 host_batch: Mapping[str, np.ndarray],
-                 *, policy_version: int, trainer_tokens_per_s: float,
+                 staleness: np.ndarray,
+                 *, policy_version: int, skipped_steps: int,
+                 trainer_tokens_per_s: float,
                  sampler_tokens_per_s: float | None, trainer_idle_frac: float,
                  sampler_stats: Mapping[str, float] | None,
                  sampler_idle_frac: float | None, publish_s: float | None,
@@ -144,8 +145,9 @@ def step_scalars(step_metrics: Mapping[str, float],
 
   Args:
     step_metrics: The jitted step's metrics, on the host.
-    host_batch: The step's process-local batch (for its staleness).
+    staleness: The staleness of this process's rows of the step's batch.
     policy_version: The trainer's policy version after the step.
+    skipped_steps: Non-finite steps skipped so far (``health.SkipGuard``).
     trainer_tokens_per_s: Action tokens trained per second since the last log.
     sampler_tokens_per_s: Action tokens sampled per second since the last log.
     trainer_idle_frac: Share of the run the trainer waited for batches.
@@ -159,13 +161,14 @@ def step_scalars(step_metrics: Mapping[str, float],
   A replay (no sampler, ring or weight slot) passes None for the sampler,
   ring and publishing figures; their scalars are left out.
   """
-  staleness = np.asarray(host_batch["staleness"], np.float64)
+  staleness = np.asarray(staleness, np.float64)
   scalars = {
       **{k: float(v) for k, v in step_metrics.items()},
       "staleness/min": staleness.min(),
       "staleness/mean": staleness.mean(),
       "staleness/max": staleness.max(),
       "policy_version": policy_version,
+      "health/skipped_steps": float(skipped_steps),
       "throughput/trainer_tokens_per_s": trainer_tokens_per_s,
       "idle/trainer_frac": trainer_idle_frac,
       "tokens/generated_total": float(generated_tokens),
