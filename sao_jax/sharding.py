@@ -332,3 +332,11 @@ def initialize_distributed(config: Any) -> bool:
   logging.info("Distributed: process %d of %d, coordinator %s.",
                jax.process_index(), jax.process_count(), address)
   return True
+
+
+def agreed(flag: bool) -> bool:
+  """Process 0's ``flag`` on every host (a decision that hosts' clocks would
+  otherwise split; every host must take the same steps)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))

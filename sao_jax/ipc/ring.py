@@ -4,26 +4,19 @@ The sampler processes publish trajectories here and the trainer reads them
 (docs/DESIGN.md §1). One segment holds one single-producer lane per sampler,
 a byte ring of records (layout: ``sao_jax.ipc.ring_layout``). Fault model:
 
-* No torn reads: the producer copies the payload, then the header, and only
-  then advances ``head`` with one aligned 8-byte store. The consumer never
-  reads past ``head``, so a producer killed mid-write leaves nothing visible.
-* Corruption: the consumer checks magic, per-lane sequence number and length,
-  and the checksum of its private copy (XXH3-64; a change goes unnoticed with
-  probability ~2**-64, no defence against an attacker).
-* Writes by other processes (``create(authenticate=True)``, the trainer's
-  ring): each record carries a 16-byte MAC of its payload, lane and sequence
-  number under a key that only the creator and the producers it hands
-  ``key`` to know (never in shared memory). The consumer *rejects* a record
-  whose MAC fails or whose sequence number is not newer than the last one
-  accepted (a replay): it is skipped and counted (``rejected_records``), and
-  reading goes on, so a forged record never shifts the genuine ones.
-* Producer death: each lane stores its producer's pid and start time; the
-  consumer checks them (``/proc``; zombies count as dead) while idle and every
-  ``liveness_interval_s``, keeps the records already committed, reports the
-  lane in ``dead_producers()`` and reads on. A lane is never reused.
-* Backpressure: a producer waits while its lane is full and raises
-  ``RingFullError`` after ``timeout``; the consumer waits while every lane is
-  empty and raises ``RingEmptyError``. Waits are counted in ``stats()``.
+* No torn reads: payload, then header, then ``head`` advanced by one aligned
+  8-byte store; a producer killed mid-write leaves nothing visible.
+* Corruption: magic, per-lane sequence number, length and the XXH3-64
+  checksum of the consumer's private copy are checked (no defence against
+  an attacker).
+* Writes by other processes (``create(authenticate=True)``): a 16-byte MAC of
+  payload, lane and sequence number under a key never in shared memory; a
+  record failing it, or replaying an older sequence number, is skipped and
+  counted (``rejected_records``), so a forgery never shifts genuine records.
+* Producer death (pid and start time in ``/proc``, zombies dead): committed
+  records are still read; the lane is reported in ``dead_producers()``.
+* Backpressure: ``RingFullError`` / ``RingEmptyError`` after ``timeout``;
+  waits are counted in ``stats()``.
 
 Memory ordering relies on the store order of x86-64 (TSO); on weakly ordered
 CPUs a checksum mismatch is retried briefly before being reported.
@@ -42,14 +35,11 @@ from sao_jax.ipc import ring_layout as layout
 from sao_jax.ipc import segment
 
 # The ring's API types live with the layout they describe.
-HEADER_BYTES = layout.HEADER_BYTES
-Record = layout.Record
-RingError = layout.RingError
-RingFullError = layout.RingFullError
-RingEmptyError = layout.RingEmptyError
-RingDrained = layout.RingDrained
-RingClosedError = layout.RingClosedError
-CorruptRecordError = layout.CorruptRecordError
+(HEADER_BYTES, Record, RingError, RingFullError, RingEmptyError, RingDrained,
+ RingClosedError, CorruptRecordError) = (
+     layout.HEADER_BYTES, layout.Record, layout.RingError,
+     layout.RingFullError, layout.RingEmptyError, layout.RingDrained,
+     layout.RingClosedError, layout.CorruptRecordError)
 _DEFAULT = object()  # "Use the writer's default timeout."
 
 # The layout's names used on every record, bound once: a global lookup costs

@@ -1,36 +1,22 @@
 """``train_and_evaluate(config, workdir)``: the asynchronous SAO loop end to end.
 
-One trainer process (this one) and one sampler host process (spawned)
-(docs/DESIGN.md §1)::
+One trainer process (this one) and one sampler host process (docs/DESIGN.md
+§1, §7)::
 
   sampler ──trajectories──► ring ──grain stream──► jitted SAO step
      ▲                                                  │
      └──────────── versioned weight slot ◄──────────────┘
 
-``setup.build`` makes the tokenizer, the policy (HF checkpoint, or random init
-+ SFT warm start), critic, optimizers and train state, restored from the newest
-checkpoint in ``workdir/checkpoints`` if there is one; the sampler is told
-where to resume (``episodes_consumed``) so prompts continue exactly.
-
-Modes: ``async`` (the sampler runs ahead up to ``max_staleness`` steps),
-``sync`` (bound 0: strict generate→train alternation) and ``group`` (sync, with
-``n_rollouts`` per prompt); one ``StalenessPolicy`` bounds sampler and stream.
-``train.inputs`` supplies the batches, already global on the mesh: a live
-sampler behind the ring (recorded to ``workdir/stream`` with
-``train.record_stream``) or, in ``replay`` mode, a recorded stream alone.
-``train.finish`` saves and evaluates the last step, or saves the last
-completed step when the run is stopped.
-
-Every ``log_every`` steps scalars go to TensorBoard (``workdir/tb``); held-out
-accuracy every ``eval_every`` policy steps; orbax checkpoints every
-``checkpoint_every`` steps and at the end. The sampler is stopped and the
-shared-memory segments unlinked on every exit path, SIGTERM included.
-
-Faults (issue 17): a non-finite update is skipped in the jitted step and
-``train.max_skipped_steps`` in a row stop the run (``health.SkipGuard``); an
-error or SIGTERM first checkpoints the last completed step (one process);
-a dead sampler, a wait for data past ``rollout.data_wait_s`` and too many
-ERROR trajectories each end the run with one error saying what happened.
+``setup.build`` makes (or restores) tokenizer, policy, critic, optimizers and
+train state; ``inputs`` supplies the batches, global on the mesh (a live
+sampler behind the ring, or a recorded stream in ``replay`` mode); ``finish``
+saves and evaluates the last step, or saves the last completed one when the
+run is stopped. The loop steps until ``num_steps``, the generated-token budget
+or the time budget, and logs, evaluates and checkpoints on its schedule.
+Faults (docs/DESIGN.md §1, Failure handling): non-finite steps are skipped
+(``health.SkipGuard``); SIGTERM and errors save the last completed step; a
+dead sampler, a wait past ``rollout.data_wait_s`` and too many ERROR
+trajectories each end the run with one error saying what happened.
 """
 
 from __future__ import annotations
@@ -41,9 +27,7 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
-from jax.experimental import multihost_utils
 
 from sao_jax import sharding
 from sao_jax.ipc import segment
@@ -147,8 +131,6 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
   """Steps until ``source.stop_step``, the generated-token or the time budget."""
   run, clock = trainer.run, trainer.clock
   t = run.config.train
-  token_budget = int(t.max_generated_tokens)
-  time_budget = float(t.max_train_s)
   counters = source.stream.counters
   start_step = int(trainer.state.step)
   batches = source.batches(start_step)
@@ -170,35 +152,34 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
                      trainer.policy_version(),
                      publish=done % int(t.publish_every) == 0 or last)
     generated = trainer.generated(source.stream)
-    out_of_tokens = bool(token_budget) and generated >= token_budget
-    out_of_time = bool(time_budget) and _agreed(clock.elapsed >= time_budget)
+    stop = _budget_spent(t, generated, clock.elapsed)
     # The first policy update compiles a second step: count from after it.
     clock.step_done(done, max(start_step, trainer.warmup))
-    if done % int(t.log_every) == 0 or last or out_of_tokens or out_of_time:
+    if done % int(t.log_every) == 0 or last or stop:
       trainer.log(done, metrics, batch, source)
     policy_steps = done - trainer.warmup
-    more = not (last or out_of_tokens or out_of_time)
+    more = not (last or stop)
     if (int(t.eval_every) and policy_steps > 0 and more
         and policy_steps % int(t.eval_every) == 0):
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
     if int(t.checkpoint_every) and done % int(t.checkpoint_every) == 0 and more:
       run.ckpt.save(done, trainer.state, run.meta)
-    if out_of_tokens:
-      logging.info("Generated-token budget reached: %d >= %d tokens at "
-                   "step %d.", generated, token_budget, done)
-      break
-    if out_of_time:
-      logging.info("Time budget reached: %.0f s >= train.max_train_s=%g at "
-                   "step %d.", clock.elapsed, time_budget, done)
+    if stop:
+      logging.info("Step %d: %s.", done, stop)
       break
 
 
-def _agreed(flag: bool) -> bool:
-  """Process 0's ``flag`` on every host (clocks differ; steps must not)."""
-  if jax.process_count() == 1:
-    return flag
-  return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+def _budget_spent(t: Any, generated: int, elapsed: float) -> str:
+  """Why the run stops before ``num_steps`` ('' while it goes on)."""
+  tokens, seconds = int(t.max_generated_tokens), float(t.max_train_s)
+  if tokens and generated >= tokens:
+    return (f"generated-token budget reached: {generated} >= "
+            f"train.max_generated_tokens={tokens}")
+  if seconds and sharding.agreed(elapsed >= seconds):
+    return (f"time budget reached: {elapsed:.0f} s >= "
+            f"train.max_train_s={seconds:g}")
+  return ""
 
 
 def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
