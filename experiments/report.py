@@ -1,7 +1,8 @@
 r"""Results report from TensorBoard event files: Markdown tables and PNG plots.
 
 Reads the scalars that `sao_jax.train.metrics.MetricWriter` wrote (it never
-re-runs anything) and writes ``OUT_DIR/report.md`` plus one PNG per plot; the
+re-runs anything) and writes ``OUT_DIR/report.md`` plus one PNG per plot and
+``OUT_DIR/curves.json`` (the points of the main curves, per run); the
 Markdown is also printed to stdout. ``report_runs.py`` reads the runs and
 computes the numbers below, ``report_plots.py`` draws the plots.
 
@@ -41,6 +42,7 @@ that reached it plus "k/n reached", and whether any seed collapsed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import json
 import math
 import os
 import sys
@@ -70,6 +72,10 @@ _RECOVER_FRAC = flags.DEFINE_float(
     "its mean over the last versions before the switch.")
 
 DASH = "—"
+# The curves written to OUT_DIR/curves.json, per run (those it logged).
+CURVE_TAGS = ("eval/accuracy", "reward/mean", "tokens/generated_total",
+              "policy/loss", "policy/grad_norm", "policy/entropy",
+              "policy/accept_frac", "policy/clip_frac", "staleness/mean")
 
 
 # --- Markdown ---
@@ -224,7 +230,23 @@ def make_report(directories: Sequence[str], out_dir: str, *,
       sources=directories, adapt=adapt, recover_frac=recover_frac)
   with open(os.path.join(out_dir, "report.md"), "w") as f:
     f.write(markdown)
+  with open(os.path.join(out_dir, "curves.json"), "w") as f:
+    json.dump(curves(runs), f, indent=1)
   return markdown
+
+
+def curves(runs: Sequence[report_runs.RunData]) -> dict[str, Any]:
+  """``{label: {tag: [[step, value], ...]}}`` of the ``CURVE_TAGS`` each run
+  logged (the points behind the plots); a non-finite value is null."""
+  out = {}
+  for run in runs:
+    out[run.label] = {}
+    for tag in CURVE_TAGS:
+      if run.has(tag):
+        steps, values = run.series(tag)
+        out[run.label][tag] = [[int(s), float(v) if math.isfinite(v) else None]
+                               for s, v in zip(steps, values)]
+  return out
 
 
 def main(argv: Sequence[str]) -> None:

@@ -36,6 +36,21 @@ sweep configs/sao_long.py "${RUNS}/sao_long"
 # Online-learning simulation (its own SFT warm start: all three styles).
 sweep configs/online.py "${RUNS}/online"
 sweep configs/online_short.py "${RUNS}/online_short"
+# What-if on a recorded stream: the staleness-16 GRPO run recorded, replayed
+# exactly, then replayed with the DIS loss (GRPO+DIS) on the same stream.
+main() {  # main WORKDIR [--config.x=y...]: configs/grpo.py at eta = 16
+  local dir="$1"
+  shift
+  [[ -f "${dir}/summary.json" ]] || "${PY}" -m sao_jax.main \
+      --config=configs/grpo.py --workdir="${dir}" \
+      --config.train.max_staleness=16 --config.train.publish_lag=16 "$@"
+}
+W="${RUNS}/whatif"
+main "${W}/grpo_eta16" --config.train.record_stream=True
+main "${W}/replay" --config.train.mode=replay \
+    --config.train.replay_from="${W}/grpo_eta16"
+main "${W}/replay_dis" --config.train.mode=replay \
+    --config.train.replay_from="${W}/grpo_eta16" --config.rl.loss=grpo_dis
 
 report() {  # report NAME TITLE DIR... [--flags]
   local name="$1" title="$2"
@@ -54,4 +69,6 @@ report online "Online-learning simulation (style switches at 60, 120)" \
     --target=0.8 --switch_versions=60,120 "${RUNS}/online"
 report online_short "Online-learning simulation, short phases (switches at 25, 50)" \
     --target=0.8 --switch_versions=25,50 "${RUNS}/online_short"
+report whatif "What-if: the staleness-16 GRPO stream replayed with DIS" \
+    --target=0.9 "${W}/grpo_eta16" "${W}/replay" "${W}/replay_dis"
 echo "Reports: ${REPORTS}/*/report.md"

@@ -13,6 +13,7 @@ import pytest
 
 from sao_jax import config_overrides as overrides_lib
 from sao_jax import config_validation as cv
+from sao_jax.data import record
 from sao_jax.envs import evolving
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env as rg_env
@@ -44,9 +45,8 @@ def test_config_and_its_sweep_points_validate(name):
 
 def test_arms_differ_only_in_what_they_ablate():
   from configs import cpu_scale, grpo, grpo_dis, sao, sao_no_fast_value  # pylint: disable=g-import-not-at-top,g-multiple-import
-  flat = lambda c: dict(_flatten(c.to_dict()))
-  ref = flat(sao.get_config())
-  diff = lambda c: {k for k, v in flat(c).items() if ref[k] != v}
+  ref = sao.get_config().to_dict()
+  diff = lambda c: set(record.differing_keys(ref, c.to_dict()))
   assert diff(sao_no_fast_value.get_config()) == {"rl.critic_updates_per_step"}
   assert diff(grpo.get_config()) == {
       "rl.loss", "rl.advantage", "sampler.n_rollouts",
@@ -56,14 +56,6 @@ def test_arms_differ_only_in_what_they_ablate():
   for c in (grpo.get_config(), grpo_dis.get_config(), sao.get_config()):
     assert c.train.max_generated_tokens == cpu_scale.TOKEN_BUDGET
     assert c.train.sft_seed == 0 and c.train.sft_data_seed is not None
-
-
-def _flatten(d, prefix=""):
-  for k, v in d.items():
-    if isinstance(v, dict):
-      yield from _flatten(v, f"{prefix}{k}.")
-    else:
-      yield f"{prefix}{k}", v
 
 
 class _FakeSlot:

@@ -134,3 +134,18 @@ def test_replay_outside_the_recording_fails(tmp_path):
   with pytest.raises(record.RecordError, match="another batch size"):
     list(record.ReplayStream(d, start=0, stop=3, batch_size=B + 1, seq_len=T,
                              overlong="truncate", pad_id=0).dataset)
+
+
+def test_config_differences_name_the_changed_keys(tmp_path):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict(
+      {"rl": {"loss": "grpo", "eps": (0.2, 0.28)}, "train": {"seed": 0}})
+  d = str(tmp_path)
+  record.StreamRecorder(d, start_step=0, shard_steps=2, config=config)
+  assert record.config_differences(d, config) == []
+  config.rl.loss = "grpo_dis"
+  config.train.seed = 1
+  assert record.config_differences(d, config) == ["rl.loss", "train.seed"]
+  assert record.config_differences(str(tmp_path / "none"), config) == []
+  assert record.differing_keys({"a": {"b": 1}}, {"a": {"c": 1}}) == [
+      "a.b", "a.c"]

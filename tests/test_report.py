@@ -1,6 +1,7 @@
 """Tests for experiments/report.py on synthetic event files with known values."""
 
 import importlib
+import json
 import math
 import os
 import pathlib
@@ -244,6 +245,15 @@ def test_markdown_and_plots(sweep, tmp_path):
     data = (out / name).read_bytes()
     assert len(data) > 1000 and data[:8] == _PNG_SIGNATURE, name
     assert f"]({name})" in markdown
+  curves = json.loads((out / "curves.json").read_text())
+  assert sorted(curves) == ["cmp/grpo_seed0", "cmp/grpo_seed1",
+                            "cmp/sao_seed0", "cmp/sao_seed1"]
+  acc = curves["cmp/sao_seed0"]["eval/accuracy"]
+  assert [s for s, _ in acc] == [0, 10, 20, 30]
+  assert [v for _, v in acc] == pytest.approx([0.4, 0.6, 0.85, 0.7])  # f32.
+  loss = curves["cmp/grpo_seed0"]["policy/loss"]
+  assert loss[0][1] == pytest.approx(0.3) and loss[1] == [20, None]
+  assert "policy/accept_frac" not in curves["cmp/grpo_seed0"]
 
 
 def test_run_without_tags(tmp_path):

@@ -28,6 +28,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+import loop_setup
+
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per mode (medians).")
 _STEPS = flags.DEFINE_integer("steps", 40, "Policy steps per run.")
 _STALENESS = flags.DEFINE_integer("max_staleness", 4, "Async staleness bound.")
@@ -42,25 +44,15 @@ _NEW_TOKENS = flags.DEFINE_integer(
 
 
 def bench_config(mode: str):
-  """The quickstart model and task, without SFT or evaluation."""
-  from configs import quickstart  # pylint: disable=g-import-not-at-top
-
-  config = quickstart.get_config()
-  config.train.mode = mode
-  config.train.max_staleness = _STALENESS.value
-  config.train.num_steps = _STEPS.value
-  config.train.sft_steps = 0
-  config.train.eval_every = 0
-  config.train.checkpoint_every = 0
-  config.train.log_every = 10
-  config.env.eval_size = 8
-  config.rl.critic_warmup_steps = 0
-  config.rl.critic_updates_per_step = _CRITIC_UPDATES.value
-  config.sampler.devices = str(_SAMPLER_CORE.value)
-  config.sampler.max_new_tokens = _NEW_TOKENS.value
-  config.sampler.max_total_tokens = 32 + _NEW_TOKENS.value
-  config.train.max_seq_len = 32 + _NEW_TOKENS.value
-  return config
+  """The quickstart model and task (``loop_setup.loop_config``) in ``mode``."""
+  n = _NEW_TOKENS.value
+  return loop_setup.loop_config(_STEPS.value, {
+      "train.mode": mode, "train.max_staleness": _STALENESS.value,
+      "train.log_every": 10,
+      "rl.critic_updates_per_step": _CRITIC_UPDATES.value,
+      "sampler.devices": str(_SAMPLER_CORE.value),
+      "sampler.max_new_tokens": n, "sampler.max_total_tokens": 32 + n,
+      "train.max_seq_len": 32 + n})
 
 
 def main(argv):
@@ -79,17 +71,16 @@ def main(argv):
         if i == 0:
           continue
         times[mode].append(summary["train_wall_s"])
-        print(json.dumps({
-            "figure": "run", "mode": mode, "repeat": i,
-            "train_wall_s": summary["train_wall_s"],
-            "trajectories_trained": summary["trajectories_trained"],
-            "staleness_mean": summary["staleness_mean"],
-            "sampler_idle_frac": summary["sampler_idle_frac"],
-            "trainer_idle_frac": summary["trainer_idle_frac"]}))
+        loop_setup.emit(
+            "run", mode=mode, repeat=i,
+            train_wall_s=summary["train_wall_s"],
+            trajectories_trained=summary["trajectories_trained"],
+            staleness_mean=summary["staleness_mean"],
+            sampler_idle_frac=summary["sampler_idle_frac"],
+            trainer_idle_frac=summary["trainer_idle_frac"])
   med = {m: statistics.median(t) for m, t in times.items()}
   for mode, t in med.items():
-    print(json.dumps({"figure": f"{mode}_wall_s_median", "value": t,
-                      "runs": times[mode]}))
+    loop_setup.emit(f"{mode}_wall_s_median", value=t, runs=times[mode])
   logging.info("sync %.1fs, async %.1fs", med["sync"], med["async"])
   print(json.dumps({"sync_s": med["sync"], "async_s": med["async"],
                     "ratio": med["sync"] / med["async"],

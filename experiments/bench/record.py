@@ -17,7 +17,6 @@ average (``os.getloadavg``) at its end:
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -27,17 +26,14 @@ from absl import app
 from absl import flags
 import numpy as np
 
+import loop_setup
+
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per figure (medians).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Policy steps per loop run.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Tokens per trajectory "
                                 "(microbenchmark).")
 _TRAJECTORIES = flags.DEFINE_integer("trajectories", 2000, "Trajectories per "
                                      "microbenchmark run.")
-
-
-def _emit(figure: str, **values) -> None:
-  print(json.dumps({"figure": figure, **values,
-                    "loadavg_1m": round(os.getloadavg()[0], 2)}))
 
 
 def _trajectories(n: int, seq_len: int):
@@ -69,29 +65,18 @@ def record_cost(tmp: str) -> None:
         rec.batch_done(None)
     rec.close()
     times.append((time.perf_counter() - t0) / len(trajs) * 1e6)
-  _emit("record_us_per_trajectory", value=statistics.median(times),
-        runs=times, seq_len=_SEQ_LEN.value)
+  loop_setup.emit("record_us_per_trajectory",
+                  value=statistics.median(times), runs=times,
+                  seq_len=_SEQ_LEN.value)
 
 
 def loop_config(record_stream: bool, **overrides):
-  """The quickstart model and task, no SFT or evaluation, short episodes."""
-  from configs import quickstart  # pylint: disable=g-import-not-at-top
-
-  config = quickstart.get_config()
-  config.train.num_steps = _STEPS.value
-  config.train.sft_steps = 0
-  config.train.eval_every = 0
-  config.train.checkpoint_every = 0
-  config.env.eval_size = 8
-  config.rl.critic_warmup_steps = 0
-  config.sampler.max_new_tokens = 16
-  config.sampler.max_total_tokens = 64
-  config.train.max_seq_len = 64
-  config.train.record_stream = record_stream
-  for key, value in overrides.items():
-    section, leaf = key.split(".")
-    config[section][leaf] = value
-  return config
+  """The quickstart model and task (``loop_setup.loop_config``), short
+  episodes."""
+  return loop_setup.loop_config(_STEPS.value, {
+      "sampler.max_new_tokens": 16, "sampler.max_total_tokens": 64,
+      "train.max_seq_len": 64, "train.record_stream": record_stream,
+      **overrides})
 
 
 def _steps_per_s(summary) -> float:
@@ -121,11 +106,12 @@ def loop_cost(tmp: str) -> None:
       if i:
         rates[kind].append(_steps_per_s(summary))
   for kind in ("off", "on"):
-    _emit("async_steps_per_s", record_stream=kind == "on",
-          value=statistics.median(rates[kind]), runs=rates[kind],
-          steps=_STEPS.value)
-  _emit("replay_steps_per_s", value=statistics.median(rates["replay"]),
-        runs=rates["replay"], steps=_STEPS.value)
+    loop_setup.emit("async_steps_per_s", record_stream=kind == "on",
+                    value=statistics.median(rates[kind]), runs=rates[kind],
+                    steps=_STEPS.value)
+  loop_setup.emit("replay_steps_per_s",
+                  value=statistics.median(rates["replay"]),
+                  runs=rates["replay"], steps=_STEPS.value)
 
 
 def main(argv):

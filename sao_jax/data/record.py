@@ -30,7 +30,7 @@ import json
 import os
 import re
 import struct
-from typing import Any
+from typing import Any, Mapping
 
 from absl import logging
 from array_record.python import array_record_module
@@ -215,22 +215,28 @@ def recorded_config(directory: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
+def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+  """Dotted keys (``rl.loss``) whose values differ between two nested dicts
+  (configs as ``to_dict()`` or JSON), sorted; a key missing on one side
+  differs."""
+
+  def flat(d, prefix=""):
+    for k, v in d.items():
+      if isinstance(v, Mapping):
+        yield from flat(v, f"{prefix}{k}.")
+      else:
+        yield f"{prefix}{k}", v
+
+  fa, fb = dict(flat(a)), dict(flat(b))
+  return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
+
+
 def config_differences(directory: str, config: Any) -> list[str]:
   """Dotted keys whose values differ from the recorded run's config."""
   recorded = recorded_config(directory)
   if recorded is None:
     return []
-  now = json.loads(config.to_json_best_effort())
-
-  def flat(d, prefix=""):
-    for k, v in d.items():
-      if isinstance(v, dict):
-        yield from flat(v, f"{prefix}{k}.")
-      else:
-        yield f"{prefix}{k}", v
-
-  a, b = dict(flat(recorded)), dict(flat(now))
-  return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+  return differing_keys(recorded, json.loads(config.to_json_best_effort()))
 
 
 class _Admitted(grain.transforms.Filter):
