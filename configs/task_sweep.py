@@ -1,0 +1,41 @@
+r"""Does RL lift held-out accuracy over the SFT warm start, task by task?
+
+`configs/reasoning_gym.py` unchanged on nine reasoning-gym tasks of different
+kinds, each at its dataset's default settings: every point overrides only
+`env.dataset`, so each is exactly the generic command
+
+  python -m sao_jax.main --config=configs/reasoning_gym.py --workdir=DIR \
+      --config.env.dataset=NAME
+
+Run (results: experiments/RESULTS.md §8):
+
+  nice -n 10 python experiments/sweep.py --config=configs/task_sweep.py \
+      --workdir=runs/task_sweep --parallel=2
+"""
+
+from typing import Any
+
+import ml_collections
+
+from configs import reasoning_gym
+
+# (reasoning-gym dataset, kind of task).
+TASKS = (
+    ("chain_sum", "arithmetic"),
+    ("simple_equations", "algebra"),
+    ("letter_counting", "counting"),
+    ("count_bits", "counting (binary)"),
+    ("spell_backward", "string manipulation"),
+    ("syllogism", "logic"),
+    ("coin_flip", "probability"),
+    ("gcd", "number theory"),
+    ("maze", "grid / graph search"),
+)
+
+
+def get_config() -> ml_collections.ConfigDict:
+  return reasoning_gym.get_config()
+
+
+def get_sweep() -> list[dict[str, Any]]:
+  return [{"_name": name, "env.dataset": name} for name, _ in TASKS]
