@@ -21,6 +21,7 @@ from configs import reasoning_gym
 
 # (reasoning-gym dataset, kind of task).
 TASKS = (
+    ("maze", "grid / graph search"),
     ("chain_sum", "arithmetic"),
     ("simple_equations", "algebra"),
     ("letter_counting", "counting"),
@@ -29,7 +30,6 @@ TASKS = (
     ("syllogism", "logic"),
     ("coin_flip", "probability"),
     ("gcd", "number theory"),
-    ("maze", "grid / graph search"),
 )
 
 

@@ -4,7 +4,7 @@ A run's length settings and model vocabulary may be left to the task
 (docs/DESIGN.md §5, "Settings that follow the task"). A key set to
 ``DERIVE`` (0) gets the value its task needs; an explicit value wins, but is
 checked against the same measurement and a value that would cut problems is
-a ``ConfigError`` naming the key, the measured need and the share cut.
+a ``SizingError`` naming the key, the measured need and the share cut.
 
 The measurement (``measure``): the demonstrations
 (``envs.demonstrations``, the SFT warm start's very examples) of the first
@@ -38,7 +38,6 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
-from sao_jax import config_validation
 from sao_jax.envs import demonstrations
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
 
@@ -56,6 +55,10 @@ LENGTH_KEYS = {
     "train.sft_max_len": ("total", "the SFT demonstrations (prompt and "
                           "reply)"),
 }
+
+
+class SizingError(ValueError):
+  """A setting does not fit the task (one line naming the key)."""
 
 
 def round_up(n: float, multiple: int) -> int:
@@ -111,12 +114,12 @@ def derive(lengths: TaskLengths) -> dict[str, int]:
 
 
 def check_length(key: str, value: int, lengths: TaskLengths) -> None:
-  """Raises ConfigError if the explicit ``value`` of ``key`` cuts problems."""
+  """Raises SizingError if the explicit ``value`` of ``key`` cuts problems."""
   field, what = LENGTH_KEYS[key]
   need = getattr(lengths, field)
   cut = float(np.mean(need > value))
   if cut > 0:
-    raise config_validation.ConfigError(
+    raise SizingError(
         f"config.{key}={value} is too small for {lengths.task!r}: {what} "
         f"need up to {int(need.max())} tokens (median "
         f"{int(np.median(need))}); {cut:.1%} of {len(need)} sampled problems "
@@ -129,16 +132,30 @@ def model_vocab_size(config: Any, tokenizer: Any) -> int:
   size, actual = int(config.model.vocab_size), int(tokenizer.vocab_size)
   if size == DERIVE:
     if config.model.init_from:
-      raise config_validation.ConfigError(
+      raise SizingError(
           f"config.model.vocab_size={DERIVE} (derive) with model.init_from="
           f"{config.model.init_from!r}: set it to the checkpoint's size.")
     return round_up(actual, VOCAB_MULTIPLE)
   if size < actual:
-    raise config_validation.ConfigError(
+    raise SizingError(
         f"config.model.vocab_size={size} is smaller than the tokenizer's "
         f"{actual} pieces: raise it to >= {actual}, or set it to {DERIVE} "
         f"(the tokenizer's size rounded up to a multiple of {VOCAB_MULTIPLE}).")
   return size
+
+
+def _check_order(config: Any) -> None:
+  """The orderings ``config_validation`` checks when both values are
+  explicit, now that derived ones are known (same messages)."""
+  s, t = config.sampler, config.train
+  for key, value, floor, floor_key in (
+      ("sampler.max_total_tokens", s.max_total_tokens, s.max_new_tokens,
+       "sampler.max_new_tokens"),
+      ("train.max_seq_len", t.max_seq_len, s.max_total_tokens,
+       "sampler.max_total_tokens")):
+    if value < floor:
+      raise SizingError(f"config.{key}: expected int >= {floor_key}={floor}, "
+                        f"got {value}")
 
 
 def resolve(config: Any, tokenizer: Any,
@@ -154,8 +171,8 @@ def resolve(config: Any, tokenizer: Any,
     The resolved config (same lock state), which the whole run then uses.
 
   Raises:
-    ConfigError: An explicit setting is too small for the task, or the
-      resolved settings are inconsistent.
+    SizingError: An explicit setting is too small for the task, or one
+      below a derived setting it must hold.
   """
   resolved = config.copy_and_resolve_references()
   lengths = measure(config, tokenizer, task_sets)
@@ -172,7 +189,7 @@ def resolve(config: Any, tokenizer: Any,
   for key, value in chosen.items():
     section, leaf = key.split(".")
     resolved[section][leaf] = value
-  config_validation.validate_config(resolved)
+  _check_order(resolved)
   logging.info("Task %s (tokenizer: %d pieces).", lengths.describe(),
                int(tokenizer.vocab_size))
   for key, value in chosen.items():
