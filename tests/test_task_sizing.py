@@ -181,6 +181,10 @@ def test_resolve_checks_explicit_lengths(letter_counting):
       f"(median {short}); {cut:.1%} of 364 sampled problems would be cut. "
       f"Raise config.train.sft_max_len to >= {fits}, or set it to 0 to "
       "derive it from the task.")
+  # Without a warm start (sft_steps=0) sft_max_len is unused, so unchecked.
+  config.train.sft_steps = 0
+  assert task_sizing.resolve(config, tok, tasks).train.sft_max_len == short
+  config.train.sft_steps = 100
   # An explicit length below a derived neighbour it must hold.
   config.train.sft_max_len = 0
   config.train.max_seq_len = fits

@@ -12,6 +12,7 @@ The measurement (``measure``): the demonstrations
 run's tokenizer and template. Per problem: its prompt, its longest action
 turn (the answer, or a tool call) and the whole demonstration.
 
+``train.sft_max_len`` is only checked when the run trains the warm start.
 Derived values (``derive``), each rounded up to a multiple of
 ``LENGTH_MULTIPLE``:
 
@@ -144,6 +145,11 @@ def model_vocab_size(config: Any, tokenizer: Any) -> int:
   return size
 
 
+def _runs_sft(config: Any) -> bool:
+  """Whether the run trains the SFT warm start (else sft_max_len is unused)."""
+  return int(config.train.sft_steps) > 0 and not config.model.init_from
+
+
 def _check_order(config: Any) -> None:
   """The orderings ``config_validation`` checks when both values are
   explicit, now that derived ones are known (same messages)."""
@@ -183,7 +189,7 @@ def resolve(config: Any, tokenizer: Any,
     value = int(config[section][leaf])
     if value == DERIVE:
       value = derived[key]
-    else:
+    elif key != "train.sft_max_len" or _runs_sft(config):
       check_length(key, value, lengths)
     chosen[key] = value
   for key, value in chosen.items():
