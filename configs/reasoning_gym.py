@@ -48,13 +48,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.sft_max_len = derive
   config.train.sft_tool_frac = 0.0
 
-  # A budget for sweeping nine tasks on a shared 2-core CPU in about an hour
-  # (experiments/RESULTS.md §8): an eighth of the quickstart's SFT examples
-  # (100 steps of 32) and 40 policy steps after 5 critic-only steps.
+  # A budget for sweeping eight tasks on a shared 2-core CPU in about an
+  # hour (experiments/RESULTS.md §8): an eighth of the quickstart's SFT
+  # examples (100 steps of 32) and 30 policy steps after 5 critic-only steps.
   config.train.sft_steps = 100
   config.train.sft_batch_size = 32
   config.rl.critic_warmup_steps = 5
-  config.train.num_steps = 40
-  config.train.eval_every = 20
-  config.train.checkpoint_every = 20
+  config.train.num_steps = 30
+  config.train.eval_every = 15
+  config.train.checkpoint_every = 15
   return config

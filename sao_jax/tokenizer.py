@@ -135,8 +135,14 @@ class Tokenizer:
     return self._sp.encode(text, out_type=int)
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids`; pad/bos/eos decode to the empty string."""
-    return self._sp.decode([int(i) for i in ids])
+    """Text of `ids`; pad/bos/eos decode to the empty string.
+
+    An id past the vocabulary (a model whose vocabulary is padded beyond the
+    tokenizer's, `model.vocab_size=0`, may sample one) decodes as unk.
+    """
+    size = self._sp.get_piece_size()
+    return self._sp.decode([int(i) if 0 <= int(i) < size else UNK_ID
+                            for i in ids])
 
   def id_to_piece(self, token_id: int) -> str:
     return self._sp.id_to_piece(int(token_id))
