@@ -37,7 +37,7 @@ def test_one_override_switches_the_task(tmp_path, dataset):
           f"--config.env.dataset={dataset}"]
   args += [f"--config.{k}={v}" for k, v in TINY.items()]
   done = subprocess.run(args, cwd=REPO, capture_output=True, text=True,
-                        timeout=600, check=False)
+                        timeout=1800, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["steps"] == 3 and summary["eval_problems"] == 8
