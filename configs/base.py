@@ -26,7 +26,9 @@ def get_config() -> ml_collections.ConfigDict:
   # '' = random init (then SFT, see train.sft_steps). When set, the
   # architecture fields below must match the checkpoint.
   config.model.init_from = ""
-  config.model.vocab_size = 512  # >= tokenizer.vocab_size.
+  # >= the tokenizer's size; 0 = the tokenizer's size rounded up to a
+  # multiple of 64 (docs/DESIGN.md §5, "Settings that follow the task").
+  config.model.vocab_size = 512
   config.model.hidden_size = 64  # Residual width ('embed').
   config.model.intermediate_size = 128  # SwiGLU width ('mlp').
   config.model.num_layers = 2  # Decoder blocks.
@@ -46,9 +48,12 @@ def get_config() -> ml_collections.ConfigDict:
   # SentencePiece .model file; '' = train one (settings below) into the
   # workdir on first start.
   config.tokenizer.path = ""
+  # Exact size; 0 = at most 512 pieces (soft limit), or what the corpus's
+  # characters need if more.
   config.tokenizer.vocab_size = 512
   config.tokenizer.seed = 0
-  # reasoning-gym datasets whose problems form the training corpus.
+  # reasoning-gym datasets whose problems form the training corpus; () = the
+  # run's own env.dataset with its env.dataset_config.
   config.tokenizer.datasets = ("basic_arithmetic", "chain_sum",
                                "leg_counting", "letter_counting")
   config.tokenizer.corpus_size = 1000  # Problems per dataset.
@@ -91,6 +96,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.temperature = 1.0
   config.sampler.top_p = 1.0  # 1 disables nucleus truncation.
   config.sampler.top_k = 0  # 0 disables top-k truncation.
+  # Lengths: 0 = derived from the task's measured prompts and answers; an
+  # explicit value is checked against the same measurement (docs/DESIGN.md
+  # §5, "Settings that follow the task"; also train.max_seq_len, sft_max_len).
   config.sampler.max_new_tokens = 64  # Per assistant turn.
   config.sampler.max_total_tokens = 256  # Whole trajectory, prompt included.
   # Prompts and observations are left-padded to powers of two >= this.

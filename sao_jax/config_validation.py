@@ -185,6 +185,9 @@ def _in(names: tuple[str, ...], what: str = "one of"):
 
 
 _POS = (_pos_int, "a positive int")
+# Settings that may follow the task (0 = derive; sao_jax.envs.task_sizing).
+_DERIVABLE = ((lambda v: isinstance(v, int) and v >= 0),
+              "a positive int, or 0 to derive it from the task")
 _NONNEG = (_nonneg, "int >= 0")
 _GT0 = ((lambda v: v > 0), "float > 0")
 _FINITE_GT0 = ((lambda v: 0 < v < math.inf), "a finite float > 0")
@@ -193,8 +196,9 @@ _BETA = ((lambda v: 0 <= v < 1), "float in [0, 1)")
 
 # One-field checks: dotted key -> (predicate, what was expected).
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model.vocab_size": _DERIVABLE,
     **{f"model.{k}": _POS for k in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+        "hidden_size", "intermediate_size", "num_layers",
         "num_heads", "num_kv_heads", "head_dim")},
     "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
     "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
@@ -203,7 +207,9 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sampler.temperature": _GT0,
     "sampler.top_p": ((lambda v: 0 < v <= 1), "float in (0, 1]"),
     "sampler.top_k": (_nonneg, "int >= 0 (0 disables top-k)"),
-    "sampler.max_new_tokens": _POS, "sampler.min_prompt_bucket": _POS,
+    "sampler.max_new_tokens": _DERIVABLE,
+    "sampler.max_total_tokens": _DERIVABLE,
+    "sampler.min_prompt_bucket": _POS,
     "sampler.batch_size": _POS, "sampler.n_rollouts": _POS,
     "rl.eps_low": ((lambda v: v is None or 0 < v <= 1),
                    "None (the loss's default) or a float in (0, 1]"),
@@ -225,9 +231,10 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optim.b2": _BETA, "optim.eps": _GT0,
     "train.mode": _in(TRAIN_MODES),
     **{f"train.{k}": _POS for k in (
-        "num_steps", "batch_size", "max_seq_len", "publish_every",
-        "log_every", "sft_batch_size", "sft_max_len", "max_skipped_steps",
+        "num_steps", "batch_size", "publish_every",
+        "log_every", "sft_batch_size", "max_skipped_steps",
         "record_shard_steps")},
+    "train.max_seq_len": _DERIVABLE, "train.sft_max_len": _DERIVABLE,
     **{f"train.{k}": _NONNEG for k in (
         "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
         "publish_lag", "max_generated_tokens", "sft_seed")},
@@ -294,14 +301,13 @@ def _check_tokenizer(c: Any) -> None:
   if t.path:
     return  # A given model file defines the vocabulary.
   _check(c, "tokenizer.vocab_size",
-         lambda v: v >= tokenizer.MIN_VOCAB_SIZE,
+         lambda v: v == 0 or v >= tokenizer.MIN_VOCAB_SIZE,
          f"int >= {tokenizer.MIN_VOCAB_SIZE} (256 byte pieces + control and "
-         "special tokens)")
+         "special tokens), or 0 for the size the corpus supports")
   _check(c, "tokenizer.corpus_size", *_POS)
-  _check(c, "tokenizer.datasets", bool, "at least one dataset name")
-  for i, name in enumerate(t.datasets):
+  for i, name in enumerate(t.datasets):  # () = the run's env.dataset.
     _check_dataset_name(f"tokenizer.datasets[{i}]", name)
-  if c.model.vocab_size < t.vocab_size:
+  if 0 < c.model.vocab_size < t.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size: expected >= tokenizer.vocab_size="
         f"{t.vocab_size}, got {c.model.vocab_size}")
@@ -324,7 +330,9 @@ def _check_cross_fields(c: Any) -> None:
     raise ConfigError(
         f"config.model.num_heads: expected a multiple of model.num_kv_heads="
         f"{m.num_kv_heads} (grouped-query attention), got {m.num_heads}")
-  _check(c, "sampler.max_total_tokens", lambda v: v >= s.max_new_tokens,
+  # A length at 0 is derived later (sao_jax.envs.task_sizing), consistently.
+  _check(c, "sampler.max_total_tokens",
+         lambda v: not (v and s.max_new_tokens) or v >= s.max_new_tokens,
          f"int >= sampler.max_new_tokens={s.max_new_tokens}")
   _check(c, "train.publish_lag", lambda v: v <= t.max_staleness,
          f"int <= train.max_staleness={t.max_staleness} (trajectories "
@@ -337,7 +345,8 @@ def _check_cross_fields(c: Any) -> None:
          "() (the whole recording) or (a, b) with 0 <= a < b")
   _check(c, "train.replay_from", lambda v: bool(v) or t.mode != "replay",
          "the recorded run's workdir with train.mode='replay'")
-  _check(c, "train.max_seq_len", lambda v: v >= s.max_total_tokens,
+  _check(c, "train.max_seq_len",
+         lambda v: not (v and s.max_total_tokens) or v >= s.max_total_tokens,
          f"int >= sampler.max_total_tokens={s.max_total_tokens}")
   if t.mode == "group" and s.n_rollouts < 2:
     raise ConfigError(

@@ -27,6 +27,7 @@ from ml_collections import config_flags
 from sao_jax import config_overrides
 from sao_jax import config_validation
 from sao_jax import sharding
+from sao_jax.envs import task_sizing
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (e.g. configs/base.py).",
@@ -111,7 +112,10 @@ def main(argv: Sequence[str]) -> None:
              "train_and_evaluate(config, workdir)) is missing from this "
              "installation.")
   logging.get_absl_handler().addFilter(_DropLibraryInfo())
-  summary = loop.train_and_evaluate(config, _WORKDIR.value)
+  try:
+    summary = loop.train_and_evaluate(config, _WORKDIR.value)
+  except task_sizing.SizingError as e:  # A setting that does not fit the task.
+    sys.exit(str(e))
   _print_summary(summary, _WORKDIR.value)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from absl import logging
 import sentencepiece as spm
@@ -40,6 +40,10 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # 256 byte pieces + pad/unk/bos/eos + the markup: below this, byte fallback
 # cannot represent arbitrary text.
 MIN_VOCAB_SIZE = 256 + 4 + len(SPECIAL_TOKENS)
+# `tokenizer.vocab_size = 0` (derive): train with this as a soft limit
+# (SentencePiece `hard_vocab_limit=False`: fewer pieces if the corpus gives
+# fewer), or with the size the corpus's characters need if that is more.
+SOFT_VOCAB_SIZE = 512
 
 format_prompt = SAO_MARKUP.format_prompt
 format_assistant_turn = SAO_MARKUP.format_assistant_turn
@@ -131,15 +135,22 @@ class Tokenizer:
     return self._sp.encode(text, out_type=int)
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids`; pad/bos/eos decode to the empty string."""
-    return self._sp.decode([int(i) for i in ids])
+    """Text of `ids`; pad/bos/eos decode to the empty string.
+
+    An id past the vocabulary (a model whose vocabulary is padded beyond the
+    tokenizer's, `model.vocab_size=0`, may sample one) decodes as unk.
+    """
+    size = self._sp.get_piece_size()
+    return self._sp.decode([int(i) if 0 <= int(i) < size else UNK_ID
+                            for i in ids])
 
   def id_to_piece(self, token_id: int) -> str:
     return self._sp.id_to_piece(int(token_id))
 
 
 def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
-                    vocab_size: int, seed: int = 0) -> Tokenizer:
+                    vocab_size: int, seed: int = 0,
+                    hard_limit: bool = True) -> Tokenizer:
   """Trains a deterministic unigram SentencePiece model on `texts`.
 
   Same texts, vocab size and seed give a byte-identical model file (single
@@ -148,8 +159,11 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
   Args:
     texts: training sentences (may contain the special tokens and newlines).
     out_path: where the serialized model is written.
-    vocab_size: exact vocabulary size; at least `MIN_VOCAB_SIZE`.
+    vocab_size: vocabulary size (exact, or at most with `hard_limit=False`);
+      at least `MIN_VOCAB_SIZE`.
     seed: SentencePiece's random generator seed.
+    hard_limit: False: `vocab_size` is an upper bound (SentencePiece
+      `hard_vocab_limit=False`), so a small corpus gives fewer pieces.
 
   Returns:
     The trained tokenizer.
@@ -186,6 +200,7 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
         shuffle_input_sentence=False,
         max_sentence_length=1 << 16,
         minloglevel=2,
+        hard_vocab_limit=hard_limit,
     )
   except RuntimeError as e:
     raise ValueError(_training_error(str(e), vocab_size, len(texts))) from e
@@ -199,9 +214,29 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
   with open(tmp, "wb") as f:
     f.write(proto)
   os.replace(tmp, out_path)
-  logging.info("Trained a %d-piece tokenizer on %d texts -> %s", vocab_size,
-               len(texts), out_path)
-  return Tokenizer(proto)
+  tokenizer = Tokenizer(proto)
+  logging.info("Trained a %d-piece tokenizer (%s %d) on %d texts -> %s",
+               tokenizer.vocab_size, "exactly" if hard_limit else "at most",
+               vocab_size, len(texts), out_path)
+  return tokenizer
+
+
+def train_tokenizer_soft(texts: Sequence[str],
+                         out_path: str | os.PathLike[str], seed: int = 0,
+                         target: int = SOFT_VOCAB_SIZE) -> Tokenizer:
+  """A tokenizer of the size the corpus supports (`tokenizer.vocab_size=0`).
+
+  At most `target` pieces (soft limit); if the corpus's characters and the
+  special pieces need more, exactly as many as they need.
+  """
+  try:
+    return train_tokenizer(texts, out_path, target, seed, hard_limit=False)
+  except ValueError as e:
+    if not (m := _TOO_SMALL_RE.search(str(e.__cause__))):
+      raise
+  need = int(m.group(2))
+  logging.info("The corpus's characters need %d pieces (> %d).", need, target)
+  return train_tokenizer(texts, out_path, need, seed, hard_limit=False)
 
 
 _TOO_SMALL_RE = re.compile(r"smaller than required_chars\. (\d+) vs (\d+)")
@@ -226,11 +261,13 @@ def _training_error(message: str, vocab_size: int, num_texts: int) -> str:
           "corpus or a smaller vocab_size.")
 
 
-def task_corpus(dataset_names: Sequence[str], n: int, seed: int) -> list[str]:
+def task_corpus(dataset_names: Sequence[str], n: int, seed: int,
+                dataset_configs: Mapping[str, Mapping[str, Any]] | None = None
+                ) -> list[str]:
   """Tokenizer training text from reasoning-gym tasks in the chat template.
 
   For each dataset, `n` problems (`reasoning_gym.create_dataset(name, size=n,
-  seed=seed)`) each give the question alone, a full single-turn dialogue
+  seed=seed, **dataset_configs.get(name, {}))`) each give the question alone, a full single-turn dialogue
   ending in the answer, and a tool-use dialogue (calling the tool with the
   problem's `metadata['expression']` when it has one, else with the answer).
 
@@ -240,8 +277,10 @@ def task_corpus(dataset_names: Sequence[str], n: int, seed: int) -> list[str]:
   import reasoning_gym  # Heavy import; only needed to build a corpus.
 
   texts = []
+  configs = dict(dataset_configs or {})
   for name in dataset_names:
-    for entry in reasoning_gym.create_dataset(name, size=n, seed=seed):
+    for entry in reasoning_gym.create_dataset(
+        name, size=n, seed=seed, **dict(configs.get(name) or {})):
       question, answer = entry["question"], str(entry["answer"])
       expr = str(entry.get("metadata", {}).get("expression", answer))
       texts.append(question)
@@ -252,15 +291,19 @@ def task_corpus(dataset_names: Sequence[str], n: int, seed: int) -> list[str]:
   return texts
 
 
-def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str]
-                          ) -> Any:
+def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str],
+                          env: Any = None) -> Any:
   """The run's tokenizer from the `config.tokenizer` section.
 
   `config.path` set: that model file, or that HF model directory (its
   `tokenizer.json` and chat template, `hf_tokenizer.HFTokenizer`).
   Otherwise `<workdir>/tokenizer.model`, trained on `task_corpus(
   config.datasets, config.corpus_size, config.seed)` on the first start and
-  loaded again on restarts (so a resumed run keeps its ids).
+  loaded again on restarts (so a resumed run keeps its ids). Settings that
+  follow the task (docs/DESIGN.md §5, "Settings that follow the task"):
+  `datasets=()` is the run's own task, `env.dataset` with its
+  `env.dataset_config` (`env`: the `config.env` section); `vocab_size=0`
+  is the size the corpus supports (`train_tokenizer_soft`).
   """
   if config.path and os.path.isdir(config.path):  # A pretrained model's own.
     from sao_jax import hf_tokenizer  # pylint: disable=g-import-not-at-top
@@ -271,5 +314,14 @@ def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str]
   if os.path.exists(path):
     logging.info("Loading the run's tokenizer from %s", path)
     return Tokenizer.load(path)
-  texts = task_corpus(tuple(config.datasets), config.corpus_size, config.seed)
+  datasets, configs = tuple(config.datasets), {}
+  if not datasets:
+    if env is None:
+      raise ValueError("tokenizer.datasets=() means the run's own task, but "
+                       "no env section was given to read it from.")
+    datasets = (str(env.dataset),)
+    configs = {str(env.dataset): dict(env.dataset_config)}
+  texts = task_corpus(datasets, config.corpus_size, config.seed, configs)
+  if not config.vocab_size:
+    return train_tokenizer_soft(texts, path, seed=config.seed)
   return train_tokenizer(texts, path, config.vocab_size, seed=config.seed)

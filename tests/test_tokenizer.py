@@ -167,3 +167,13 @@ def test_tokenizer_from_config(trained, tmp_path):
   cfg.path = str(path)
   assert tok_lib.tokenizer_from_config(cfg, tmp_path).serialized_proto() == (
       tok.serialized_proto())
+
+
+def test_ids_past_the_vocabulary_decode_as_unk(trained):
+  # A model vocabulary padded past the tokenizer's (model.vocab_size=0) can
+  # sample such ids; they must not crash the environment's decode.
+  _, tok = trained
+  ids = tok.encode("12")
+  assert tok.decode(ids + [tok.vocab_size + 3]) == tok.decode(
+      ids + [tok_lib.UNK_ID])
+  assert tok.decode(ids + [tok.vocab_size + 3]) != tok.decode(ids)

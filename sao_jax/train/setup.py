@@ -1,7 +1,8 @@
 """What the loop starts from, built from the config (docs/DESIGN.md §1, §5).
 
 ``build(config, workdir, writer)`` makes, in this order: the tokenizer, the
-model config, the tasks, the mesh, the initial policy (``warm_start``) and
+tasks, the config resolved for them (``envs.task_sizing``: settings at 0
+derived from the task, explicit ones checked), the model config, the mesh, the initial policy (``warm_start``) and
 its critic, the two optimizers, the train state in its mesh shardings
 (restored from the newest checkpoint in ``workdir/checkpoints`` if there is
 one) and the jitted step functions.
@@ -24,6 +25,7 @@ from sao_jax import text_tokenizer
 from sao_jax import tokenizer as tok_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env
+from sao_jax.envs import task_sizing
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
@@ -58,12 +60,14 @@ def run_tokenizer(config: Any, workdir: str,
   wait at a barrier, then load the file it wrote to the shared workdir, so
   every host maps text to the same ids.
   """
+  def load():
+    return tok_lib.tokenizer_from_config(config.tokenizer, workdir, config.env)
+
   if jax.process_count() == 1:
-    return tok_lib.tokenizer_from_config(config.tokenizer, workdir)
-  tokenizer = (tok_lib.tokenizer_from_config(config.tokenizer, workdir)
-               if primary else None)
+    return load()
+  tokenizer = load() if primary else None
   multihost_utils.sync_global_devices("sao_jax tokenizer ready")
-  return tokenizer or tok_lib.tokenizer_from_config(config.tokenizer, workdir)
+  return tokenizer or load()
 
 
 def local_batch_size(config: Any) -> int:
@@ -217,9 +221,12 @@ def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
   """
   artifacts = run_artifacts_dir(config, workdir)
   tokenizer = run_tokenizer(config, artifacts, primary)
+  train_tasks, eval_tasks = env_build.build_tasks(config.env)
+  # Lengths and the model vocabulary at 0 follow the task; explicit ones are
+  # checked against it. The run uses the resolved config from here on.
+  config = task_sizing.resolve(config, tokenizer, (train_tasks, eval_tasks))
   mcfg = model_config_from(config, tokenizer)
   memory.log_memory_estimate(config, mcfg)
-  train_tasks, eval_tasks = env_build.build_tasks(config.env)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.normalize_rules(config.mesh.rules)
   policy_params = warm_start.initial_policy(

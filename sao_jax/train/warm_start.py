@@ -23,9 +23,8 @@ import numpy as np
 from absl import logging
 
 from sao_jax import text_tokenizer
-from sao_jax.envs import evolving
+from sao_jax.envs import demonstrations
 from sao_jax.envs import reasoning_gym_env
-from sao_jax.envs import tool_env
 from sao_jax.models import hf
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
@@ -62,24 +61,12 @@ def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
   and RL has to find out which one the reward wants now. ``instruction``
   (``env.instruction``) follows every question, as in the environments.
   """
-  every = round(1.0 / tool_frac) if tool_frac > 0 else 0
-  template = tokenizer.template
+  every = demonstrations.tool_every(tool_frac)
   out, lengths = [], []
   for i in range(min(n, len(tasks))):
-    entry = tasks.entry(i)
-    segments = [(tokenizer.encode(
-        template.format_prompt(entry["question"] + instruction)), False)]
-    expr = entry.get("metadata", {}).get("expression")
-    if every and i % every == 0 and expr is not None:
-      value = tool_env.format_number(tool_env.calculate(expr))
-      segments += [
-          (tokenizer.encode(template.format_tool_call(expr)), True),
-          (tokenizer.encode(template.format_tool_result(value)), False)]
-    answer = str(entry["answer"])
-    if styles:
-      answer = evolving.format_style(answer, styles[i % len(styles)])
-    segments.append(
-        (tokenizer.encode(template.format_assistant_turn(answer)), True))
+    segments = demonstrations.demonstration(
+        tasks.entry(i), i, tokenizer, tool_every=every, styles=styles,
+        instruction=instruction)
     lengths.append(sum(len(seg) for seg, _ in segments))
     if lengths[-1] <= max_len:
       out.append(segments)
