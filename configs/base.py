@@ -96,6 +96,19 @@ def get_config() -> ml_collections.ConfigDict:
   # Prompts and observations are left-padded to powers of two >= this.
   config.sampler.min_prompt_bucket = 8
   config.sampler.batch_size = 16  # Episodes decoded together.
+  # Continuous batching (sao_jax/sampler/engine.py): episodes in flight (0:
+  # batch_size); a finished episode's slot takes the next prompt at once
+  # (refill=False: the slots start together when all are free, the batch
+  # leaves with its slowest episode).
+  config.sampler.num_slots = 0
+  config.sampler.refill = True
+  config.sampler.decode_chunk = 16  # Tokens per jitted decode call.
+  # Adopt newer weights every this many decoded tokens, in flight (0: only
+  # with no episode in flight); the KV cache of in-flight episodes is 'keep'
+  # (PipelineRL) or 'recompute' (AReaL) at a swap.
+  config.sampler.weight_poll_tokens = 32
+  config.sampler.kv_on_swap = "keep"
+  config.sampler.env_threads = 4  # env.step calls run off the decode loop.
   config.sampler.n_rollouts = 1  # SAO: one rollout per prompt (>1: groups).
   # CPU cores / local devices the sampler process uses ('' = JAX default).
   config.sampler.devices = ""

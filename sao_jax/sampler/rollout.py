@@ -150,7 +150,11 @@ def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass
-class _Row:
+class EpisodeRecord:
+  """One episode's tokens so far and how it ended (``trajectory`` builds the
+  record the ring carries; the one place a `Trajectory` is made from an
+  episode)."""
+
   tokens: list[int] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
   logp: list[float] = dataclasses.field(default_factory=list)
@@ -166,6 +170,15 @@ class _Row:
     self.logp += [0.0] * n if logp is None else [float(x) for x in logp]
     self.version += [version] * n
     self.rewards += [0.0] * n
+
+  def trajectory(self, env: Environment) -> Trajectory:
+    return Trajectory(
+        prompt_id=env.prompt_id, tokens=self.tokens, action_mask=self.mask,
+        rollout_logp=self.logp, policy_version=self.version,
+        rewards=self.rewards, task=env.name,
+        finish_reason=(FinishReason.TURNS if self.finish is None
+                       else self.finish),
+        error=self.error)
 
 
 def call_with_timeout(fn: Callable[[], Any], timeout_s: float,
@@ -196,7 +209,8 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float,
   return out["value"]
 
 
-def _encode(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
+def encode_observation(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
+  """An observation (text or token ids) as token ids."""
   return tokenizer.encode(obs) if isinstance(obs, str) else [int(t) for t in obs]
 
 
@@ -217,7 +231,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   if len(envs) != len(tasks):
     raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks; need one each.")
   stop_ids = tuple(default_stop_ids(tokenizer) if stop_ids is None else stop_ids)
-  rows = [_Row() for _ in envs]
+  rows = [EpisodeRecord() for _ in envs]
 
   def fail(i: int, what: str, e: Exception) -> None:
     rows[i].finish = FinishReason.ERROR
@@ -229,7 +243,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   for i, (env, task) in enumerate(zip(envs, tasks)):
     try:
       env.set_template(tokenizer.template)
-      prompt = _encode(call_with_timeout(
+      prompt = encode_observation(call_with_timeout(
           lambda: env.reset(task), limits.step_timeout_s, "env.reset"),
                        tokenizer)
       if len(prompt) >= limits.max_total_tokens:
@@ -264,7 +278,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
         obs, reward, done, _ = call_with_timeout(
             lambda: envs[i].step(text),  # pylint: disable=cell-var-from-loop
             limits.step_timeout_s, "env.step")
-        obs_tokens = _encode(obs, tokenizer) if not done else []
+        obs_tokens = encode_observation(obs, tokenizer) if not done else []
       except Exception as e:  # pylint: disable=broad-except
         fail(i, "step", e)
         continue
@@ -280,12 +294,4 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
     if any(chunks):
       policy.observe(chunks)
 
-  trajectories = []
-  for env, row in zip(envs, rows):
-    trajectories.append(Trajectory(
-        prompt_id=env.prompt_id, tokens=row.tokens, action_mask=row.mask,
-        rollout_logp=row.logp, policy_version=row.version,
-        rewards=row.rewards, task=env.name,
-        finish_reason=FinishReason.TURNS if row.finish is None else row.finish,
-        error=row.error))
-  return trajectories
+  return [row.trajectory(env) for env, row in zip(envs, rows)]
