@@ -77,6 +77,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.eval_size = 256  # Held-out problems per evaluation.
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
+  # env.name='tool_longtail' (sao_jax/envs/longtail.py): task t's actions are
+  # capped at longtail_min_tokens * 2**j, j geometric in [0, longtail_levels).
+  config.env.longtail_min_tokens = 8
+  config.env.longtail_levels = 5
   # Longest one env reset/step may take; longer ends the episode as an ERROR
   # row (counted, never trained on) while the other episodes go on.
   config.env.step_timeout_s = 60.0

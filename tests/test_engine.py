@@ -10,6 +10,8 @@ import pytest
 
 from sao_jax import tokenizer as tok_lib
 from sao_jax.envs import base
+from sao_jax.envs import longtail
+from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.logprobs import token_logprobs
 from sao_jax.models.transformer import Transformer
@@ -171,3 +173,32 @@ def test_batch_mode_waits_for_the_slowest_and_continuous_does_not(tok, model):
   assert cstats.decode_occupancy() >= bstats.decode_occupancy()
   for t in batch + cont:
     assert t.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+
+
+def test_longtail_env_budgets_span_16x_and_the_engine_keeps_them(tok, model):
+  levels = [longtail.length_level(t, 5) for t in range(4000)]
+  counts = np.bincount(levels, minlength=5) / len(levels)
+  # Geometric: half at level 0, a quarter at 1, ...; the last takes the rest.
+  np.testing.assert_allclose(counts, [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 16],
+                             atol=0.03)
+  tasks = rg_env.ReasoningGymTasks("basic_arithmetic", {}, seed=0, size=64)
+  cfg, params = model
+  chosen = [next(t for t in range(64) if levels[t] == lv and t % 2 == k)
+            for lv in range(5) for k in (0, 1)]  # Two tasks per level.
+  out = []
+  engine = engine_lib.SlotEngine(
+      model_config=cfg, options=engine_lib.EngineOptions(num_slots=4),
+      limits=rollout.RolloutLimits(max_turns=2, max_total_tokens=256,
+                                   max_new_tokens_per_turn=128),
+      sampling=SamplingParams(), tokenizer=tok,
+      envs=[longtail.LongTailToolEnv(tasks) for _ in range(4)],
+      task_of=lambda draw: chosen[draw % len(chosen)], weights=lambda: (params[0], 0),
+      staleness=StalenessPolicy(max_staleness=100), train_batch=1,
+      trainer_step=lambda: 0, outbox=lambda t: out.extend(t) or True,
+      stats=SamplerStats(), rng=jax.random.PRNGKey(0), stop_ids=[])
+  engine.run(0, lambda: len(out) >= 2 * len(chosen))
+  lengths = {t.prompt_id: t.num_action_tokens for t in out}
+  for task, n in lengths.items():  # No stop token: actions use the budget.
+    assert n == 8 << longtail.length_level(task, 5)
+  assert max(lengths.values()) == 16 * min(lengths.values())
+  assert all(t.finish_reason == FinishReason.LENGTH for t in out)

@@ -278,13 +278,14 @@ class SlotEngine:
     self._gen.reset_rows([i])
     # Episode e's noise depends on e alone (reproducible across resumes).
     self._row_keys[i] = np.asarray(jax.random.fold_in(self._rng, episode))
-    self._next_turn(slot, prompt)
+    self._next_turn(i, prompt)
 
-  def _next_turn(self, slot: _Slot, chunk: list[int]) -> None:
+  def _next_turn(self, i: int, chunk: list[int]) -> None:
+    slot = self._slots[i]
     slot.pending = chunk
     slot.action = []
-    slot.turn_left = min(self.limits.max_new_tokens_per_turn,
-                         self.limits.max_total_tokens - len(slot.record.tokens))
+    slot.turn_left = rollout.action_budget(self.envs[i], self.limits,
+                                           len(slot.record.tokens))
 
   # -- episode ends ----------------------------------------------------------
   def _fail(self, i: int, what: str, e: Exception) -> None:
@@ -341,7 +342,7 @@ class SlotEngine:
       else:
         record.add(obs_tokens, 0)
         if slot.turns < self.limits.max_turns:
-          self._next_turn(slot, obs_tokens)
+          self._next_turn(i, obs_tokens)
           continue
       self._finish(i)
 

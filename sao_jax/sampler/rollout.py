@@ -144,6 +144,16 @@ class RolloutLimits:
     return longest + max(longest, bucket_length(self.max_new_tokens_per_turn))
 
 
+def action_budget(env: Environment, limits: RolloutLimits,
+                  length: int) -> int:
+  """Tokens the next action may take: the turn and total limits, and the
+  environment's own cap (`Environment.action_budget`)."""
+  budget = min(limits.max_new_tokens_per_turn,
+               limits.max_total_tokens - length)
+  own = env.action_budget()
+  return budget if own is None else min(budget, int(own))
+
+
 def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
   """End of turn, end of tool call, eos."""
   return tuple(tokenizer.stop_ids)
@@ -260,9 +270,8 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
     if not active.any():
       break
     version = policy.refresh()
-    budgets = np.array([
-        min(limits.max_new_tokens_per_turn,
-            limits.max_total_tokens - len(r.tokens)) for r in rows], np.int32)
+    budgets = np.array([action_budget(env, limits, len(r.tokens))
+                        for env, r in zip(envs, rows)], np.int32)
     segments = policy.act(stop_ids, budgets, active)
     chunks: list[list[int]] = [[] for _ in rows]
     for i, (row, seg) in enumerate(zip(rows, segments)):
