@@ -214,9 +214,11 @@ class SlotEngine:
     if params is None or version == self.version:
       return
     if self._gen is None:
-      # Twice the safe length: fewer compactions of the shared cache end.
+      # With refill, prompts of new episodes are appended at the shared cache
+      # end: twice the safe length, fewer compactions.
+      max_len = self.limits.cache_len() * (2 if self.opts.refill else 1)
       self._gen = Generator(self._model_config, params, self.opts.num_slots,
-                            2 * self.limits.cache_len(), self._sampling,
+                            max_len, self._sampling,
                             self._rng, self.limits.min_prompt_bucket)
     else:
       keep = self.opts.kv_on_swap == "keep"

@@ -132,6 +132,17 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   return {tag: sorted(d.items()) for tag, d in out.items()}
 
 
+def version_span(policy_version: np.ndarray,
+                 action_mask: np.ndarray) -> np.ndarray:
+  """Per row [B]: newest - oldest version among its action tokens (0 if
+  none): how many weight swaps an episode crossed in flight."""
+  acts = np.asarray(action_mask).astype(bool)
+  v = np.asarray(policy_version)
+  hi = np.where(acts, v, np.iinfo(np.int32).min).max(axis=1)
+  lo = np.where(acts, v, np.iinfo(np.int32).max).min(axis=1)
+  return np.where(acts.any(axis=1), hi - lo, 0).astype(np.float64)
+
+
 def step_scalars(step_metrics: Mapping[str, float],
                  host_batch: Mapping[str, np.ndarray],
                  *, policy_version: int, trainer_tokens_per_s: float,
@@ -160,11 +171,14 @@ def step_scalars(step_metrics: Mapping[str, float],
   ring and publishing figures; their scalars are left out.
   """
   staleness = np.asarray(host_batch["staleness"], np.float64)
+  span = version_span(host_batch["policy_version"], host_batch["action_mask"])
   scalars = {
       **{k: float(v) for k, v in step_metrics.items()},
       "staleness/min": staleness.min(),
       "staleness/mean": staleness.mean(),
       "staleness/max": staleness.max(),
+      "staleness/version_span": span.mean(),
+      "staleness/version_span_max": span.max(),
       "policy_version": policy_version,
       "throughput/trainer_tokens_per_s": trainer_tokens_per_s,
       "idle/trainer_frac": trainer_idle_frac,
@@ -221,7 +235,8 @@ def run_summary(eval_before: Mapping[str, float],
     summary.update(
         sampler_episodes=float(sampler_stats.episodes),
         sampler_tokens_per_s=sampler_stats.action_tokens / max(1e-9, elapsed),
-        sampler_idle_frac=sampler_stats.idle_frac())
+        sampler_idle_frac=sampler_stats.idle_frac(),
+        sampler_decode_occupancy=sampler_stats.decode_occupancy())
   return summary
 
 
