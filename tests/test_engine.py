@@ -22,6 +22,8 @@ from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.trajectory import FinishReason
 from sao_jax.trajectory import StalenessPolicy
 
+pytestmark = pytest.mark.slow
+
 _TEMPERATURE = 0.7
 
 
