@@ -21,6 +21,7 @@ from sao_jax.sampler.process import SamplerStats
 from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.trajectory import FinishReason
 from sao_jax.trajectory import StalenessPolicy
+from sao_jax.train import metrics as metrics_lib
 
 pytestmark = pytest.mark.slow
 
@@ -204,3 +205,10 @@ def test_longtail_env_budgets_span_16x_and_the_engine_keeps_them(tok, model):
     assert n == 8 << longtail.length_level(task, 5)
   assert max(lengths.values()) == 16 * min(lengths.values())
   assert all(t.finish_reason == FinishReason.LENGTH for t in out)
+
+
+def test_version_span_is_newest_minus_oldest_action_version():
+  versions = np.array([[-1, 3, 3, 5, -1], [-1, -1, 2, 2, 2], [-1] * 5])
+  mask = np.array([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0] * 5], np.uint8)
+  np.testing.assert_array_equal(metrics_lib.version_span(versions, mask),
+                                [2, 0, 0])
