@@ -100,28 +100,28 @@ class EngineOptions:
 class Outbox:
   """Writes finished trajectories to the ring (blocking on backpressure).
 
-  ``write(trajs) -> bool``: False when told to stop while waiting for space.
-  The one place a trajectory is encoded and handed to the ring.
+  ``outbox(trajs) -> bool``: False when told to stop while waiting for
+  space; the trajectories written are removed from ``trajs``. The one place a
+  trajectory is encoded and handed to the ring.
   """
 
   def __init__(self, writer, stats, should_stop: Callable[[], bool]):
     self._writer, self._stats, self._should_stop = writer, stats, should_stop
 
-  def __call__(self, trajs: Sequence[Trajectory]) -> bool:
+  def __call__(self, trajs: list[Trajectory]) -> bool:
     from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
     from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
 
     t_idle = time.perf_counter()
     self._stats.enter("waiting for ring space")
     try:
-      for traj in trajs:
-        while True:
-          try:
-            self._writer.write(*codec.encode(traj), timeout=1.0)
-            break
-          except ring_lib.RingFullError:
-            if self._should_stop():
-              return False
+      while trajs:
+        try:
+          self._writer.write(*codec.encode(trajs[0]), timeout=1.0)
+          del trajs[0]
+        except ring_lib.RingFullError:
+          if self._should_stop():
+            return False
     finally:
       self._stats.idle_s += time.perf_counter() - t_idle
     return True
@@ -314,14 +314,15 @@ class SlotEngine:
   def _flush(self) -> bool:
     if not self._ready:
       return True
-    trajs, self._ready = self._ready, []
-    if not self.outbox(trajs):
-      return False
-    for traj in trajs:
+    trajs = list(self._ready)
+    ok = self.outbox(self._ready)  # `Outbox` removes what it wrote.
+    if ok:
+      self._ready = []
+    for traj in trajs[:len(trajs) - len(self._ready)]:
       self.stats.action_tokens += traj.num_action_tokens
       self.stats.env_errors += int(traj.error != "")
       self.stats.episodes += 1
-    return True
+    return ok
 
   # -- env turns -------------------------------------------------------------
   def _collect_env(self) -> None:
@@ -404,20 +405,20 @@ class SlotEngine:
     again).
     """
     self.next_episode, self._skip = int(start_episode), skip
-    with cf.ThreadPoolExecutor(self.opts.env_threads,
-                               thread_name_prefix="sao-env") as pool:
-      try:
-        while not should_stop():
-          self._step(pool)
-          if not self._flush():
-            break
-      finally:
-        in_flight = sum(s.busy for s in self._slots)
-        for s in self._slots:
-          if s.future is not None:
-            s.future.cancel()
-        self.stats.episodes_aborted += in_flight
-        pool.shutdown(wait=False, cancel_futures=True)
+    # Not a `with` block: stopping must not wait for a hung env call.
+    pool = cf.ThreadPoolExecutor(self.opts.env_threads,
+                                 thread_name_prefix="sao-env")
+    try:
+      while not should_stop():
+        self._step(pool)
+        if not self._flush():
+          break
+    finally:
+      # In flight, finished but unwritten, or waiting for their group.
+      in_flight = (sum(s.busy for s in self._slots) + len(self._ready)
+                   + sum(len(g) for g in self._groups.values()))
+      self.stats.episodes_aborted += in_flight
+      pool.shutdown(wait=False, cancel_futures=True)
     return in_flight
 
   def _step(self, pool: cf.Executor) -> None:
