@@ -65,7 +65,7 @@ class _TurnsEnv(base.Environment):
 
 def _run(tok, model, *, slots, episodes, start=0, swap_after=None,
          kv_on_swap="recompute", sampling=SamplingParams(_TEMPERATURE),
-         refill=True, stop_after=None, skip=frozenset()):
+         refill=True, stop_after=None, skip=frozenset(), n_rollouts=1):
   """Runs the engine over `episodes` episodes; returns (trajs, stats, engine)."""
   cfg, params = model
   out, stats, polls = [], SamplerStats(), []
@@ -84,7 +84,8 @@ def _run(tok, model, *, slots, episodes, start=0, swap_after=None,
       model_config=cfg,
       options=engine_lib.EngineOptions(
           num_slots=slots, decode_chunk=4, weight_poll_tokens=4,
-          refill=refill, kv_on_swap=kv_on_swap, env_threads=2),
+          refill=refill, kv_on_swap=kv_on_swap, env_threads=2,
+          n_rollouts=n_rollouts),
       limits=rollout.RolloutLimits(max_turns=3, max_total_tokens=80,
                                    max_new_tokens_per_turn=12),
       sampling=sampling, tokenizer=tok, envs=[_TurnsEnv() for _ in range(slots)],
@@ -214,3 +215,12 @@ def test_version_span_is_newest_minus_oldest_action_version():
   mask = np.array([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0] * 5], np.uint8)
   np.testing.assert_array_equal(metrics_lib.version_span(versions, mask),
                                 [2, 0, 0])
+
+
+def test_rollouts_of_one_prompt_are_written_together(tok, model):
+  trajs, _, _ = _run(tok, model, slots=4, episodes=8, n_rollouts=2)
+  ids = [t.group_id for t in trajs]
+  assert sorted(ids) == [0, 0, 1, 1, 2, 2, 3, 3]
+  assert all(ids[i] == ids[i + 1] for i in range(0, len(ids), 2))
+  for a, b in zip(trajs[::2], trajs[1::2]):
+    assert a.prompt_id == b.prompt_id
