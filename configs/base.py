@@ -183,6 +183,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Stop once the trainer has read this many generated action tokens (equal
   # token budgets across algorithms); 0 = run num_steps.
   config.train.max_generated_tokens = 0
+  # Stop after the step that ends past this many wall seconds since the
+  # trainer started (job time limits); final eval and summary still run.
+  # 0 = no limit.
+  config.train.max_train_s = 0.0
   config.train.eval_every = 50  # Policy steps between evals; 0 = never.
   config.train.checkpoint_every = 100  # Steps between checkpoints; 0 = never.
   config.train.log_every = 10  # Steps between TensorBoard writes.
@@ -233,7 +237,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.ring = ml_collections.ConfigDict()
   config.ring.capacity_bytes = 64 * 2**20  # Trajectory ring shared memory.
   config.ring.put_timeout_s = 60.0  # Sampler waits this long for free space.
-  config.ring.get_timeout_s = 600.0  # Trainer waits this long for a batch.
+  # The trainer waits for a trajectory this long for the sampler's generation
+  # (and start-up), plus its env calls' bound (env.step_timeout_s each):
+  # sampler.rollout.data_wait_s.
+  config.ring.get_timeout_s = 600.0
 
   # ---------------------------------------------------------- distributed ---
   # Multi-host: one trainer + one sampler per host. None = from the

@@ -1,6 +1,6 @@
 """Chat templates: how prompts, tool calls and observations look as text.
 
-A `ChatTemplate` is the whole text protocol of an episode (DESIGN §3):
+A `ChatTemplate` is the whole text protocol of an episode (docs/DESIGN.md §3):
 
   prompt       = prompt_prefix + QUESTION + prompt_suffix         (observation)
   answer turn  = TEXT + turn_end                                  (action)

@@ -235,6 +235,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{f"train.{k}": _NONNEG for k in (
         "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
         "publish_lag", "max_generated_tokens", "sft_seed")},
+    "train.max_train_s": _NONNEG,
     "train.sft_lr": _FINITE_GT0, "train.max_error_frac": _UNIT, "train.sft_tool_frac": _UNIT,
     "ring.capacity_bytes": _POS, "ring.put_timeout_s": _GT0,
     "ring.get_timeout_s": _GT0,

@@ -49,7 +49,9 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   ``reasoning_gym`` dataset keyword may be added from the command line), and
   ml_collections accepts new keys only in an unlocked config. A mistyped key
   therefore arrives as a new key, which ``validate_config`` rejects naming the
-  closest known one; ``main`` locks the config once it is valid.
+  closest known one; ``main`` locks the config once it is valid. (Why it is
+  not loaded locked with ``env.dataset_config`` left open: docs/DESIGN.md
+  §5, "Configuration".)
   """
   try:
     return flags.FLAGS(argv)

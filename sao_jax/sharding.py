@@ -240,18 +240,16 @@ def batch_sharding(mesh: Mesh, rules: Rules | None = None) -> NamedSharding:
   return NamedSharding(mesh, P(batch_axes(rules)))
 
 
-def make_global_batch(local_batch: Any, mesh: Mesh,
-                      rules: Rules | None = None) -> Any:
-  """Assembles each process's local rows into global `jax.Array`s.
+def process_rows(x: Any) -> np.ndarray:
+  """This process's rows of a batch-sharded global array, in order.
 
-  Every process passes its own `[B_local, ...]` arrays (the rows from its own
-  sampler's ring); the result is `[B_local * num_processes, ...]` sharded on
-  the batch axes (`jax.make_array_from_process_local_data`).
+  The rows it contributed (``stream.make_global_batch``), read from its own
+  shards: no collective. A NumPy array is returned as it is.
   """
-  sharding = batch_sharding(mesh, rules)
-  return jax.tree.map(
-      lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
-      local_batch)
+  if not isinstance(x, jax.Array):
+    return np.asarray(x)
+  shards = {s.index[0].start or 0: s.data for s in x.addressable_shards}
+  return np.concatenate([np.asarray(shards[k]) for k in sorted(shards)])
 
 
 def to_host(tree: Any) -> Any:
@@ -334,3 +332,11 @@ def initialize_distributed(config: Any) -> bool:
   logging.info("Distributed: process %d of %d, coordinator %s.",
                jax.process_index(), jax.process_count(), address)
   return True
+
+
+def agreed(flag: bool) -> bool:
+  """Process 0's ``flag`` on every host (a decision that hosts' clocks would
+  otherwise split; every host must take the same steps)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from sao_jax import tokenizer as tok_lib
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import StalenessPolicy
 from sao_jax.envs import base
 from sao_jax.envs import longtail
 from sao_jax.envs import reasoning_gym_env as rg_env
@@ -19,8 +21,6 @@ from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler import rollout
 from sao_jax.sampler.process import SamplerStats
 from sao_jax.sampler.sampling import SamplingParams
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import StalenessPolicy
 from sao_jax.train import metrics as metrics_lib
 
 pytestmark = pytest.mark.slow

@@ -37,8 +37,8 @@ from sao_jax.sampler import process as sampler_process
 from sao_jax.sampler import rollout
 from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import step as step_lib
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import Trajectory
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import Trajectory
 from scripted_policy import ScriptedPolicy
 import tiny_settings
 
@@ -431,11 +431,56 @@ def test_error_rows_are_never_trained_on_and_too_many_stop_the_run():
       "prompt has 40 tokens")
 
 
+def test_long_prompts_are_skipped_and_counted_at_selection(caplog):
+  """Row 6: a task whose prompt alone is over the budget is skipped before
+  any reset, counted and warned about; the same draw of a later epoch takes
+  its place (a function of the draw alone: resumes pick the same tasks)."""
+  from sao_jax.data import prompts  # pylint: disable=g-import-not-at-top
+
+  lengths = {task: 40 if task % 3 == 0 else 5 for task in range(30)}
+  asked = []
+
+  def prompt_len(task):
+    asked.append(task)
+    if task == 3:  # Would be skipped, but its length is unknown.
+      raise ValueError("the env's own reset will report this")
+    return lengths[task]
+
+  ds = prompts.prompt_dataset(range(30), seed=0)
+  picker = prompts.FittingPrompts(ds, 30, prompt_len, max_tokens=32)
+  with caplog.at_level("WARNING"):
+    drawn = [picker[k] for k in range(60)]
+  assert all(lengths[t] < 32 or t == 3 for t in drawn)
+
+  def tries(k):  # Draws of k whose task was too long.
+    i = 0
+    while lengths[ds[k + i * 30]] >= 32 and ds[k + i * 30] != 3:
+      i += 1
+    return i
+
+  assert picker.skipped == sum(tries(k) for k in range(60)) > 0
+  assert sorted(asked) == sorted(set(asked))  # Each task measured once.
+  assert [picker[k] for k in range(60)] == drawn  # Same draws, same tasks.
+  again = prompts.FittingPrompts(ds, 30, prompt_len, max_tokens=32)
+  assert [again[k] for k in range(30, 60)] == drawn[30:]  # As if resumed.
+  warned = [r.getMessage() for r in caplog.records]
+  assert warned[0].startswith("Skipped the prompt of task ")
+  assert "40 tokens >= max_total_tokens=32 (1 prompts skipped so far)" in (
+      warned[0])
+  never = prompts.FittingPrompts(ds, 30, lambda t: 40, max_tokens=32,
+                                 max_tries=5)
+  with pytest.raises(ValueError, match=(
+      "Prompt draw 7: 5 tasks in a row have prompts too long "
+      r"\(e.g. task \d+: 40 tokens >= max_total_tokens=32\)")):
+    never[7]
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_every_prompt_too_long_stops_the_run(tmp_path):
-  """Row 6: prompts longer than max_total_tokens: an error, not a run that
-  trains on empty trajectories and exits 0."""
+  """Row 6: prompts longer than max_total_tokens: skipped at selection, and
+  when none fits an error, not a run that trains on empty trajectories and
+  exits 0."""
   before = _our_segments()
   run = subprocess.run(
       tiny_settings.main_args(REPO, tmp_path / "run", {
@@ -443,33 +488,52 @@ def test_every_prompt_too_long_stops_the_run(tmp_path):
           "train.num_steps": 20, "train.mode": "sync"}),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert run.returncode != 0
-  assert "TooManyErrorsError: 32 of the last 32 trajectories ended in an " \
-         "environment error (> train.max_error_frac=0.5)" in run.stderr, \
-         run.stderr[-3000:]
-  assert "tokens >= max_total_tokens=8" in run.stderr
+  lines = run.stderr.strip().splitlines()
+  assert any(line.startswith("sao_jax.sampler.process.SamplerDiedError")
+             for line in lines), run.stderr[-3000:]
+  assert lines[-1].startswith(
+      "ValueError: Prompt draw 0: 64 tasks in a row have prompts too long "
+      "(e.g. task "), lines[-1]
+  assert "tokens >= max_total_tokens=8)" in lines[-1]
   assert not (tmp_path / "run" / "summary.json").exists()
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
+
+
+def test_trainer_wait_for_data_is_derived_from_the_config():
+  """Row 2: the trainer waits for one sampler batch's generation allowance
+  plus the bound of its env calls, and says how the figure was made."""
+  config = base.get_config()  # 16 episodes, 1 turn, 60 s per env call.
+  assert rollout.data_wait_s(config) == (3480.0, (
+      "3480 s = ring.get_timeout_s=600 s (generation) + 48 env calls (16 "
+      "episodes x (probe, reset, 1 steps)) x env.step_timeout_s=60 s"))
+  config.env.max_turns, config.env.step_timeout_s = 3, 0.5
+  config.sampler.batch_size, config.sampler.n_rollouts = 10, 4  # 2 x 4.
+  assert rollout.data_wait_s(config)[0] == 600 + 8 * 5 * 0.5
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_trainer_wait_error_says_what_it_waited_for_and_the_sampler_state(
     tmp_path):
-  """Row 2: the trainer's wait ends in an error naming the wait, the batch
-  and what the sampler was doing (its sampler starts slower than 1 s)."""
+  """Row 2: the trainer's wait ends in an error naming the wait, how long
+  and why, the batch and what the sampler was doing (its sampler starts
+  slower than the 1.24 s this config allows)."""
   before = _our_segments()
   run = subprocess.run(
       tiny_settings.main_args(REPO, tmp_path / "run", {
-          "ring.get_timeout_s": 1.0, "train.num_steps": 4,
-          "train.mode": "sync"}),
+          "ring.get_timeout_s": 1.0, "env.step_timeout_s": 0.01,
+          "train.num_steps": 4, "train.mode": "sync"}),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert run.returncode != 0
   lines = [line for line in run.stderr.splitlines()
-           if line.startswith("TimeoutError: Step 1: no batch of 8 "
-                              "trajectories within ring.get_timeout_s=1 s")]
+           if line.startswith(
+               "TimeoutError: Step 1: no trajectory for the batch of 8 within "
+               "1.24 s = ring.get_timeout_s=1 s (generation) + 24 env calls "
+               "(8 episodes x (probe, reset, 1 steps)) x "
+               "env.step_timeout_s=0.01 s (0 read so far); the sampler ")]
   assert lines, run.stderr[-3000:]
-  assert "; the sampler " in lines[0] and "env.step_timeout_s" in lines[0]
+  assert "raise ring.get_timeout_s for slow generation." in lines[0]
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
 
@@ -534,6 +598,7 @@ class _FakeSlot:
 
   def __init__(self):
     self.version = 0
+    self.rejected = 0
 
   def read(self, timeout):
     del timeout
@@ -560,7 +625,7 @@ def test_sampler_ignores_weight_versions_the_trainer_cannot_have_made():
 def test_negative_staleness_is_never_admitted():
   """Row 9: a trajectory from a version newer than the trainer's is dropped
   and counted, not admitted with staleness -715."""
-  from sao_jax.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
+  from sao_jax.data.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
 
   assert not StalenessPolicy(max_staleness=4).keeps(-715)
   assert not StalenessPolicy(max_staleness=None).keeps(-1)
@@ -575,6 +640,23 @@ def test_negative_staleness_is_never_admitted():
   kept = list(ds)
   assert len(kept) == 1 and kept[0][1] == 2
   assert counters.dropped_future == 1 and counters.admitted == 1
+
+
+def test_negative_staleness_from_authenticated_versions_is_a_bug():
+  """Row 9: with authenticated weights (the trainer's own stream) a version
+  newer than the trainer's cannot come from outside: it is asserted."""
+  from sao_jax.data.trajectory import StalenessPolicy  # pylint: disable=g-import-not-at-top
+
+  future = _traj()
+  future.policy_version[:] = 63
+  ds = stream_lib.StalenessFilter(
+      grain.MapDataset.source([future]).to_iter_dataset(), lambda: 62,
+      StalenessPolicy(max_staleness=4), stream_lib.StreamCounters(),
+      trusted_versions=True)
+  with pytest.raises(AssertionError, match=(
+      "A trajectory of prompt 7 was sampled by policy version 63, newer "
+      "than the trainer's 62, from authenticated weights: a bug")):
+    list(ds)
 
 
 _HUNG_ENV_RUN = textwrap.dedent("""
@@ -647,3 +729,186 @@ def test_trainer_sigkilled_while_sampler_hangs_in_env_leaves_nothing(
         pass
   time.sleep(1.0)
   assert _our_segments() <= before, _our_segments() - before
+
+
+# ------------------------- row 8: records not written by this run ----------
+
+_FORGER = textwrap.dedent("""
+    # Another process of the same user: attaches to the ring by name and
+    # writes a trajectory with reward 1000 the way the ring's code would.
+    import sys
+
+    import numpy as np
+
+    from sao_jax.data import trajectory as codec
+    from sao_jax.ipc import ring_layout as layout
+    from sao_jax.ipc import segment
+    from sao_jax.data.trajectory import Trajectory
+
+    name, what = sys.argv[1], sys.argv[2]
+    seg = layout.Segment(segment.attach(name), owner=False)
+    ctl, mv, cap = seg.ctl[0], seg.lanes[0], seg.lane_bytes
+    forged = b"".join(bytes(memoryview(b).cast("B")) for b in codec.encode(
+        Trajectory(prompt_id=7, tokens=np.arange(6),
+                   action_mask=[0, 0, 1, 1, 1, 0],
+                   rollout_logp=np.full(6, -1.0),
+                   policy_version=np.zeros(6),
+                   rewards=[0, 0, 0, 0, 1000, 0], task="fixed")))
+    n = len(forged)
+    size = (32 + n + layout.TAG_BYTES + 63) // 64 * 64  # As RingWriter's.
+    if what == "rewrite":  # The committed, unread record, checksum recomputed.
+      off = ctl[layout.TAIL] % cap
+      magic, _, length, seq, _ = layout.HDR.unpack_from(mv, off)
+      assert length == n, (length, n)
+      mv[off + 32:off + 32 + n] = forged
+      layout.HDR.pack_into(mv, off, magic, 0, n, seq, layout.checksum(forged))
+    else:  # A new record at the head, with the next sequence number...
+      head = ctl[layout.HEAD]
+      off, seq = head % cap, ctl[layout.RECORDS_WRITTEN]
+      if what == "replay":  # ... or a copy of the last genuine record.
+        last = (ctl[layout.TAIL] - size) % cap
+        mv[off:off + size] = mv[last:last + size]
+      else:
+        mv[off + 32:off + 32 + n] = forged
+        layout.HDR.pack_into(mv, off, layout.REC_MAGIC, 0, n, seq,
+                             layout.checksum(forged))
+      ctl[layout.HEAD] = head + size
+    print(seq, flush=True)
+""")
+
+
+def _forge(tmp_path, name: str, what: str) -> int:
+  script = tmp_path / "forger.py"
+  script.write_text(_FORGER)
+  run = subprocess.run([sys.executable, str(script), name, what], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+  assert run.returncode == 0, run.stderr[-2000:]
+  return int(run.stdout)
+
+
+@pytest.mark.multiprocess
+def test_records_written_by_another_process_are_rejected_and_counted(
+    tmp_path):
+  """Row 8: a committed record rewritten (checksum recomputed), a record
+  appended with the next sequence number and a replayed genuine record are
+  each rejected and counted; the genuine records before and after are read
+  exactly once, in order, and reading never raises."""
+  from sao_jax.data import trajectory as codec  # pylint: disable=g-import-not-at-top
+  from sao_jax.ipc import ring  # pylint: disable=g-import-not-at-top
+  from sao_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 14,
+                              authenticate=True) as r:
+    with pytest.raises(ring.RingError, match="is authenticated: pass key="):
+      ring.RingWriter(r.name, lane=0)  # No key, no lane.
+    with ring.RingWriter(r.name, lane=0, key=r.key) as w:
+      assert w.write(*codec.encode(_traj())) == 0
+      assert _forge(tmp_path, r.name, "rewrite") == 0
+      with pytest.raises(ring.RingEmptyError):
+        r.read(timeout=0.3)  # Rejected: nothing genuine to read.
+      assert r.stats()["rejected_records"] == 1
+      assert _forge(tmp_path, r.name, "append") == 1
+      assert w.write(*codec.encode(_traj())) == 1  # After the forged one.
+      rec = r.read(timeout=1.0)
+      assert rec.seq == 1 and r.stats()["rejected_records"] == 2
+      assert float(codec.decode(rec.data).rewards.sum()) == 1.0
+      assert _forge(tmp_path, r.name, "replay") == 2
+      assert w.write(*codec.encode(_traj())) == 2
+      assert r.read(timeout=1.0).seq == 2  # The replayed seq 1 was skipped.
+      stats = r.stats()
+  assert stats["rejected_records"] == 3 and stats["records_read"] == 2
+  scalars = metrics_lib.step_scalars(
+      {}, np.zeros(2), policy_version=0,
+      trainer_tokens_per_s=0.0, sampler_tokens_per_s=0.0,
+      trainer_idle_frac=0.0, sampler_stats=None, sampler_idle_frac=None,
+      publish_s=None, generated_tokens=0,
+      stream_counters={"dropped_stale": 0, "multi_version": 0, "admitted": 1},
+      ring_stats=stats, skipped_steps=0)
+  assert scalars["ring/rejected_records"] == 3.0
+
+
+_SLOT_FORGER = textwrap.dedent("""
+    # Another process of the same user, with the code but not the key.
+    import sys
+
+    import numpy as np
+
+    from sao_jax.ipc import segment
+    from sao_jax.ipc import weights as w
+
+    name, what = sys.argv[1], sys.argv[2]
+    try:
+      w.WeightSlot.attach(name).publish({"w": np.zeros((4, 8))}, 777)
+      print("published", flush=True)
+    except ValueError:  # An authenticated slot: the API needs the key.
+      shm = segment.attach(name)
+      hdr = np.frombuffer(shm.buf, np.int64, count=8)
+      start = w._HEADER_BYTES + w._align(int(hdr[w._H_TABLE_BYTES]))
+      data_bytes = int(hdr[w._H_DATA_BYTES])
+      latest = int(hdr[w._H_LATEST])
+      b = 1 - latest if what == "publish" else latest
+      at = start + b * (w._CTL_BYTES + data_bytes)
+      ctl = np.frombuffer(shm.buf, np.int64, count=8, offset=at)
+      data = np.frombuffer(shm.buf, np.float32, count=32,
+                           offset=at + w._CTL_BYTES)
+      ctl[w._SEQ] += 1  # Odd: being written.
+      if what == "publish":  # Version 777, its seqlock and `latest` as
+        ctl[w._VERSION] = 777  # WeightSlot.publish would leave them.
+        data[:] = 777.0
+        ctl[w._SEQ] += 1
+        hdr[w._H_LATEST] = b
+      print("raw", flush=True)  # "stall": left odd, as if it died writing.
+""")
+
+
+def _forge_slot(tmp_path, name: str, what: str) -> str:
+  script = tmp_path / "slot_forger.py"
+  script.write_text(_SLOT_FORGER)
+  run = subprocess.run([sys.executable, str(script), name, what], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+  assert run.returncode == 0, run.stderr[-2000:]
+  return run.stdout.strip()
+
+
+@pytest.mark.multiprocess
+def test_weights_published_by_another_process_are_rejected(tmp_path):
+  """Row 9: another process publishes version 777 into the slot: the reader
+  rejects and counts it and keeps the trainer's version; a buffer it leaves
+  "being written" costs the sampler nothing, and the trainer's next publish
+  repairs it. Only the creator publishes, and never an older version."""
+  from sao_jax.ipc import weights  # pylint: disable=g-import-not-at-top
+
+  tree = lambda v: {"w": np.full((4, 8), v, np.float32)}
+  stats = sampler_process.SamplerStats()
+  trainer_step = type("V", (), {"value": 1})()
+  with weights.WeightSlot.create(tree(0.0), authenticate=True) as slot:
+    slot.publish(tree(1.0), version=1)
+    reader = weights.WeightSlot.attach(slot.name, tree(0.0), key=slot.key)
+    try:
+      newest = sampler_process._NewestWeights(  # pylint: disable=protected-access
+          reader, stats, trainer_step)
+      assert newest()[1] == 1
+      assert _forge_slot(tmp_path, slot.name, "publish") == "raw"
+      version, got = reader.read(timeout=1.0)  # The genuine buffer.
+      assert version == 1 and float(got["w"].max()) == 1.0
+      assert reader.rejected == 1
+      params, version = newest()
+      assert version == 1 and float(params["w"].max()) == 1.0
+      assert stats.rejected_weights == 2
+      assert _forge_slot(tmp_path, slot.name, "stall") == "raw"
+      with pytest.raises(TimeoutError, match="the next publish repairs it"):
+        reader.read(timeout=0.2)
+      assert newest()[1] == 1  # Survives, keeps what it has.
+      for v in (2, 3):  # Both buffers written again: repaired.
+        trainer_step.value = v
+        slot.publish(tree(float(v)), version=v)
+        params, version = newest()
+        assert version == v and float(params["w"].min()) == v
+      with pytest.raises(PermissionError, match="one writer"):
+        reader.publish(tree(9.0), version=9)
+      with pytest.raises(ValueError, match="only increase"):
+        slot.publish(tree(2.0), version=2)
+    finally:
+      reader.close()

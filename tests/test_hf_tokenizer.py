@@ -48,6 +48,17 @@ def _ref_ids(ref, messages, generation_prompt):
   return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+def test_converter_takes_eos_from_the_chat_template(model_dir):
+  # transformers 5.17 converts SmolLM2's GGUF with eos '<|im_start|>' (seen
+  # on an accelerator machine, 2026-11-30); the converter must repair that.
+  from sao_jax.models import convert  # pylint: disable=g-import-not-at-top
+  wrong = transformers.AutoTokenizer.from_pretrained(model_dir)
+  wrong.eos_token = "<|im_start|>"
+  convert.align_eos_with_chat_template(wrong)
+  assert wrong.eos_token == "<|im_end|>"
+  assert wrong.eos_token_id == wrong.convert_tokens_to_ids("<|im_end|>")
+
+
 def test_special_ids_and_stop_token(ours, ref):
   assert ours.vocab_size == 49152 == len(ref)
   im_end = ref.convert_tokens_to_ids("<|im_end|>")

@@ -80,6 +80,19 @@ def _run_sync(workdir, num_steps):
   return loop.train_and_evaluate(config, str(workdir))
 
 
+def test_time_budget_stops_after_the_step_that_crosses_it(tmp_path):
+  # The trainer's clock starts before the initial eval, so a 1e-3 s budget
+  # is spent by the end of step 1: the run stops there, then evaluates,
+  # checkpoints and writes its summary like a finished run.
+  config = tiny_config(**{"train.mode": "sync", "train.num_steps": 6,
+                          "train.checkpoint_every": 0,
+                          "train.max_train_s": 1e-3})
+  summary = loop.train_and_evaluate(config, str(tmp_path))
+  assert summary["steps"] == 1
+  assert os.path.isfile(tmp_path / "summary.json")
+  assert os.listdir(tmp_path / "checkpoints") == ["1"]
+
+
 def test_sync_resume_reproduces_uninterrupted_run(tmp_path):
   k, extra = 3, 5  # Steps include 1 critic warm-up step.
   _run_sync(tmp_path / "full", k - 1 + extra)

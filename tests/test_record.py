@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sao_jax import trajectory as traj_lib
+from sao_jax.data import trajectory as traj_lib
 from sao_jax.data import record
 
 B, T = 2, 8

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import xxhash
 
-from sao_jax.ipc import codec
+from sao_jax.data import trajectory as codec
 from sao_jax.ipc import ring
 from sao_jax.ipc import ring_layout
 from sao_jax.ipc import segment
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import Trajectory
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import Trajectory
 
 def _exists(name: str) -> bool:
   return os.path.exists(segment.shm_path(name))

@@ -101,9 +101,9 @@ def _offset(producer: int, seq: int) -> int:
   return (producer * 7919 + seq * 104729) % (1 << 20)
 
 
-def _produce(name, lane, n):
+def _produce(name, lane, n, key=None):
   pool, sizes = _pool(), _sizes(lane, n)
-  with ring.RingWriter(name, lane, timeout=120.0) as w:
+  with ring.RingWriter(name, lane, timeout=120.0, key=key) as w:
     for seq in range(n):
       size = int(sizes[seq])
       off = _offset(lane, seq)
@@ -111,13 +111,16 @@ def _produce(name, lane, n):
 
 
 @pytest.mark.multiprocess
-def test_two_producers_every_record_once_intact_in_order():
+@pytest.mark.parametrize("authenticate", [False, True])
+def test_two_producers_every_record_once_intact_in_order(authenticate):
   pool = _pool()
   sizes = [_sizes(p, _N_RECORDS) for p in range(2)]
   next_seq = [0, 0]
   total = 0
-  with ring.RingReader.create(num_lanes=2, lane_bytes=4 << 20) as r:
-    procs = [_SPAWN.Process(target=_produce, args=(r.name, lane, _N_RECORDS))
+  with ring.RingReader.create(num_lanes=2, lane_bytes=4 << 20,
+                              authenticate=authenticate) as r:
+    procs = [_SPAWN.Process(target=_produce,
+                            args=(r.name, lane, _N_RECORDS, r.key))
              for lane in range(2)]
     for p in procs:
       p.start()
@@ -144,6 +147,7 @@ def test_two_producers_every_record_once_intact_in_order():
   assert total == sum(int(s.sum()) for s in sizes)
   assert stats["records_read"] == 2 * _N_RECORDS
   assert stats["dead_producers"] == []
+  assert stats["rejected_records"] == 0
   assert all(l["occupancy_bytes"] == 0 for l in stats["lanes"])
 
 
@@ -152,7 +156,7 @@ def test_two_producers_every_record_once_intact_in_order():
 _BIG = 6 << 20
 
 
-def _produce_then_hang(name, lane, n_small, paused):
+def _produce_then_hang(name, lane, n_small, paused, key=None):
   copy_in = ring.RingWriter._copy_in
 
   def copy_half_then_hang(self, start, parts, n):
@@ -165,29 +169,31 @@ def _produce_then_hang(name, lane, n_small, paused):
     time.sleep(120)
 
   ring.RingWriter._copy_in = copy_half_then_hang  # In this child only.
-  with ring.RingWriter(name, lane) as w:
+  with ring.RingWriter(name, lane, key=key) as w:
     for seq in range(n_small):
       w.write(np.full(1000 + seq, seq % 251, np.uint8))
     w.write(np.full(_BIG, 7, np.uint8))  # Pauses half-copied; then killed.
 
 
-def _produce_steady(name, lane, n, go):
+def _produce_steady(name, lane, n, go, key=None):
   go.wait(60)
-  with ring.RingWriter(name, lane) as w:
+  with ring.RingWriter(name, lane, key=key) as w:
     for seq in range(n):
       w.write(np.full(500 + seq % 5000, seq % 253, np.uint8))
 
 
 @pytest.mark.multiprocess
-def test_producer_killed_mid_write_is_reported_and_never_torn():
+@pytest.mark.parametrize("authenticate", [False, True])
+def test_producer_killed_mid_write_is_reported_and_never_torn(authenticate):
   n_small, n_steady = 50, 400
   paused, go = _SPAWN.Event(), _SPAWN.Event()
   with ring.RingReader.create(num_lanes=2, lane_bytes=16 << 20,
-                              liveness_interval_s=0.05) as r:
+                              liveness_interval_s=0.05,
+                              authenticate=authenticate) as r:
     victim = _SPAWN.Process(target=_produce_then_hang,
-                            args=(r.name, 0, n_small, paused))
+                            args=(r.name, 0, n_small, paused, r.key))
     steady = _SPAWN.Process(target=_produce_steady,
-                            args=(r.name, 1, n_steady, go))
+                            args=(r.name, 1, n_steady, go, r.key))
     victim.start()
     steady.start()
     try:
@@ -217,3 +223,4 @@ def test_producer_killed_mid_write_is_reported_and_never_torn():
   # The half-written bytes sit past the committed head, never delivered.
   assert stats["lanes"][0]["records_written"] == n_small
   assert stats["lanes"][0]["occupancy_bytes"] == 0
+  assert stats["rejected_records"] == 0

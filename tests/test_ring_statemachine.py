@@ -3,7 +3,8 @@
 The model is the ring's documented layout: per lane a deque of records
 (``align64(32 + n)`` bytes each) and wrap markers (the rest of the lane when a
 record would not fit before its end), monotonic head/tail counters, and a
-round-robin consumer.
+round-robin consumer. An authenticated ring's records also carry a 16-byte
+MAC trailer (``KeyedRingMachine``).
 """
 
 import collections
@@ -30,7 +31,8 @@ def _payload(i: int, size: int) -> bytes:
 
 class _LaneModel:
 
-  def __init__(self):
+  def __init__(self, overhead: int = ring.HEADER_BYTES):
+    self.overhead = overhead
     self.head = self.tail = 0
     self.items = collections.deque()  # ("rec", need, bytes) | ("wrap", n, None)
     self.written = self.read = self.full_waits = 0
@@ -39,7 +41,7 @@ class _LaneModel:
     return _CAP - (self.head - self.tail)
 
   def write(self, payload: bytes) -> str:
-    need = _align(ring.HEADER_BYTES + len(payload))
+    need = _align(self.overhead + len(payload))
     if need > _CAP:
       return "oversize"
     contiguous = _CAP - self.head % _CAP
@@ -69,12 +71,17 @@ class _LaneModel:
 
 class RingMachine(stateful.RuleBasedStateMachine):
 
+  AUTHENTICATE = False
+
   def __init__(self):
     super().__init__()
-    self.reader = ring.RingReader.create(num_lanes=_LANES, lane_bytes=_CAP)
-    self.writers = [ring.RingWriter(self.reader.name, lane, timeout=0.0)
+    self.reader = ring.RingReader.create(num_lanes=_LANES, lane_bytes=_CAP,
+                                         authenticate=self.AUTHENTICATE)
+    self.writers = [ring.RingWriter(self.reader.name, lane, timeout=0.0,
+                                    key=self.reader.key)
                     for lane in range(_LANES)]
-    self.model = [_LaneModel() for _ in range(_LANES)]
+    overhead = ring.HEADER_BYTES + 16 * self.AUTHENTICATE
+    self.model = [_LaneModel(overhead) for _ in range(_LANES)]
     self.next_lane = 0
     self.count = 0
 
@@ -123,6 +130,7 @@ class RingMachine(stateful.RuleBasedStateMachine):
       assert stats["records_written"] == m.written
       assert stats["records_read"] == m.read
       assert stats["full_waits"] == m.full_waits
+    assert self.reader.stats()["rejected_records"] == 0
 
   def teardown(self):
     for w in self.writers:
@@ -135,3 +143,11 @@ RingMachine.TestCase.settings = hypothesis.settings(
     suppress_health_check=[hypothesis.HealthCheck.too_slow],
 )
 test_ring_state_machine = RingMachine.TestCase
+
+
+class KeyedRingMachine(RingMachine):
+  AUTHENTICATE = True
+
+
+KeyedRingMachine.TestCase.settings = RingMachine.TestCase.settings
+test_keyed_ring_state_machine = KeyedRingMachine.TestCase

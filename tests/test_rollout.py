@@ -15,8 +15,8 @@ from sao_jax.models.logprobs import token_logprobs
 from sao_jax.models.transformer import Transformer
 from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import NO_VERSION
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import NO_VERSION
 from scripted_policy import ScriptedPolicy
 
 

@@ -29,6 +29,39 @@ def _unwind_on_sigterm(q):
   os._exit(0)
 
 
+def _deferred_sigterm(q):
+  shm = segment.create("test", 4096)
+  done = 0
+  try:
+    with segment.sigterm_unwinds():
+      with segment.sigterm_deferred():
+        q.put(shm.name)
+        for _ in range(30):  # The signal arrives here: the block finishes.
+          time.sleep(0.1)
+        done = 1
+      for _ in range(600):
+        time.sleep(0.1)
+  except KeyboardInterrupt:
+    unlinked = not os.path.exists(segment.shm_path(shm.name))
+    os._exit(7 if done and unlinked else 8)
+  os._exit(0)
+
+
+@pytest.mark.multiprocess
+def test_sigterm_inside_a_deferred_block_unwinds_when_it_ends():
+  q = _SPAWN.Queue()
+  p = _SPAWN.Process(target=_deferred_sigterm, args=(q,))
+  p.start()
+  try:
+    q.get(timeout=60)
+    os.kill(p.pid, signal.SIGTERM)
+    p.join(60)
+  finally:
+    if p.is_alive():
+      p.kill()
+  assert p.exitcode == 7
+
+
 @pytest.mark.multiprocess
 def test_sigterm_unlinks_then_unwinds_inside_the_block():
   q = _SPAWN.Queue()

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from sao_jax import sharding
+from sao_jax.data import stream as stream_lib
 import multihost
 
 _MESH = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
@@ -128,9 +129,11 @@ def test_batch_sharding_and_global_batch():
   assert sharding.batch_sharding(mesh).spec == P(("data", "fsdp"))
   assert sharding.batch_axes((("batch", "data"),)) == "data"
   local = {"tokens": np.arange(12, dtype=np.int32).reshape(4, 3)}
-  glob = sharding.make_global_batch(local, mesh)
+  glob = stream_lib.make_global_batch(local, sharding.batch_sharding(mesh))
   assert glob["tokens"].shape == (4, 3)
   np.testing.assert_array_equal(glob["tokens"], local["tokens"])
+  np.testing.assert_array_equal(sharding.process_rows(glob["tokens"]),
+                                local["tokens"])
 
 
 def test_initialize_distributed_single_process_is_noop(monkeypatch):
@@ -227,7 +230,12 @@ def _compare(mesh, batch, local_batch, models) -> dict:
       # Params created straight into their shards (jit with out_shardings).
       direct = jax.jit(lambda: sharding.unbox(init()["params"]),
                        out_shardings=shardings)()
-      sharded_batch = sharding.make_global_batch(local_batch, mesh, rules)
+      sharded_batch = stream_lib.make_global_batch(
+          local_batch, sharding.batch_sharding(mesh, rules))
+      # This process's rows come back without a collective.
+      np.testing.assert_array_equal(
+          sharding.process_rows(sharded_batch["tokens"]),
+          local_batch["tokens"])
       step = jax.jit(
           grad_fn,
           in_shardings=(shardings, sharding.batch_sharding(mesh, rules)),

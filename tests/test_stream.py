@@ -6,14 +6,13 @@ import jax
 import numpy as np
 import pytest
 
-from sao_jax import trajectory
 from sao_jax.data import prompts
 from sao_jax.data import stream
-from sao_jax.ipc import codec
+from sao_jax.data import trajectory
 from sao_jax.ipc import ring
-from sao_jax.trajectory import NO_VERSION
-from sao_jax.trajectory import StalenessPolicy
-from sao_jax.trajectory import Trajectory
+from sao_jax.data.trajectory import NO_VERSION
+from sao_jax.data.trajectory import StalenessPolicy
+from sao_jax.data.trajectory import Trajectory
 
 _SPAWN = mp.get_context("spawn")
 
@@ -38,7 +37,7 @@ def _traj(i: int, length: int, oldest: int, newest: int | None = None):
 def _fill(name, trajs):
   with ring.RingWriter(name, lane=0) as w:
     for t in trajs:
-      w.write(*codec.encode(t))
+      w.write(*trajectory.encode(t))
 
 
 def test_batches_padding_staleness_filter_and_counters():

@@ -11,7 +11,7 @@ starts):
   jitted with state/batch shardings inside `sharding.mesh_rules`.
 * `multi`: two processes with 4 devices each join with
   `jax.distributed.initialize` (gloo); each feeds its half of the 8 rows
-  through `sharding.make_global_batch`. Process 0 writes its losses and the
+  through `stream.make_global_batch`. Process 0 writes its losses and the
   all-gathered final parameters to a file, compared with the one-device run.
 
 Every subprocess writes an `.npz` (losses per step, flattened final params);
@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 
 from sao_jax import sharding
+from sao_jax.data import stream as stream_lib
 from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
@@ -184,8 +185,8 @@ def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
   host_state = jax.device_get(
       step_lib.create_train_state(policy, value, ptx, vtx))
   state = sharding.shard_params(host_state, state_sharding)
-  batch = sharding.make_global_batch(local_batch, mesh, rules)
   bsharding = sharding.batch_sharding(mesh, rules)
+  batch = stream_lib.make_global_batch(local_batch, bsharding)
   fns = {f: step_lib.make_step(cfg, _step_cfg(), ptx, vtx, update_policy=f,
                                state_sharding=state_sharding,
                                batch_sharding=bsharding)

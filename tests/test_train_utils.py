@@ -2,6 +2,7 @@
 
 import os
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from sao_jax.train import checkpoint
+from sao_jax.train import finish
 from sao_jax.train import metrics
 from sao_jax.train import optim
 
@@ -78,6 +80,34 @@ def test_checkpoint_round_trip(tmp_path):
   _, meta_new, step_new = ck.restore(state)
   assert step_new == 5 and meta_new["policy_version"] == 7
   ck.close()
+
+
+
+@flax.struct.dataclass
+class _Stepped:
+  step: jax.Array
+  w: jax.Array
+
+
+def test_save_on_exit_saves_only_the_state_meta_goes_with(tmp_path):
+  ck = checkpoint.Checkpointer(str(tmp_path / "ck"))
+  meta = {"episodes_consumed": 24}
+  state = _Stepped(jnp.asarray(4, jnp.int32), jnp.ones(3))
+  # Stopped after step 4's dispatch, before the loop marked it as meta's.
+  finish.save_on_exit(ck, state, meta, meta_step=3, start_step=0)
+  assert ck.latest_step() is None
+  # Stopped while waiting for step 4's result: step 4 is saved with meta.
+  finish.save_on_exit(ck, state, meta, meta_step=4, start_step=0)
+  assert ck.latest_step() == 4
+  restored, meta_r, _ = ck.restore(_Stepped(jnp.zeros((), jnp.int32),
+                                            jnp.zeros(3)))
+  assert int(restored.step) == 4 and meta_r == meta
+  # Nothing done since the run (re)started: nothing to save.
+  ck2 = checkpoint.Checkpointer(str(tmp_path / "ck2"))
+  finish.save_on_exit(ck2, state, meta, meta_step=4, start_step=4)
+  assert ck2.latest_step() is None
+  ck.close()
+  ck2.close()
 
 
 def test_checkpoint_missing_and_malformed(tmp_path):

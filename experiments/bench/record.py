@@ -42,7 +42,7 @@ def _emit(figure: str, **values) -> None:
 
 def _trajectories(n: int, seq_len: int):
   # pylint: disable-next=g-import-not-at-top
-  from sao_jax import trajectory as traj_lib
+  from sao_jax.data import trajectory as traj_lib
 
   rng = np.random.default_rng(0)
   mask = np.zeros(seq_len, np.uint8)

@@ -5,6 +5,8 @@ the producer sends the same NumPy payload ``count`` times; the consumer gets a
 private copy of every record. Figures:
 
 * ``ring``         RingWriter.write -> RingReader.read (XXH3-64 checksum)
+* ``ring_mac``     the same on an authenticated ring (``authenticate=True``,
+  the trainer's: a 16-byte AES-GMAC per record instead of the checksum)
 * ``queue``        multiprocessing.Queue.put(ndarray) -> get()
 * ``memcpy``       same-process ``np.copyto`` of the same bytes
 * ``native_copy``  the bound: ``ring_native.c``, the same two-process transfer
@@ -100,9 +102,9 @@ def _warm(size: int) -> int:
   return _lane_bytes(size) // size + 1
 
 
-def _ring_producer(name, size, count, ready, go, cpu):
+def _ring_producer(name, size, count, ready, go, cpu, key=None):
   payload = _payload(size)
-  with ring.RingWriter(name, lane=0, timeout=120.0) as w:
+  with ring.RingWriter(name, lane=0, timeout=120.0, key=key) as w:
     for _ in range(_warm(size)):
       w.write(payload)
     ready.set()
@@ -136,11 +138,13 @@ def _figures(nbytes: int, wall: float, *cpus: float) -> tuple[float, float]:
   return nbytes / wall / 1e9, nbytes / max(*cpus, 1e-9) / 1e9
 
 
-def run_ring(size: int, count: int) -> tuple[float, float]:
-  with ring.RingReader.create(1, _lane_bytes(size)) as r:
+def run_ring(size: int, count: int,
+             authenticate: bool = False) -> tuple[float, float]:
+  with ring.RingReader.create(1, _lane_bytes(size),
+                              authenticate=authenticate) as r:
     ready, go, cpu = _CTX.Event(), _CTX.Event(), _CTX.Value("d", 0.0)
     p = _CTX.Process(target=_ring_producer,
-                     args=(r.name, size, count, ready, go, cpu))
+                     args=(r.name, size, count, ready, go, cpu, r.key))
     p.start()
     for _ in range(_warm(size)):
       r.read(timeout=120.0)
@@ -250,16 +254,19 @@ def ceiling(size: int, rounds: int) -> dict:
     dt = (time.perf_counter() - t0) / n * 1e6
     best[key] = min(best.get(key, dt), dt)
 
-  with ring.RingReader.create(1, _lane_bytes(size)) as r:
-    with ring.RingWriter(r.name, lane=0) as w:
-      for _ in range(rounds):
-        timed("memcpy_us", lambda: np.copyto(dst, payload), 4 * burst)
-        timed("write_us", lambda: w.write(payload), burst)
-        timed("read_us", r.read, burst)
+  for mac in ("", "_mac"):  # The checksummed ring, then the MAC'd one.
+    with ring.RingReader.create(1, _lane_bytes(size),
+                                authenticate=bool(mac)) as r:
+      with ring.RingWriter(r.name, lane=0, key=r.key) as w:
+        for _ in range(rounds):
+          timed("memcpy_us", lambda: np.copyto(dst, payload), 4 * burst)
+          timed(f"write{mac}_us", lambda: w.write(payload), burst)
+          timed(f"read{mac}_us", r.read, burst)
   out = {"bench": "ring_ceiling", "record_bytes": size}
   out.update({k: round(v, 1) for k, v in best.items()})
-  out["max_fraction_of_memcpy"] = round(
-      best["memcpy_us"] / max(best["write_us"], best["read_us"]), 3)
+  for mac in ("", "_mac"):
+    out[f"max_fraction_of_memcpy{mac}"] = round(best["memcpy_us"] / max(
+        best[f"write{mac}_us"], best[f"read{mac}_us"]), 3)
   return out
 
 
@@ -301,6 +308,7 @@ def _throughput(args: argparse.Namespace, exe: str | None,
   """Runs every implementation per size, alternating; prints the figures."""
   impls = {
       "ring": run_ring,
+      "ring_mac": lambda s, n: run_ring(s, n, authenticate=True),
       "queue": run_queue,
       "memcpy": run_memcpy,
   }
@@ -341,6 +349,12 @@ def _throughput(args: argparse.Namespace, exe: str | None,
           for s in args.sizes},
       "ratio_vs_queue_by_size": {
           str(s): round(medians[("ring", s)] / medians[("queue", s)], 2)
+          for s in args.sizes},
+      "mac_ratio_vs_queue_by_size": {
+          str(s): round(medians[("ring_mac", s)] / medians[("queue", s)], 2)
+          for s in args.sizes},
+      "mac_of_ring_by_size": {
+          str(s): round(medians[("ring_mac", s)] / medians[("ring", s)], 3)
           for s in args.sizes},
       **_native_summary(medians, args.sizes, modes if exe else ()),
   }), flush=True)

@@ -24,8 +24,9 @@ for the advantages, the critic's 1-wide head instead of the LM head and the
 attention score/value matmuls (4 · T² · heads · head_dim per row and layer,
 ×3 with the backward).
 
-The peak is a float32 2048 x 2048 @ 2048 x 2048 `jnp.dot` (2 · n³ FLOPs) jitted
-in the same process, i.e. with the same XLA CPU client and threads. Matmul and
+The peak is a float32 2048 x 2048 @ 2048 x 2048 `jnp.dot` (2 · n³ FLOPs;
+`--matmul_dtype=bfloat16 --matmul_n=8192` for an accelerator's bf16 peak,
+with `--dtype=bfloat16` for the model's compute dtype) jitted in the same process, i.e. with the same XLA CPU client and threads. Matmul and
 train step are timed alternately within each repetition (side by side under
 the same machine load); figures are medians over `--repeats` timed runs after
 `--warmup` untimed ones.
@@ -38,6 +39,7 @@ quickstart-sized / large step over the matmul FLOP/s.
 """
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -142,6 +144,10 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
   """Timings of one size's step, alternating with the matmul."""
   cfg, batch_size, seq = size(name)
   batch_size, seq = args.batch or batch_size, args.seq or seq
+  if args.dtype:
+    cfg = dataclasses.replace(cfg, dtype=args.dtype)
+  if args.remat:
+    cfg = dataclasses.replace(cfg, remat=args.remat == "true")
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
@@ -179,6 +185,7 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
   achieved = flops / med_step
   out = {
       "figure": f"train_step_{name}", "batch": batch_size, "seq": seq,
+      "dtype": cfg.dtype, "remat": cfg.remat,
       "num_params": cfg.num_params(), "xla_flops": flops,
       **analytic_flops(cfg, batch_size, seq),
       "compile_s": round(compile_s, 2),
@@ -210,13 +217,21 @@ def main():
                       help="Override every size's batch (0: its own).")
   parser.add_argument("--seq", type=int, default=0,
                       help="Override every size's sequence length.")
+  parser.add_argument("--dtype", default="",
+                      help="Override the models' compute dtype (e.g. "
+                      "bfloat16 on an accelerator); params stay float32.")
+  parser.add_argument("--remat", choices=("", "true", "false"), default="",
+                      help="Override the models' `remat`.")
+  parser.add_argument("--matmul_dtype", default="float32",
+                      help="dtype of the peak matmul: float32 on CPU, "
+                      "bfloat16 for an accelerator's bf16 peak.")
   args = parser.parse_args()
   if args.model:
     args.sizes = args.model
 
   n = args.matmul_n
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), args.matmul_dtype)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), args.matmul_dtype)
   dot = jax.jit(jnp.dot)
   args.matmul_flops = 2.0 * n ** 3
   compiled_dot = dot.lower(a, b).compile()
@@ -235,7 +250,8 @@ def main():
     last[f"{name}_achieved_gflops"] = r["achieved_gflops"]
     last[f"{name}_matmul_gflops"] = r["matmul_gflops"]
     last[f"{name}_fraction"] = r["fraction"]
-  last.update({"matmul_n": n, "jax": jax.__version__,
+  last.update({"matmul_n": n, "matmul_dtype": args.matmul_dtype,
+               "jax": jax.__version__,
                "load_1min": round(os.getloadavg()[0], 2),
                "backend": jax.default_backend(),
                "devices": jax.device_count()})

@@ -20,7 +20,7 @@ through a grain pipeline (``ArrayRecordDataSource`` -> ``MapDataset``) into
 the same batches the original trainer consumed: stale-dropped entries are
 counted and skipped, the rest keep their recorded staleness.
 
-Entry layout: ``<qiB3x`` header (step, staleness, kept) + ``ipc.codec`` bytes.
+Entry layout: ``<qiB3x`` header (step, staleness, kept) + ``trajectory.encode`` bytes.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from array_record.python import array_record_module
 import grain
 
 from sao_jax.data import stream as stream_lib
-from sao_jax.ipc import codec
-from sao_jax.trajectory import Trajectory
+from sao_jax.data import trajectory as traj_lib
+from sao_jax.data.trajectory import Trajectory
 
 _HEADER = struct.Struct("<qiB3x")
 _SHARD = re.compile(r"^p(\d{3})-(\d{8})-(\d{8}|open)\.array_record$")
@@ -62,12 +62,12 @@ class Entry:
 
 def encode_entry(entry: Entry) -> bytes:
   header = _HEADER.pack(entry.step, entry.staleness, int(entry.kept))
-  return header + b"".join(bytes(b) for b in codec.encode(entry.traj))
+  return header + b"".join(bytes(b) for b in traj_lib.encode(entry.traj))
 
 
 def decode_entry(raw: bytes) -> Entry:
   step, staleness, kept = _HEADER.unpack_from(raw, 0)
-  traj = codec.decode(bytearray(raw[_HEADER.size:]))
+  traj = traj_lib.decode(bytearray(raw[_HEADER.size:]))
   return Entry(int(step), int(staleness), bool(kept), traj)
 
 
@@ -268,7 +268,7 @@ class ReplayStream:
 
   def __init__(self, directory: str, *, start: int, stop: int,
                batch_size: int, seq_len: int, overlong: str, pad_id: int,
-               process_index: int = 0):
+               process_index: int = 0, batch_sharding: Any = None):
     if overlong != "truncate":
       raise ValueError(
           f"Replay needs overlong='truncate' (as the live loop), got "
@@ -288,4 +288,5 @@ class ReplayStream:
         lambda e: (e.traj, e.staleness))
     self.dataset = stream_lib.to_batches(
         ds, self.counters, batch_size=batch_size, seq_len=seq_len,
-        overlong=overlong, pad_id=pad_id, process_index=process_index)
+        overlong=overlong, pad_id=pad_id, process_index=process_index,
+        batch_sharding=batch_sharding)

@@ -9,10 +9,12 @@ Pipeline (docs/DESIGN.md §1, §4)::
                            records dropped or truncated (counted)
     -> .batch(B)           dict of NumPy arrays [B, T] / [B]
     -> .map(group index)   ``group_index`` [B] from the rows' ``group_id``
+    -> .map(global batch)  with ``batch_sharding``: global ``jax.Array``s on
+                           the mesh, every host's rows (``make_global_batch``)
 
-The batches are process-local, ready for
-``jax.make_array_from_process_local_data``; their keys are the batch schema of
-``sao_jax.trajectory`` (``TOKEN_FIELDS`` [B, T] and ``ROW_FIELDS`` [B]).
+Their keys are the batch schema of ``sao_jax.data.trajectory``
+(``TOKEN_FIELDS`` [B, T] and ``ROW_FIELDS`` [B]); without ``batch_sharding``
+the batches stay process-local NumPy arrays.
 
 Over-long records (more than T tokens): ``overlong="drop"`` (default) drops
 them; ``overlong="truncate"`` keeps the first T tokens and moves the rewards of
@@ -27,16 +29,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import time
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from absl import logging
 import grain
+import jax
+import numpy as np
 
-from sao_jax import trajectory as traj_lib
-from sao_jax.ipc import codec
+from sao_jax.data import trajectory as traj_lib
+from sao_jax.data.trajectory import Trajectory
 from sao_jax.ipc import ring as ring_lib
-from sao_jax.trajectory import Trajectory
 
 
 @dataclasses.dataclass
@@ -139,7 +143,7 @@ class _RingIterator(grain.DatasetIterator):
       raise StopIteration from None
     finally:
       self._counters.read_wait_s += time.perf_counter() - t0
-    traj = codec.decode(rec.data)
+    traj = traj_lib.decode(rec.data)
     self._counters.count_read(traj)
     return traj
 
@@ -157,6 +161,9 @@ class StalenessFilter(grain.IterDataset):
   with the trainer version read from ``trainer_version()`` when the record is
   consumed. Yields ``(trajectory, staleness)``; ``on_read(trajectory,
   staleness, kept)`` (the stream recorder) sees every record, dropped or not.
+  A version newer than the trainer's (negative staleness) is dropped and
+  counted; with ``trusted_versions`` (every version authenticated: the
+  trainer's own ring and weight slot) it cannot happen, and raises.
   """
 
   def __init__(
@@ -166,8 +173,10 @@ class StalenessFilter(grain.IterDataset):
       policy: traj_lib.StalenessPolicy,
       counters: StreamCounters,
       on_read: Callable[[Trajectory, int, bool], None] | None = None,
+      trusted_versions: bool = False,
   ):
     super().__init__(parent)
+    self._trusted = trusted_versions
     self._version = trainer_version
     self._policy = policy
     self._counters = counters
@@ -190,6 +199,12 @@ class _StalenessIterator(grain.DatasetIterator):
       version = int(self._ds._version())  # pylint: disable=protected-access
       staleness = traj.staleness(version)
       policy = self._ds._policy  # pylint: disable=protected-access
+      if staleness < 0 and self._ds._trusted:  # pylint: disable=protected-access
+        raise AssertionError(
+            f"A trajectory of prompt {traj.prompt_id} was sampled by policy "
+            f"version {version - staleness}, newer than the trainer's "
+            f"{version}, from authenticated weights: a bug in publishing "
+            "or version stamping, not a forgery.")
       if staleness < 0:
         c.dropped_future += 1
         logging.warning(
@@ -296,14 +311,30 @@ class _OverlongFilter(grain.transforms.Filter):
     return False
 
 
+def make_global_batch(local_batch: dict[str, np.ndarray],
+                      batch_sharding: jax.sharding.NamedSharding
+                      ) -> dict[str, jax.Array]:
+  """Assembles each process's local rows into global ``jax.Array``s.
+
+  Every process passes its own ``[B_local, ...]`` arrays (the rows from its
+  own sampler's ring); the result is ``[B_local * num_processes, ...]``
+  sharded by ``batch_sharding`` (``sharding.batch_sharding``: the batch axes
+  of the mesh), via ``jax.make_array_from_process_local_data``.
+  """
+  return jax.tree.map(
+      lambda x: jax.make_array_from_process_local_data(
+          batch_sharding, np.asarray(x)), local_batch)
+
+
 def to_batches(ds: grain.IterDataset, counters: StreamCounters, *,
                batch_size: int, seq_len: int, overlong: str = "drop",
                pad_id: int = 0, drop_remainder: bool = True,
                process_index: int = 0, max_error_frac: float = 1.0,
-               on_batch: Callable[[dict], dict] | None = None
-               ) -> grain.IterDataset:
+               on_batch: Callable[[dict], dict] | None = None,
+               batch_sharding: Any = None) -> grain.IterDataset:
   """(trajectory, staleness) elements -> ``[B, T]`` batches (the pipeline's
-  tail, shared by the live stream and a replay); ``on_batch`` sees each."""
+  tail, shared by the live stream and a replay); ``on_batch`` sees each host
+  batch; with ``batch_sharding`` they become global (``make_global_batch``)."""
   if overlong == "drop":
     ds = ds.filter(_OverlongFilter(seq_len, counters))
   ds = ds.map(PadToLength(seq_len, counters, overlong=overlong, pad_id=pad_id,
@@ -311,7 +342,12 @@ def to_batches(ds: grain.IterDataset, counters: StreamCounters, *,
                           error_window=4 * batch_size))
   ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
       lambda batch: traj_lib.with_group_index(batch, process_index))
-  return ds if on_batch is None else ds.map(on_batch)
+  if on_batch is not None:
+    ds = ds.map(on_batch)
+  if batch_sharding is not None:
+    ds = ds.map(functools.partial(make_global_batch,
+                                  batch_sharding=batch_sharding))
+  return ds
 
 
 class StreamRecorderLike(Protocol):
@@ -350,6 +386,8 @@ class TrajectoryStream:
       process_index: int = 0,
       max_error_frac: float = 1.0,
       recorder: StreamRecorderLike | None = None,
+      trusted_versions: bool = False,
+      batch_sharding: Any = None,
   ):
     """See the module docstring for the pipeline.
 
@@ -373,13 +411,21 @@ class TrajectoryStream:
         ``4 * batch_size`` (``PadToLength``); 1 never stops.
       recorder: Sees every record read (``add``) and every batch emitted
         (``batch_done``): ``sao_jax.data.record.StreamRecorder``.
+      trusted_versions: Every policy version was authenticated (the ring
+        and weight slot of ``authenticate=True``): negative staleness is then
+        a bug and raises instead of being dropped (``StalenessFilter``).
+      batch_sharding: The mesh's batch sharding (``sharding.batch_sharding``):
+        batches are then global ``jax.Array``s, ready for the train step;
+        None keeps them process-local NumPy arrays.
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers)
     ds = StalenessFilter(ds, trainer_version, staleness, self.counters,
-                         on_read=recorder and recorder.add)
+                         on_read=recorder and recorder.add,
+                         trusted_versions=trusted_versions)
     self.dataset: grain.IterDataset = to_batches(
         ds, self.counters, batch_size=batch_size, seq_len=seq_len,
         overlong=overlong, pad_id=pad_id, drop_remainder=drop_remainder,
         process_index=process_index, max_error_frac=max_error_frac,
-        on_batch=recorder and recorder.batch_done)
+        on_batch=recorder and recorder.batch_done,
+        batch_sharding=batch_sharding)

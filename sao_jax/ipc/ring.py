@@ -1,32 +1,22 @@
 """A shared-memory ring of variable-size records, one lane per producer.
 
 The sampler processes publish trajectories here and the trainer reads them
-(docs/DESIGN.md §1). One segment holds one single-producer lane per sampler:
+(docs/DESIGN.md §1). One segment holds one single-producer lane per sampler,
+a byte ring of records (layout: ``sao_jax.ipc.ring_layout``). Fault model:
 
-    [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1]...
-
-Each lane is a byte ring with monotonic 64-bit ``head`` (written only by its
-producer) and ``tail`` (written only by the consumer) counters; offsets are
-``counter % lane_bytes``. A record is a 32-byte header (magic, length,
-sequence number, XXH3-64 of the payload) followed by the payload, padded to
-64 bytes and never split: when it does not fit before the end of the lane the
-producer writes a *wrap* marker and continues at offset 0.
-
-Fault model:
-
-* No torn reads: the producer copies the payload, then the header, and only
-  then advances ``head`` with one aligned 8-byte store. The consumer never
-  reads past ``head``, so a producer killed mid-write leaves nothing visible.
-* Corruption: the consumer checks magic, per-lane sequence number and length,
-  and the checksum of its private copy (XXH3-64; a change goes unnoticed with
-  probability ~2**-64, no defence against an attacker).
-* Producer death: each lane stores its producer's pid and start time; the
-  consumer checks them (``/proc``; zombies count as dead) while idle and every
-  ``liveness_interval_s``, keeps the records already committed, reports the
-  lane in ``dead_producers()`` and reads on. A lane is never reused.
-* Backpressure: a producer waits while its lane is full and raises
-  ``RingFullError`` after ``timeout``; the consumer waits while every lane is
-  empty and raises ``RingEmptyError``. Waits are counted in ``stats()``.
+* No torn reads: payload, then header, then ``head`` advanced by one aligned
+  8-byte store; a producer killed mid-write leaves nothing visible.
+* Corruption: magic, per-lane sequence number, length and the XXH3-64
+  checksum of the consumer's private copy are checked (no defence against
+  an attacker).
+* Writes by other processes (``create(authenticate=True)``): a 16-byte MAC of
+  payload, lane and sequence number under a key never in shared memory; a
+  record failing it, or replaying an older sequence number, is skipped and
+  counted (``rejected_records``), so a forgery never shifts genuine records.
+* Producer death (pid and start time in ``/proc``, zombies dead): committed
+  records are still read; the lane is reported in ``dead_producers()``.
+* Backpressure: ``RingFullError`` / ``RingEmptyError`` after ``timeout``;
+  waits are counted in ``stats()``.
 
 Memory ordering relies on the store order of x86-64 (TSO); on weakly ordered
 CPUs a checksum mismatch is retried briefly before being reported.
@@ -34,25 +24,22 @@ CPUs a checksum mismatch is retried briefly before being reported.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterator, Sequence
 
 from absl import logging
 import numpy as np
 
+from sao_jax.ipc import mac as mac_lib
 from sao_jax.ipc import ring_layout as layout
 from sao_jax.ipc import segment
 
 # The ring's API types live with the layout they describe.
-HEADER_BYTES = layout.HEADER_BYTES
-Record = layout.Record
-RingError = layout.RingError
-RingFullError = layout.RingFullError
-RingEmptyError = layout.RingEmptyError
-RingDrained = layout.RingDrained
-RingClosedError = layout.RingClosedError
-CorruptRecordError = layout.CorruptRecordError
+(HEADER_BYTES, Record, RingError, RingFullError, RingEmptyError, RingDrained,
+ RingClosedError, CorruptRecordError) = (
+     layout.HEADER_BYTES, layout.Record, layout.RingError,
+     layout.RingFullError, layout.RingEmptyError, layout.RingDrained,
+     layout.RingClosedError, layout.CorruptRecordError)
 _DEFAULT = object()  # "Use the writer's default timeout."
 
 # The layout's names used on every record, bound once: a global lookup costs
@@ -65,6 +52,7 @@ _HDR, _REC_MAGIC, _WRAP_MAGIC, _ALIGN = (
     layout.HDR, layout.REC_MAGIC, layout.WRAP_MAGIC, layout.ALIGN)
 _checksum, _new_record, _byte_view = (
     layout.checksum, layout.new_record, layout.byte_view)
+_TAG_BYTES = layout.TAG_BYTES
 
 
 class RingReader:
@@ -77,33 +65,48 @@ class RingReader:
       rec = ring.read(timeout=10.0)   # Record(lane, seq, data)
   """
 
-  def __init__(self, seg: layout.Segment, liveness_interval_s: float = 0.2):
+  def __init__(self, seg: layout.Segment, liveness_interval_s: float = 0.2,
+               key: bytes | None = None):
     self._seg = seg
     self._next_lane = 0
     self._liveness_interval = liveness_interval_s
     self._last_liveness = 0.0
     self._dead: dict[int, int] = {}
     self._empty_waits = self._empty_wait_ns = 0
-    self._bytes_read = self._checksum_retries = 0
+    self._bytes_read = self._checksum_retries = self._rejected = 0
     # Last ``head`` seen per lane: re-read (a cache line the producer keeps
     # writing) only once the records up to it are consumed.
     self._heads = [0] * seg.num_lanes
+    self._key = key
+    self._mac = mac_lib.Mac(key) if key is not None else None
+    self._overhead = HEADER_BYTES + (layout.TAG_BYTES if key else 0)
+    self._next_seq = [0] * seg.num_lanes  # Keyed: newest accepted + 1.
 
   @classmethod
   def create(cls, num_lanes: int, lane_bytes: int, *,
-             liveness_interval_s: float = 0.2) -> RingReader:
+             liveness_interval_s: float = 0.2,
+             authenticate: bool = False) -> RingReader:
     """Creates a ring with one lane per producer, each ``lane_bytes`` large.
 
     Args:
       num_lanes: Number of producers (one process each).
       lane_bytes: Bytes per lane, a multiple of 64; a record needs its payload
-        + 32 bytes, rounded up to 64. Larger records are rejected.
+        + 32 bytes (+ 16 authenticated), rounded up to 64. Larger records
+        are rejected.
       liveness_interval_s: How often producer pids are checked.
+      authenticate: Records carry a MAC under a fresh secret ``key``
+        (``os.urandom``), which producers must be given.
     """
-    seg = layout.Segment.create(num_lanes, lane_bytes)
-    logging.info("Created ring %s: %d lanes x %d bytes.", seg.name,
-                 num_lanes, lane_bytes)
-    return cls(seg, liveness_interval_s)
+    seg = layout.Segment.create(num_lanes, lane_bytes, keyed=authenticate)
+    logging.info("Created ring %s: %d lanes x %d bytes%s.", seg.name,
+                 num_lanes, lane_bytes, ", authenticated" * authenticate)
+    key = mac_lib.new_key() if authenticate else None
+    return cls(seg, liveness_interval_s, key)
+
+  @property
+  def key(self) -> bytes | None:
+    """The MAC key to hand to producers (never stored in shared memory)."""
+    return self._key
 
   @property
   def name(self) -> str:
@@ -126,7 +129,8 @@ class RingReader:
     Raises:
       RingEmptyError: nothing arrived within ``timeout``.
       RingDrained: every lane's producer closed or died, all records read.
-      CorruptRecordError: a committed record failed validation.
+      CorruptRecordError: a committed record failed validation (in a keyed
+        ring: its header cannot be framed; a bad MAC is only rejected).
     """
     if time.monotonic() - self._last_liveness >= self._liveness_interval:
       self._check_liveness()
@@ -177,7 +181,7 @@ class RingReader:
     return None
 
   def _take(self, lane: int) -> Record | None:
-    seg = self._seg
+    seg, mac = self._seg, self._mac
     ctl, mv, cap = seg.ctl[lane], seg.lanes[lane], seg.lane_bytes
     while True:
       tail = ctl[_TAIL]
@@ -191,10 +195,11 @@ class RingReader:
       if magic == _WRAP_MAGIC:
         ctl[_TAIL] = tail + (cap - off)
         continue
-      expected_seq = ctl[_RECORDS_READ]
-      new_tail = tail + ((HEADER_BYTES + length + _ALIGN - 1) & -_ALIGN)
-      if (magic != _REC_MAGIC or seq != expected_seq or new_tail > head
-          or new_tail - tail > cap - off):
+      expected_seq = (ctl[_RECORDS_READ] if mac is None
+                      else self._next_seq[lane])
+      new_tail = tail + ((self._overhead + length + _ALIGN - 1) & -_ALIGN)
+      if (magic != _REC_MAGIC or (seq != expected_seq and mac is None)
+          or new_tail > head or new_tail - tail > cap - off):
         raise CorruptRecordError(
             f"Ring {self.name} lane {lane}: bad record header at counter "
             f"{tail} (magic {magic:#x}, seq {seq} expected {expected_seq}, "
@@ -202,39 +207,54 @@ class RingReader:
             "overwritten by something else; recreate the ring.")
       start = off + HEADER_BYTES
       out = np.array(mv[start:start + length])  # One memcpy, uint8.
-      if _checksum(out) != check:
-        self._recheck(out, mv[start:start + length], lane, check, tail)
+      if mac is not None:
+        end = start + length
+        tag = mv[end:end + _TAG_BYTES].tobytes()
+        if not (seq >= expected_seq and mac.verify(lane, seq, out, tag)
+                or self._authentic(out, mv[start:end], lane, seq, tag, tail,
+                                   expected_seq)):
+          ctl[_TAIL] = new_tail  # Rejected: skipped, counted.
+          continue
+        self._next_seq[lane] = seq + 1
+        ctl[_RECORDS_READ] += 1
+      else:
+        if _checksum(out) != check and not self._recheck(
+            out, mv[start:start + length], check):
+          raise CorruptRecordError(
+              f"Ring {self.name} lane {lane}: xxh3 mismatch on the committed "
+              f"record at counter {tail} ({length} bytes). Shared memory was "
+              "corrupted or written outside the ring API.")
+        ctl[_RECORDS_READ] = expected_seq + 1
       self._bytes_read += length
-      ctl[_RECORDS_READ] = expected_seq + 1
       ctl[_TAIL] = new_tail
       return _new_record((lane, seq, out))
 
-  def _recheck(self, out: np.ndarray, src: memoryview, lane: int, check: int,
-               tail: int) -> None:
-    """Re-copies a record whose checksum mismatched (weak memory ordering)."""
-    for _ in range(5):
-      self._checksum_retries += 1
-      time.sleep(1e-3)
-      out[:] = src
-      if _checksum(out) == check:
-        return
-    raise CorruptRecordError(
-        f"Ring {self.name} lane {lane}: xxh3 mismatch on the committed record "
-        f"at counter {tail} ({out.nbytes} bytes). Shared memory was corrupted "
-        "or written outside the ring API.")
+  def _recheck(self, out: np.ndarray, src: memoryview, check: int) -> bool:
+    ok, retries = layout.recopied(out, src, lambda o: _checksum(o) == check, 5)
+    self._checksum_retries += retries
+    return ok
+
+  def _authentic(self, out: np.ndarray, src: memoryview, lane: int, seq: int,
+                 tag: bytes, tail: int, expected_seq: int) -> bool:
+    """Whether a keyed ring's record that failed the first check is genuine
+    and newer after re-copies (weak memory ordering); counts rejects."""
+    n = out.nbytes
+    ok, retries = layout.recopied(out, src, lambda o: self._mac.verify(
+        lane, seq, o, tag), 3)
+    self._checksum_retries += retries
+    if ok and seq >= expected_seq:
+      return True
+    self._rejected += 1
+    logging.warning(
+        "Ring %s lane %d: skipped the record at counter %d (seq %d, %d bytes),"
+        " %s (%d rejected so far): another process wrote the ring.",
+        self.name, lane, tail, seq, n, "a replay" if ok else "bad MAC",
+        self._rejected)
+    return False
 
   def _check_liveness(self) -> None:
     self._last_liveness = time.monotonic()
-    for lane, ctl in enumerate(self._seg.ctl):
-      if ctl[layout.STATE] != layout.ACTIVE or lane in self._dead:
-        continue
-      pid = ctl[layout.PID]
-      if not layout.pid_alive(pid, ctl[layout.PID_START]):
-        self._dead[lane] = pid
-        logging.warning(
-            "Ring %s: producer pid %d of lane %d died; %d committed records "
-            "left to read, then the lane is skipped.", self.name, pid, lane,
-            ctl[_RECORDS_WRITTEN] - ctl[_RECORDS_READ])
+    self._seg.find_dead(self._dead)
 
   def dead_producers(self) -> dict[int, int]:
     """Lanes whose producer died without closing, as {lane: pid}."""
@@ -251,19 +271,12 @@ class RingReader:
 
   def stats(self) -> dict:
     """Counters: per-lane occupancy and waits, consumer waits, deaths."""
-    lanes = [self._seg.lane_stats(lane) for lane in range(self.num_lanes)]
-    for lane in self._dead:
-      lanes[lane]["state"] = "dead"
     return {
-        "records_read": sum(l["records_read"] for l in lanes),
-        "bytes_read": self._bytes_read,
-        "occupancy": max(l["occupancy"] for l in lanes),
+        **self._seg.stats(self._dead), "bytes_read": self._bytes_read,
         "empty_waits": self._empty_waits,
         "empty_wait_s": self._empty_wait_ns / 1e9,
-        "producer_deaths": len(self._dead),
-        "dead_producers": sorted(self._dead),
         "checksum_retries": self._checksum_retries,
-        "lanes": lanes,
+        "rejected_records": self._rejected,
     }
 
   def close(self) -> None:
@@ -289,39 +302,31 @@ class RingWriter:
       w.write(header_bytes, array1, array2)   # gathered into one record
   """
 
-  def __init__(self, name: str, lane: int, *, timeout: float | None = 60.0):
+  def __init__(self, name: str, lane: int, *, timeout: float | None = 60.0,
+               key: bytes | None = None):
     """Attaches to ring ``name`` and claims ``lane``, which must be unused.
 
     Args:
       name: ``RingReader.name`` of the ring.
       lane: Lane index in [0, num_lanes), one per producer process.
       timeout: Default seconds ``write`` waits for space (None: forever).
+      key: ``RingReader.key`` of an authenticated ring (None otherwise).
     """
     seg = self._seg = layout.Segment(segment.attach(name), owner=False)
-    if not 0 <= lane < seg.num_lanes:
+    try:
+      ctl = seg.claim_lane(lane, key is not None)
+    except BaseException:
       seg.close()
-      raise ValueError(
-          f"lane {lane} out of range: ring {name} has {seg.num_lanes} lanes.")
-    ctl = seg.ctl[lane]
-    if ctl[layout.STATE] != layout.FREE:
-      pid = ctl[layout.PID]
-      alive = layout.pid_alive(pid, ctl[layout.PID_START])
-      seg.close()
-      raise RingError(
-          f"Lane {lane} of ring {name} is held by "
-          f"{'live' if alive else 'dead'} producer pid {pid} (lanes are not "
-          "reused); give each producer process its own lane.")
+      raise
     self._lane, self._ctl, self._mv = lane, ctl, seg.lanes[lane]
     self._cap = seg.lane_bytes
     self._timeout = timeout
+    self._mac = mac_lib.Mac(key) if key is not None else None
+    self._overhead = HEADER_BYTES + (layout.TAG_BYTES if key else 0)
     self._seq = 0
     # Last ``tail`` seen: re-read (the consumer's cache line) only when the
     # lane looks full with it, so most writes touch no consumer-written line.
     self._tail = 0
-    ctl[layout.PID] = os.getpid()
-    ctl[layout.PID_START] = layout.proc_start_time(os.getpid())
-    ctl[_HEARTBEAT_NS] = time.time_ns()
-    ctl[layout.STATE] = layout.ACTIVE
 
   @property
   def lane(self) -> int:
@@ -345,13 +350,13 @@ class RingWriter:
     else:
       parts = [_byte_view(b) for b in buffers]
       n = sum(p.nbytes for p in parts)
-    need = (HEADER_BYTES + n + _ALIGN - 1) & -_ALIGN
+    need = (self._overhead + n + _ALIGN - 1) & -_ALIGN
     ctl, cap = self._ctl, self._cap
     if need > cap:
       raise ValueError(
           f"Record of {n} bytes does not fit in a lane of {cap} bytes (needs "
           f"{need} with header and padding; max payload "
-          f"{cap - HEADER_BYTES}). "
+          f"{cap - self._overhead}). "
           "Create the ring with a larger lane_bytes or send smaller records.")
     head = ctl[_HEAD]
     off = head % cap
@@ -362,12 +367,19 @@ class RingWriter:
       if off < 0:  # Wrapped: marker written, head moved to the lane start.
         head = ctl[_HEAD]
         off = self._reserve(head, need, timeout)
-    seq = self._seq
-    # The checksum is of the bytes as sent (hot in this core's cache), so the
-    # consumer's check also covers the copy into the lane.
-    check = (_checksum(parts[0]) if len(parts) == 1
-             else layout.checksum_parts(parts))
-    self._copy_in(off + HEADER_BYTES, parts, n)
+    seq, start = self._seq, off + HEADER_BYTES
+    if self._mac is None:
+      # The checksum is of the bytes as sent (hot in this core's cache), so
+      # the consumer's check also covers the copy into the lane.
+      check = (_checksum(parts[0]) if len(parts) == 1
+               else layout.checksum_parts(parts))
+      self._copy_in(start, parts, n)
+    else:  # The MAC of the lane's copy (hot in cache), as a trailer.
+      check = 0
+      self._copy_in(start, parts, n)
+      mv = self._mv
+      mv[start + n:start + n + layout.TAG_BYTES] = self._mac.tag(
+          self._lane, seq, mv[start:start + n])
     _HDR.pack_into(self._mv, off, _REC_MAGIC, 0, n, seq, check)
     ctl[_HEAD] = head + need  # The commit.
     self._seq = seq + 1

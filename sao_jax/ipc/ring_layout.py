@@ -1,11 +1,19 @@
 """What both sides of the trajectory ring share (docs/DESIGN.md §1).
 
-The segment layout, the record header, the ring's errors, typed views of a
-segment, and the two primitives of its fault model: producer liveness from
-``/proc`` and the polling backoff. ``sao_jax.ipc.ring`` holds the protocol
-(``RingReader``, ``RingWriter``) and describes the layout.
+The segment layout, the record header and its MAC, the ring's errors, typed
+views of a segment, and the two primitives of its fault model: producer
+liveness from ``/proc`` and the polling backoff. ``sao_jax.ipc.ring`` holds
+the protocol (``RingReader``, ``RingWriter``) and its fault model.
 
     [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1]...
+
+Each lane is a byte ring with monotonic 64-bit ``head`` (written only by its
+producer) and ``tail`` (written only by the consumer) counters; offsets are
+``counter % lane_bytes``. A record is a 32-byte header (magic, length,
+sequence number, XXH3-64 of the payload, 0 in a keyed ring) followed by the
+payload and, in a keyed ring (``G_KEYED``), its 16-byte MAC, padded to 64
+bytes and never split: when it does not fit before the end of the lane the
+producer writes a *wrap* marker and continues at offset 0.
 """
 
 from __future__ import annotations
@@ -14,21 +22,23 @@ import functools
 import os
 import struct
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
+from absl import logging
 import numpy as np
 import xxhash
 
+from sao_jax.ipc import mac
 from sao_jax.ipc import segment
 
 MAGIC = 0x5A0_12196  # Segment layout magic.
-LAYOUT_VERSION = 3  # 3: xxh3 only, no lane take-over.
+LAYOUT_VERSION = 4  # 4: optional per-record MAC (G_KEYED).
 GLOBAL_BYTES = 4096
 CTL_BYTES = 256
 ALIGN = 64
 
-# Global header words (uint64).
-G_MAGIC, G_VERSION, G_LANES, G_LANE_BYTES, G_CLOSED = range(5)
+# Global header words (uint64). G_KEYED: records carry a MAC trailer.
+G_MAGIC, G_VERSION, G_LANES, G_LANE_BYTES, G_CLOSED, G_KEYED = range(6)
 
 # Lane control words (int64). Producer-written words come first; the consumer's
 # words live in a separate cache line (word 16 = byte 128).
@@ -46,6 +56,7 @@ HDR = struct.Struct("<IIQQQ")  # magic, reserved, length, seq, checksum.
 HEADER_BYTES = 32
 assert HDR.size == HEADER_BYTES
 checksum = xxhash.xxh3_64_intdigest  # Of one buffer.
+TAG_BYTES = mac.TAG_BYTES  # The MAC trailer of a record in a keyed ring.
 
 
 def checksum_parts(parts) -> int:
@@ -148,6 +159,23 @@ class Backoff:
       time.sleep(min(self._max, 5e-5 * 2 ** min(self._n - self._SPINS, 10)))
 
 
+def recopied(out: np.ndarray, src: memoryview, good: Callable[..., bool],
+             tries: int) -> tuple[bool, int]:
+  """(Whether ``good(out)``, re-copies made).
+
+  While it is not, re-copies ``src`` into ``out`` 1 ms apart, up to ``tries``
+  times: a record read before its producer's stores were visible (weakly
+  ordered CPUs) turns good; a corrupted or forged one does not.
+  """
+  ok, n = good(out), 0
+  while not ok and n < tries:
+    n += 1
+    time.sleep(1e-3)
+    out[:] = src
+    ok = good(out)
+  return ok, n
+
+
 def data_offset(num_lanes: int) -> int:
   return (GLOBAL_BYTES + num_lanes * CTL_BYTES + 4095) // 4096 * 4096
 
@@ -156,7 +184,8 @@ class Segment:
   """Typed views of a ring segment (shared by reader and writer)."""
 
   @classmethod
-  def create(cls, num_lanes: int, lane_bytes: int) -> Segment:
+  def create(cls, num_lanes: int, lane_bytes: int,
+             keyed: bool = False) -> Segment:
     """A new segment (owned: unlinked on close) of an empty ring."""
     if num_lanes < 1:
       raise ValueError(f"num_lanes must be >= 1, got {num_lanes}.")
@@ -168,6 +197,7 @@ class Segment:
     try:
       glob = shm.buf[:64].cast("Q")
       glob[G_LANES], glob[G_LANE_BYTES] = num_lanes, lane_bytes
+      glob[G_KEYED] = int(keyed)
       glob[G_VERSION], glob[G_MAGIC] = LAYOUT_VERSION, MAGIC
       glob.release()
       return cls(shm, owner=True)
@@ -192,6 +222,7 @@ class Segment:
           "checkout.")
     self.num_lanes = self.glob[G_LANES]
     self.lane_bytes = self.glob[G_LANE_BYTES]
+    self.keyed = bool(self.glob[G_KEYED])
     self.ctl = [buf[GLOBAL_BYTES + i * CTL_BYTES:
                     GLOBAL_BYTES + (i + 1) * CTL_BYTES].cast("q")
                 for i in range(self.num_lanes)]
@@ -199,6 +230,56 @@ class Segment:
     self.lanes = [buf[start + i * self.lane_bytes:
                       start + (i + 1) * self.lane_bytes]
                   for i in range(self.num_lanes)]
+
+  def claim_lane(self, lane: int, keyed: bool):
+    """Makes this process ``lane``'s producer; returns its control words.
+
+    The lane must be unused (lanes are never reused) and ``keyed`` must say
+    whether the writer holds the key of an authenticated ring.
+    """
+    if not 0 <= lane < self.num_lanes:
+      raise ValueError(f"lane {lane} out of range: ring {self.name} has "
+                       f"{self.num_lanes} lanes.")
+    if keyed != self.keyed:
+      raise RingError(
+          f"Ring {self.name} is {'' if self.keyed else 'not '}authenticated: "
+          "pass key=RingReader.key of its creator exactly when it is.")
+    ctl = self.ctl[lane]
+    if ctl[STATE] != FREE:
+      pid = ctl[PID]
+      alive = pid_alive(pid, ctl[PID_START])
+      raise RingError(
+          f"Lane {lane} of ring {self.name} is held by "
+          f"{'live' if alive else 'dead'} producer pid {pid} (lanes are not "
+          "reused); give each producer process its own lane.")
+    ctl[PID] = os.getpid()
+    ctl[PID_START] = proc_start_time(os.getpid())
+    ctl[HEARTBEAT_NS] = time.time_ns()
+    ctl[STATE] = ACTIVE
+    return ctl
+
+  def find_dead(self, dead: dict[int, int]) -> None:
+    """Adds to ``dead`` ({lane: pid}) the active lanes whose producer died."""
+    for lane, ctl in enumerate(self.ctl):
+      if ctl[STATE] != ACTIVE or lane in dead:
+        continue
+      pid = ctl[PID]
+      if not pid_alive(pid, ctl[PID_START]):
+        dead[lane] = pid
+        logging.warning(
+            "Ring %s: producer pid %d of lane %d died; %d committed records "
+            "left to read, then the lane is skipped.", self.name, pid, lane,
+            ctl[RECORDS_WRITTEN] - ctl[RECORDS_READ])
+
+  def stats(self, dead: dict[int, int]) -> dict:
+    """Every lane's counters (``dead`` lanes so marked) and their totals."""
+    lanes = [self.lane_stats(lane) for lane in range(self.num_lanes)]
+    for lane in dead:
+      lanes[lane]["state"] = "dead"
+    return {"records_read": sum(l["records_read"] for l in lanes),
+            "occupancy": max(l["occupancy"] for l in lanes),
+            "producer_deaths": len(dead), "dead_producers": sorted(dead),
+            "lanes": lanes}
 
   def lane_stats(self, lane: int) -> dict:
     """The counters of one lane's control words."""

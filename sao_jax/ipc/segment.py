@@ -17,7 +17,9 @@ One concern: the lifetime of a ``multiprocessing.shared_memory`` segment.
 This module holds the process's one SIGTERM handler. Inside
 ``sigterm_unwinds()`` (the trainer's loop) SIGTERM, after unlinking, raises
 ``KeyboardInterrupt`` in the main thread instead, so every ``finally`` runs
-(the sampler is stopped, the checkpointer closed).
+(the sampler is stopped, the checkpointer closed); inside
+``sigterm_deferred()`` (a train step and the assignment of its result, whose
+input buffers are donated) it is raised when that block ends.
 
 Python runs signal handlers in the main thread between bytecodes, so the
 SIGTERM cleanup waits until the main thread returns from a blocking C call.
@@ -48,6 +50,8 @@ _owned: dict[str, shared_memory.SharedMemory] = {}
 _handlers_installed = False
 _prev_sigterm: Any = None
 _unwind_depth = 0  # > 0 inside sigterm_unwinds().
+_defer_depth = 0  # > 0 inside sigterm_deferred().
+_pending_signal: int | None = None  # A SIGTERM that arrived while deferred.
 
 
 def make_name(kind: str) -> str:
@@ -77,7 +81,11 @@ def _unlink_all_owned() -> None:
 
 def _on_sigterm(signum, frame) -> None:
   """Unlinks our segments, then unwinds or acts as the previous handler."""
+  global _pending_signal
   _unlink_all_owned()
+  if _unwind_depth and _defer_depth:
+    _pending_signal = signum  # Raised when the deferred block ends.
+    return
   if _unwind_depth:
     raise KeyboardInterrupt(f"signal {signum}")
   prev = _prev_sigterm
@@ -202,3 +210,24 @@ def release(shm: shared_memory.SharedMemory, *, unlink: bool) -> None:
       shm._fd = -1  # pylint: disable=protected-access
     logging.info("Segment %s detached with live views; unmapped when they go.",
                  shm.name)
+
+
+@contextlib.contextmanager
+def sigterm_deferred():
+  """Inside ``sigterm_unwinds()``: SIGTERM unwinds only when this block ends.
+
+  For work that must not be split, such as a jitted step that donates the
+  state it replaces: interrupted between the call and the assignment, neither
+  the old state (donated) nor the new one would be left to checkpoint.
+  """
+  global _defer_depth, _pending_signal
+  _defer_depth += 1
+  try:
+    yield
+  finally:
+    _defer_depth -= 1
+    signum = None
+    if not _defer_depth:
+      signum, _pending_signal = _pending_signal, None
+  if signum is not None:
+    raise KeyboardInterrupt(f"signal {signum}")

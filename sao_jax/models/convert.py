@@ -84,6 +84,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str],
   loaded = transformers.AutoModelForCausalLM.from_pretrained(
       folder, gguf_file=name, dtype=torch.float32)
   tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  align_eos_with_chat_template(tokenizer)
   config = loaded.config
   # The saved model is plain float32: it must not claim a GGUF quantization.
   if hasattr(config, "quantization_config"):
@@ -107,6 +108,41 @@ def convert_gguf(gguf_path: str | os.PathLike[str],
   logging.info("Wrote %s (%s, %d parameters).", out_dir,
                type(model).__name__, model.num_parameters())
   return out_dir
+
+
+def align_eos_with_chat_template(tokenizer) -> None:
+  """Makes `tokenizer.eos_token` the special token closing an assistant turn.
+
+  The stop token of a chat model is the one its template puts after the
+  assistant's reply (`<|im_end|>` in ChatML). transformers versions differ in
+  which GGUF token id they take as eos (5.17 gives SmolLM2 `<|im_start|>`,
+  5.24 `<|im_end|>`), so the converter reads it off the template; a
+  tokenizer without a chat template is left as it is.
+
+  Raises:
+    ValueError: the template closes the reply with no special token.
+  """
+  if not getattr(tokenizer, "chat_template", None):
+    return
+  reply = "\x01reply\x01"
+  text = tokenizer.apply_chat_template(
+      [{"role": "user", "content": "q"},
+       {"role": "assistant", "content": reply}], tokenize=False)
+  after = text.split(reply, 1)[1]
+  specials = sorted(tokenizer.all_special_tokens
+                    + [str(t) for t in tokenizer.added_tokens_decoder.values()],
+                    key=len, reverse=True)
+  closing = next((t for t in specials if t and after.startswith(t)), None)
+  if closing is None:
+    raise ValueError(
+        f"The chat template closes an assistant turn with {after[:20]!r}, "
+        "not a special token: sao_jax cannot tell where a reply stops. Give "
+        "the checkpoint a template whose replies end in its eos token.")
+  if closing != tokenizer.eos_token:
+    logging.warning("Tokenizer eos %r does not close an assistant turn in the "
+                    "chat template; using %r as eos.", tokenizer.eos_token,
+                    closing)
+    tokenizer.eos_token = closing
 
 
 def ensure_smollm2(out_dir: str | os.PathLike[str]) -> str:

@@ -1,7 +1,9 @@
 """Config name -> policy loss, with one call signature for every algorithm.
 
-``config.rl.loss`` picks the algorithm (docs/DESIGN.md §2 "Baselines"); the
-trainer binds it once with the hyper-parameters of ``config.rl``:
+``config.rl.loss`` picks the algorithm (docs/DESIGN.md §2 "Baselines"). The
+train step resolves it once, when it is built (``LossSpec.bind`` with the
+hyper-parameters of ``config.rl``, and the names of the inputs it reads), and
+calls the loss function itself. Elsewhere (tests, tools)::
 
   loss_fn = registry.get_loss_fn(config.rl.loss, config.rl)
   loss, metrics = loss_fn(logp, registry.PolicyBatch(rollout_logp=..., ...))
@@ -56,22 +58,22 @@ class PolicyBatch:
   ref_logp: Optional[Array] = None
 
 
-def _rollout(batch: PolicyBatch) -> Array:
-  return batch.rollout_logp
+def read_input(batch: PolicyBatch, name: str) -> Array:
+  """``batch.<name>``, where π_old falls back to π_rollout and π_prox to π_old.
 
-
-def _old_or_rollout(batch: PolicyBatch) -> Array:
-  return batch.rollout_logp if batch.old_logp is None else batch.old_logp
-
-
-def _prox(batch: PolicyBatch) -> Array:
-  prox = batch.prox_logp if batch.prox_logp is not None else batch.old_logp
-  if prox is None:
-    raise ValueError(
-        "The 'areal' loss needs the proximal policy's log-probs: set "
-        "PolicyBatch.prox_logp (or old_logp) to log π_prox recomputed by the "
-        "trainer before the update.")
-  return prox
+  The train step always sets π_old and π_prox (one update per batch); the
+  fallbacks serve callers that pass only the rollout log-probs.
+  """
+  value = getattr(batch, name)
+  if value is not None:
+    return value
+  if name == "old_logp":
+    return batch.rollout_logp
+  if name == "prox_logp" and batch.old_logp is not None:
+    return batch.old_logp
+  raise ValueError(
+      f"The loss needs PolicyBatch.{name}: set it (for 'areal', log π_prox "
+      "recomputed by the trainer before the update; prox_logp or old_logp).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,7 @@ class LossSpec:
   Attributes:
     fn: The loss, ``fn(logp, *inputs, advantages, mask, **kwargs)``.
     inputs: Per positional argument between ``logp`` and ``advantages``, the
-      function reading it from a ``PolicyBatch``.
+      ``PolicyBatch`` field it is (``read_input``).
     advantage: The advantage estimator it pairs with (one of
       ``advantages.ESTIMATORS``).
     description: One line for listings.
@@ -92,7 +94,7 @@ class LossSpec:
   """
 
   fn: LossFn
-  inputs: tuple[Callable[[PolicyBatch], Array], ...]
+  inputs: tuple[str, ...]
   advantage: str
   description: str
   hparams: tuple[str, ...] = ("eps_low", "eps_high")
@@ -115,12 +117,12 @@ class LossSpec:
     """The loss of ``logp`` on ``batch`` (tunables not given: defaults)."""
     kwargs = {k: getattr(batch, k) for k in self.batch_kwargs}
     return self.bind(**hparams)(
-        logp, *(get(batch) for get in self.inputs), batch.advantages,
-        batch.mask, **kwargs)
+        logp, *(read_input(batch, name) for name in self.inputs),
+        batch.advantages, batch.mask, **kwargs)
 
 
-_DIS = functools.partial(LossSpec, losses.dis_policy_loss, (_rollout,))
-_PPO = functools.partial(LossSpec, losses.ppo_clip_loss, (_old_or_rollout,))
+_DIS = functools.partial(LossSpec, losses.dis_policy_loss, ("rollout_logp",))
+_PPO = functools.partial(LossSpec, losses.ppo_clip_loss, ("old_logp",))
 _CLIP_HIGHER = {"eps_high": 0.28}  # DAPO's ε_h (ε_l stays 0.2).
 _KL = {"hparams": ("eps_low", "eps_high", "kl_coef"),
        "batch_kwargs": ("ref_logp",)}
@@ -148,18 +150,18 @@ _REGISTRY: dict[str, LossSpec] = {
     "dapo": _PPO("group_zscore",
                  "DAPO (Yu 2025): clip-higher (§3.1), token-level mean (§3.3)",
                  overrides=_CLIP_HIGHER),
-    "gspo": LossSpec(losses.gspo_loss, (_old_or_rollout,), "group_zscore",
+    "gspo": LossSpec(losses.gspo_loss, ("old_logp",), "group_zscore",
                      "GSPO (Zheng 2025) sequence ratio"),
-    "cispo": LossSpec(losses.cispo_loss, (_old_or_rollout,), "group_zscore",
+    "cispo": LossSpec(losses.cispo_loss, ("old_logp",), "group_zscore",
                       "CISPO (MiniMax-M1 2025)"),
-    "areal": LossSpec(losses.areal_loss, (_prox, _rollout), "gae",
+    "areal": LossSpec(losses.areal_loss, ("prox_logp", "rollout_logp"), "gae",
                       "AReaL decoupled PPO (Fu 2025)",
                       hparams=("eps_low", "eps_high", "behav_weight_cap")),
-    "tis": LossSpec(losses.tis_loss, (_rollout,), "group_zscore",
+    "tis": LossSpec(losses.tis_loss, ("rollout_logp",), "group_zscore",
                     "PPO + truncated IS mismatch factor (Yao 2025)",
                     hparams=("eps_low", "eps_high", "cap"),
                     batch_kwargs=("old_logp",)),
-    "icepop": LossSpec(losses.icepop_loss, (_rollout,), "group_zscore",
+    "icepop": LossSpec(losses.icepop_loss, ("rollout_logp",), "group_zscore",
                        "PPO + IcePop masked mismatch factor (Ling 2025)",
                        hparams=("eps_low", "eps_high", "mismatch_low",
                                 "mismatch_high"),

@@ -31,7 +31,9 @@ The sampler keeps ``sampler.num_slots`` episodes in flight in one `Generator`
    together when ``n_rollouts > 1``).
 
 Episode ``e`` always gets the task of prompt draw ``e // n_rollouts``, so a
-resumed run continues with the same prompts.
+resumed run continues with the same prompts (a task whose prompt alone is
+over ``max_total_tokens`` is skipped at selection for the same draw of a later
+epoch and counted in ``sampler/skipped_long_prompts``: `FittingPrompts`).
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from sao_jax import tokenizer as tok_lib
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import StalenessPolicy
+from sao_jax.data.trajectory import Trajectory
 from sao_jax.envs.base import Environment
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import rollout
 from sao_jax.sampler.generate import Generator
 from sao_jax.sampler.sampling import SamplingParams
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import StalenessPolicy
-from sao_jax.trajectory import Trajectory
 
 KV_ON_SWAP = ("keep", "recompute")
 
@@ -88,13 +90,11 @@ class EngineOptions:
   @classmethod
   def from_config(cls, config: Any) -> "EngineOptions":
     s = config.sampler
-    n_roll = int(s.n_rollouts)
-    slots = int(s.num_slots) or int(s.batch_size)
-    return cls(num_slots=max(n_roll, slots // n_roll * n_roll),
+    return cls(num_slots=rollout.num_slots(config),
                decode_chunk=int(s.decode_chunk),
                weight_poll_tokens=int(s.weight_poll_tokens),
                refill=bool(s.refill), kv_on_swap=str(s.kv_on_swap),
-               env_threads=int(s.env_threads), n_rollouts=n_roll)
+               env_threads=int(s.env_threads), n_rollouts=int(s.n_rollouts))
 
 
 class Outbox:
@@ -109,7 +109,7 @@ class Outbox:
     self._writer, self._stats, self._should_stop = writer, stats, should_stop
 
   def __call__(self, trajs: list[Trajectory]) -> bool:
-    from sao_jax.ipc import codec  # pylint: disable=g-import-not-at-top
+    from sao_jax.data import trajectory as codec  # pylint: disable=g-import-not-at-top
     from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
 
     t_idle = time.perf_counter()
@@ -175,7 +175,8 @@ class SlotEngine:
       sampling: sampling parameters.
       tokenizer: encodes observations and decodes actions.
       envs: one environment per slot.
-      task_of: prompt draw index -> task for ``env.reset``.
+      task_of: prompt draw index -> task for ``env.reset`` (the sampler's
+        skips tasks whose prompt cannot fit: ``prompts.FittingPrompts``).
       weights: () -> (params, version) of the newest weights (None before
         the first publication).
       staleness: admission bound (an episode starts only if the train step
@@ -266,10 +267,7 @@ class SlotEngine:
     slot.action, slot.future = [], None
     task = self.task_of(episode // self.opts.n_rollouts)
     try:
-      env.set_template(self.tokenizer.template)
-      prompt = rollout.encode_observation(rollout.call_with_timeout(
-          lambda: env.reset(task), self.limits.step_timeout_s, "env.reset"),
-                                          self.tokenizer)
+      prompt = rollout.prompt_tokens(env, task, self.tokenizer, self.limits)
       if len(prompt) >= self.limits.max_total_tokens:
         raise ValueError(f"prompt has {len(prompt)} tokens >= "
                          f"max_total_tokens={self.limits.max_total_tokens}")

@@ -28,7 +28,7 @@ from typing import Any
 
 from absl import logging
 
-from sao_jax.trajectory import StalenessPolicy
+from sao_jax.data.trajectory import StalenessPolicy
 
 
 PHASES = ("starting", "waiting for admission (the trainer's step)",
@@ -56,6 +56,10 @@ class SamplerStats(ctypes.Structure):
       ("decode_active_row_steps", ctypes.c_double),
       # Cached tokens whose keys/values were kept across a weight swap.
       ("kv_cache_stale_tokens", ctypes.c_double),
+      # Weight versions whose MAC failed (written by another process).
+      ("rejected_weights", ctypes.c_double),
+      # Tasks skipped at selection: their prompt alone is over the budget.
+      ("skipped_long_prompts", ctypes.c_double),
       # 1 while the loop runs, 2 after a clean exit, -1 on crash.
       ("alive", ctypes.c_double),
       ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
@@ -111,6 +115,10 @@ class SamplerSpec:
   # only that host's shard of the prompts and fills its share of each batch.
   process_index: int = 0
   process_count: int = 1
+  # The MAC keys of the ring and the weight slot (``ipc/mac.py``): they reach
+  # the child through the spawn pipe, never shared memory or disk.
+  ring_key: bytes | None = None
+  weights_key: bytes | None = None
 
 
 def parse_cores(spec: str) -> tuple[int, ...]:
@@ -251,7 +259,7 @@ class _ParentGone(Exception):
   pass
 
 
-def _attach_slot(name: str, mcfg):
+def _attach_slot(name: str, mcfg, key: bytes | None):
   """The trainer's weight slot, read into the policy's params structure."""
   # pylint: disable=g-import-not-at-top
   import flax.linen as nn
@@ -264,7 +272,7 @@ def _attach_slot(name: str, mcfg):
   template = jax.eval_shape(
       lambda: transformer.Transformer(mcfg).init(
           jax.random.PRNGKey(0), tok, tok, tok == 0))["params"]
-  return weights_lib.WeightSlot.attach(name, nn.unbox(template))
+  return weights_lib.WeightSlot.attach(name, nn.unbox(template), key=key)
 
 
 class _NewestWeights:
@@ -296,7 +304,13 @@ class _NewestWeights:
 
   def __call__(self):
     t0 = time.perf_counter()
-    got = self._slot.read(timeout=5.0)
+    try:
+      got = self._slot.read(timeout=5.0)
+    except TimeoutError as e:  # Keep the weights we have; retried later.
+      logging.warning("sampler: %s Keeping weights version %s.", e,
+                      self.version)
+      got = None
+    self._stats.rejected_weights = self._slot.rejected
     if got is not None and self._plausible(int(got[0])):
       self.version, self.params = got
       self._stats.weight_load_s += time.perf_counter() - t0
@@ -323,12 +337,26 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   prompt_ds = prompts_lib.prompt_dataset(
       range(len(train_tasks)), seed=int(cfg.train.seed),
       shard_index=spec.process_index, shard_count=spec.process_count)
-  slot = _attach_slot(spec.weights_name, spec.model_config)
+  limits = rollout.RolloutLimits.from_config(cfg)
+  probe = env_build.make_envs(cfg.env, train_tasks, 1)[0]
+  prompts = prompts_lib.FittingPrompts(
+      prompt_ds, len(range(len(train_tasks))[spec.process_index::
+                                               spec.process_count]),
+      lambda task: len(rollout.prompt_tokens(probe, task, tokenizer, limits)),
+      limits.max_total_tokens)
+  slot = _attach_slot(spec.weights_name, spec.model_config, spec.weights_key)
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
-                               timeout=float(cfg.ring.put_timeout_s))
+                               timeout=float(cfg.ring.put_timeout_s),
+                               key=spec.ring_key)
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
   if spec.process_count > 1:  # Each host its own sampling noise.
     base_key = jax.random.fold_in(base_key, spec.process_index)
+
+  def task_of(draw: int) -> int:
+    """Prompt selection: over-long prompts are skipped here, and counted."""
+    task = int(prompts[draw])
+    stats.skipped_long_prompts = prompts.skipped
+    return task
 
   def should_stop() -> bool:
     if not _parent_alive(spec.parent_pid):
@@ -336,14 +364,13 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
     return stop_event.is_set()
 
   engine = engine_lib.SlotEngine(
-      model_config=spec.model_config, options=options,
-      limits=rollout.RolloutLimits.from_config(cfg),
+      model_config=spec.model_config, options=options, limits=limits,
       sampling=SamplingParams(temperature=float(cfg.sampler.temperature),
                               top_p=float(cfg.sampler.top_p),
                               top_k=int(cfg.sampler.top_k)),
       tokenizer=tokenizer,
       envs=env_build.make_envs(cfg.env, train_tasks, options.num_slots),
-      task_of=lambda draw: int(prompt_ds[draw]),
+      task_of=task_of,
       weights=_NewestWeights(slot, stats, trainer_step),
       staleness=spec.staleness,
       train_batch=int(cfg.train.batch_size) // spec.process_count,

@@ -35,9 +35,9 @@ from sao_jax.sampler.generate import MIN_BUCKET
 from sao_jax.sampler.generate import Generator
 from sao_jax.sampler.generate import Segment
 from sao_jax.sampler.sampling import SamplingParams
-from sao_jax.trajectory import FinishReason
-from sao_jax.trajectory import NO_VERSION
-from sao_jax.trajectory import Trajectory
+from sao_jax.data.trajectory import FinishReason
+from sao_jax.data.trajectory import NO_VERSION
+from sao_jax.data.trajectory import Trajectory
 
 ParamsProvider = Callable[[], tuple[Any, int]]
 
@@ -154,6 +154,36 @@ def action_budget(env: Environment, limits: RolloutLimits,
   return budget if own is None else min(budget, int(own))
 
 
+def num_slots(config: Any) -> int:
+  """Episodes the sampler keeps in flight: ``sampler.num_slots`` (0: its
+  ``batch_size``), a multiple of ``n_rollouts`` (a prompt's rollouts start
+  together)."""
+  n_roll = int(config.sampler.n_rollouts)
+  slots = int(config.sampler.num_slots) or int(config.sampler.batch_size)
+  return max(n_roll, slots // n_roll * n_roll)
+
+
+def data_wait_s(config: Any) -> tuple[float, str]:
+  """The longest the trainer waits for a trajectory, and how it is derived.
+
+  The episodes in flight (``num_slots``) at most: ``ring.get_timeout_s`` for
+  their generation (and the sampler's start-up) plus their environment calls,
+  counted as if made one after another (the env threads only shorten it),
+  each bounded by ``env.step_timeout_s``: per episode at most a prompt length
+  probe, the reset and ``env.max_turns`` steps.
+  """
+  episodes = num_slots(config)
+  turns = int(config.env.max_turns)
+  calls = episodes * (2 + turns)
+  step_s = float(config.env.step_timeout_s)
+  gen_s = float(config.ring.get_timeout_s)
+  total = gen_s + calls * step_s
+  return total, (
+      f"{total:g} s = ring.get_timeout_s={gen_s:g} s (generation) + {calls} "
+      f"env calls ({episodes} episodes x (probe, reset, {turns} steps)) x "
+      f"env.step_timeout_s={step_s:g} s")
+
+
 def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
   """End of turn, end of tool call, eos."""
   return tuple(tokenizer.stop_ids)
@@ -224,6 +254,14 @@ def encode_observation(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
   return tokenizer.encode(obs) if isinstance(obs, str) else [int(t) for t in obs]
 
 
+def prompt_tokens(env: Environment, task: Any, tokenizer: tok_lib.Tokenizer,
+                  limits: RolloutLimits) -> list[int]:
+  """``env.reset(task)`` (within ``step_timeout_s``) as the policy's tokens."""
+  env.set_template(tokenizer.template)
+  return encode_observation(call_with_timeout(
+      lambda: env.reset(task), limits.step_timeout_s, "env.reset"), tokenizer)
+
+
 def run_episodes(policy: Policy, envs: Sequence[Environment],
                  tasks: Sequence[Any], tokenizer: tok_lib.Tokenizer,
                  limits: RolloutLimits = RolloutLimits(),
@@ -252,10 +290,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   prompts = []
   for i, (env, task) in enumerate(zip(envs, tasks)):
     try:
-      env.set_template(tokenizer.template)
-      prompt = encode_observation(call_with_timeout(
-          lambda: env.reset(task), limits.step_timeout_s, "env.reset"),
-                       tokenizer)
+      prompt = prompt_tokens(env, task, tokenizer, limits)
       if len(prompt) >= limits.max_total_tokens:
         raise ValueError(f"prompt has {len(prompt)} tokens >= max_total_tokens="
                          f"{limits.max_total_tokens}")

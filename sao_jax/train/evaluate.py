@@ -21,7 +21,7 @@ from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
-from sao_jax.trajectory import FinishReason
+from sao_jax.data.trajectory import FinishReason
 
 
 def evaluate(params: Any, model_config: ModelConfig, config: Any,

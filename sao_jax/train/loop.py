@@ -1,37 +1,27 @@
 """``train_and_evaluate(config, workdir)``: the asynchronous SAO loop end to end.
 
-One trainer process (this one) and one sampler host process (spawned)
-(docs/DESIGN.md §1)::
+One trainer process (this one) and one sampler host process (docs/DESIGN.md
+§1, §7)::
 
   sampler ──trajectories──► ring ──grain stream──► jitted SAO step
      ▲                                                  │
      └──────────── versioned weight slot ◄──────────────┘
 
-``setup.build`` makes the tokenizer, the policy (HF checkpoint, or random init
-+ SFT warm start), critic, optimizers and train state, restored from the newest
-checkpoint in ``workdir/checkpoints`` if there is one; the sampler is told
-where to resume (``episodes_consumed``) so prompts continue exactly.
-
-Modes: ``async`` (the sampler runs ahead up to ``max_staleness`` steps),
-``sync`` (bound 0: strict generate→train alternation) and ``group`` (sync, with
-``n_rollouts`` per prompt); one ``StalenessPolicy`` bounds sampler and stream.
-``train.record_stream`` records the stream to ``workdir/stream``; ``replay``
-runs the trainer alone on a recorded stream (``sao_jax.data.record``).
-
-Every ``log_every`` steps scalars go to TensorBoard (``workdir/tb``); held-out
-accuracy every ``eval_every`` policy steps; orbax checkpoints every
-``checkpoint_every`` steps and at the end. The sampler is stopped and the
-shared-memory segments unlinked on every exit path, SIGTERM included.
-
-Faults (issue 17): a non-finite update is skipped in the jitted step and
-``train.max_skipped_steps`` in a row stop the run (``health.SkipGuard``); an
-error or SIGTERM first checkpoints the last completed step (one process);
-a dead sampler, a wait for data past ``ring.get_timeout_s`` and too many
-ERROR trajectories each end the run with one error saying what happened.
+``setup.build`` makes (or restores) tokenizer, policy, critic, optimizers and
+train state; ``inputs`` supplies the batches, global on the mesh (a live
+sampler behind the ring, or a recorded stream in ``replay`` mode); ``finish``
+saves and evaluates the last step, or saves the last completed one when the
+run is stopped. The loop steps until ``num_steps``, the generated-token budget
+or the time budget, and logs, evaluates and checkpoints on its schedule.
+Faults (docs/DESIGN.md §1, Failure handling): non-finite steps are skipped
+(``health.SkipGuard``); SIGTERM and errors save the last completed step; a
+dead sampler, a wait past ``rollout.data_wait_s`` and too many ERROR
+trajectories each end the run with one error saying what happened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -40,17 +30,12 @@ import jax
 from absl import logging
 
 from sao_jax import sharding
-from sao_jax import trajectory as traj_lib
-from sao_jax.data import record as record_lib
-from sao_jax.data import stream as stream_lib
-from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import segment
-from sao_jax.ipc import weights as weights_lib
-from sao_jax.sampler import process as sampler_lib
 from sao_jax.train import evaluate as eval_lib
+from sao_jax.train import finish as finish_lib
 from sao_jax.train import health
+from sao_jax.train import inputs as inputs_lib
 from sao_jax.train import metrics as metrics_lib
-from sao_jax.train import publish as publish_lib
 from sao_jax.train import setup as setup_lib
 
 
@@ -67,21 +52,25 @@ class _Trainer:
     self._last_log = (time.perf_counter(), 0.0)  # (time, sampler tokens)
     self._version = int(self.state.policy_version)
     self.start_step = int(self.state.step)
-    self.meta_step = self.start_step  # The step run.meta describes.
+    self.meta_step = self.start_step  # The step of the state run.meta is for.
     self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
   def policy_version(self) -> int:
     """The version staleness is measured against (docs/DESIGN.md §4)."""
     return self._version
 
-  def step(self, step: int, host_batch: dict[str, Any]
+  def step(self, step: int, batch: dict[str, jax.Array]
            ) -> tuple[dict[str, Any], bool]:
     """One jitted step on the global batch: (its metrics, whether skipped)."""
     run = self.run
-    batch = sharding.make_global_batch(host_batch, run.mesh, run.rules)
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
-    with sharding.mesh_rules(run.mesh, run.rules):
+    # The step donates the old state: a SIGTERM between the call and the
+    # assignment would leave neither to save, so it waits for the block. The
+    # new state goes with run.meta from here on, before the wait for its
+    # result, so a SIGTERM during that wait still saves it (finish.py).
+    with sharding.mesh_rules(run.mesh, run.rules), segment.sigterm_deferred():
       self.state, metrics = train_step(self.state, batch)
+      self.meta_step = step + 1
     # One host sync per step, as before: the version and the skip flag.
     version, skipped = jax.device_get(
         (self.state.policy_version, metrics["health/skipped"]))
@@ -97,33 +86,35 @@ class _Trainer:
                                      "tokens/generated_total": generated})
     return result
 
-  def log(self, done: int, metrics: Any, host_batch: dict[str, Any],
-          stream: stream_lib.TrajectoryStream, sampler_stats,
-          ring: ring_lib.RingReader | None, publish_s: float | None) -> None:
-    """Writes the step's scalars and staleness histogram; one log line.
-
-    A replay passes None for ``sampler_stats``, ``ring`` and ``publish_s``.
-    """
+  def log(self, done: int, metrics: Any, batch: dict[str, jax.Array],
+          source: inputs_lib.Source) -> None:
+    """Writes the step's scalars and staleness histogram; one log line."""
     now = time.perf_counter()
     since = max(now - self._last_log[0], 1e-9)
     metrics = jax.device_get(metrics)
-    live = sampler_stats is not None
-    sampled = sampler_stats.action_tokens if live else 0.0
+    staleness = sharding.process_rows(batch["staleness"])
+    stats = source.sampler.stats if source.sampler is not None else None
+    sampled = stats.action_tokens if stats is not None else 0.0
     scalars = metrics_lib.step_scalars(
-        metrics, host_batch, policy_version=self.policy_version(),
+        metrics, staleness, policy_version=self.policy_version(),
+        skipped_steps=self.skips.skipped_total,
+        span=metrics_lib.version_span(
+            sharding.process_rows(batch["policy_version"]),
+            sharding.process_rows(batch["action_mask"])),
         trainer_tokens_per_s=float(metrics["tokens/action"]) * int(
             self.run.config.train.log_every) / since,
         sampler_tokens_per_s=(sampled - self._last_log[1]) / since,
         trainer_idle_frac=self.clock.trainer_wait / self.clock.elapsed,
-        sampler_stats=sampler_stats.as_dict() if live else None,
-        sampler_idle_frac=sampler_stats.idle_frac() if live else None,
-        publish_s=publish_s, generated_tokens=self.generated(stream),
-        stream_counters=stream.counters.as_dict(),
-        ring_stats=ring.stats() if ring is not None else None)
-    scalars["health/skipped_steps"] = float(self.skips.skipped_total)
+        sampler_stats=stats.as_dict() if stats is not None else None,
+        sampler_idle_frac=stats.idle_frac() if stats is not None else None,
+        publish_s=(source.publish.seconds if source.publish is not None
+                   else None),
+        generated_tokens=self.generated(source.stream),
+        stream_counters=source.stream.counters.as_dict(),
+        ring_stats=source.ring.stats() if source.ring is not None else None)
     self._last_log = (now, sampled)
     self.writer.write_scalars(done, scalars)
-    self.writer.write_histograms(done, {"staleness": host_batch["staleness"]})
+    self.writer.write_histograms(done, {"staleness": staleness})
     self.writer.flush()
     logging.info(
         "step %d/%d | v%d | reward %.3f | accept %.3f | value_loss %.4f | "
@@ -134,203 +125,92 @@ class _Trainer:
         scalars["staleness/mean"], self.clock.elapsed)
 
   @staticmethod
-  def generated(stream: stream_lib.TrajectoryStream) -> int:
+  def generated(stream: Any) -> int:
     """Action tokens the trainers of all hosts have read from their rings."""
     return stream.counters.action_tokens_read * jax.process_count()
 
 
-def _train(trainer: _Trainer, ring: ring_lib.RingReader | None,
-           publish: publish_lib.Publisher | None,
-           sampler: sampler_lib.SamplerHandle | None,
-           stream: stream_lib.TrajectoryStream) -> None:
-  """Steps until ``total_steps`` or the generated-token budget.
-
-  A replay has no ring, publisher or sampler (None): ``stream`` is then a
-  ``record.ReplayStream``.
-  """
-  run, config, clock = trainer.run, trainer.run.config, trainer.clock
-  token_budget = int(config.train.max_generated_tokens)
-  t = config.train
-  every = {"publish": int(t.publish_every), "log": int(t.log_every),
-           "eval": int(t.eval_every), "checkpoint": int(t.checkpoint_every)}
+def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
+  """Steps until ``source.stop_step``, the generated-token or the time budget."""
+  run, clock = trainer.run, trainer.clock
+  t = run.config.train
+  counters = source.stream.counters
   start_step = int(trainer.state.step)
-  batches = iter(stream.dataset)
-  for step in range(start_step, trainer.total_steps):
-    t_wait, read_before = time.perf_counter(), stream.counters.records_read
-    try:
-      host_batch = next(batches, None)
-    except ring_lib.RingEmptyError:
-      raise TimeoutError(
-          f"Step {step + 1}: no batch of {int(t.batch_size)} trajectories "
-          f"within ring.get_timeout_s={float(config.ring.get_timeout_s):g} s "
-          f"({stream.counters.records_read} read so far); "
-          f"{sampler.stats.describe()}. A slow environment is bounded by "
-          "env.step_timeout_s; raise ring.get_timeout_s for slow "
-          "generation.") from None
-    if host_batch is None and sampler is None:
-      raise ValueError(f"Step {step + 1}: the recorded stream ends here.")
-    if host_batch is None:  # The ring says its producer is gone.
-      sampler.check(wait_s=10.0)
-      raise sampler_lib.SamplerDiedError(
-          f"Step {step + 1}: the trajectory stream ended (the ring's producer "
-          "closed) but the sampler process is still running.")
+  batches = source.batches(start_step)
+  for step in range(start_step, source.stop_step):
+    t_wait, read_before = time.perf_counter(), counters.records_read
+    batch = next(batches)
     clock.trainer_wait += time.perf_counter() - t_wait
-    trainer.consumed += (stream.counters.records_read - read_before
+    trainer.consumed += (counters.records_read - read_before
                          ) * jax.process_count()
-    metrics, skipped = trainer.step(step, host_batch)
-    done = step + 1
+    # What the batch consumed, recorded before its step runs (a stop inside
+    # the step loses at most that batch: docs/DESIGN.md §1).
     run.meta.update(episodes_consumed=trainer.consumed,
-                    stream=stream.counters.as_dict())
-    trainer.meta_step = done
+                    stream=counters.as_dict())
+    metrics, skipped = trainer.step(step, batch)
+    done = step + 1
     trainer.skips.observe(done, skipped, metrics)
-    last = done == trainer.total_steps
-    if publish is not None and (done % every["publish"] == 0 or last):
-      publish(trainer.state.policy_params, trainer.policy_version())
-    generated = trainer.generated(stream)
-    out_of_tokens = bool(token_budget) and generated >= token_budget
-    if sampler is not None:
-      sampler.set_trainer_step(done)
-    clock.step_done(done, start_step)
-    if done % every["log"] == 0 or last or out_of_tokens:
-      trainer.log(done, metrics, host_batch, stream,
-                  sampler.stats if sampler is not None else None, ring,
-                  publish.seconds if publish is not None else None)
+    last = done == source.stop_step
+    source.step_done(done, trainer.state.policy_params,
+                     trainer.policy_version(),
+                     publish=done % int(t.publish_every) == 0 or last)
+    generated = trainer.generated(source.stream)
+    stop = _budget_spent(t, generated, clock.elapsed)
+    # The first policy update compiles a second step: count from after it.
+    clock.step_done(done, max(start_step, trainer.warmup))
+    if done % int(t.log_every) == 0 or last or stop:
+      trainer.log(done, metrics, batch, source)
     policy_steps = done - trainer.warmup
-    more = not (last or out_of_tokens)
-    if (every["eval"] and policy_steps > 0 and more
-        and policy_steps % every["eval"] == 0):
+    more = not (last or stop)
+    if (int(t.eval_every) and policy_steps > 0 and more
+        and policy_steps % int(t.eval_every) == 0):
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
-    if every["checkpoint"] and done % every["checkpoint"] == 0 and more:
+    if int(t.checkpoint_every) and done % int(t.checkpoint_every) == 0 and more:
       run.ckpt.save(done, trainer.state, run.meta)
-    if out_of_tokens:
-      logging.info("Generated-token budget reached: %d >= %d tokens at "
-                   "step %d.", generated, token_budget, done)
+    if stop:
+      logging.info("Step %d: %s.", done, stop)
       break
 
 
-def _save_on_exit(trainer: _Trainer) -> None:
-  """Checkpoints the last completed step of a run stopped by SIGTERM or an
-  error, so that at most the step in flight is lost (never a NaN state:
-  ``Checkpointer.save`` refuses those)."""
-  run = trainer.run
-  if jax.process_count() > 1:  # A save is collective: peers may be gone.
-    logging.warning("Multi-host run stopped: no checkpoint on the way out; "
-                    "the newest is step %s.", run.ckpt.latest_step())
-    return
-  try:
-    step = int(trainer.state.step)
-    if step != trainer.meta_step:
-      logging.warning("Stopped inside step %d: no checkpoint on the way out.",
-                      step)
-    elif step > trainer.start_step and step != run.ckpt.latest_step():
-      logging.warning("Run stopped: saving step %d before exiting.", step)
-      run.ckpt.save(step, trainer.state, run.meta)
-  except Exception:  # pylint: disable=broad-except
-    logging.exception("Could not save a checkpoint on the way out.")
+def _budget_spent(t: Any, generated: int, elapsed: float) -> str:
+  """Why the run stops before ``num_steps`` ('' while it goes on)."""
+  tokens, seconds = int(t.max_generated_tokens), float(t.max_train_s)
+  if tokens and generated >= tokens:
+    return (f"generated-token budget reached: {generated} >= "
+            f"train.max_generated_tokens={tokens}")
+  if seconds and sharding.agreed(elapsed >= seconds):
+    return (f"time budget reached: {elapsed:.0f} s >= "
+            f"train.max_train_s={seconds:g}")
+  return ""
 
 
-
-
-def _finish(trainer: _Trainer, stream, start_step: int,
-            sampler_stats) -> dict[str, float]:
-  """The final checkpoint and eval; returns the run's summary."""
-  run = trainer.run
-  final_step = int(trainer.state.step)
-  if final_step > start_step or run.ckpt.latest_step() != final_step:
-    run.ckpt.save(final_step, trainer.state, run.meta)
-  final_eval = trainer.evaluate(final_step, float(trainer.generated(stream)))
-  return metrics_lib.run_summary(
-      run.meta["eval_before"], final_eval, final_step,
-      trainer.policy_version(), stream.counters.as_dict(),
-      jax.process_count(), sampler_stats, trainer.clock)
-
-
-def _recorder(config: Any, workdir: str,
-              start_step: int) -> record_lib.StreamRecorder | None:
-  """The stream recorder of ``train.record_stream`` (None when off)."""
-  if not config.train.record_stream:
-    return None
-  return record_lib.StreamRecorder(
-      os.path.join(workdir, "stream"), start_step=start_step,
-      shard_steps=int(config.train.record_shard_steps),
-      checkpoint_every=int(config.train.checkpoint_every),
-      process_index=jax.process_index(), config=config)
-
-
-def _run_replay(trainer: _Trainer) -> dict[str, float]:
-  """The trainer alone on the recorded stream of ``train.replay_from``."""
-  run, config = trainer.run, trainer.run.config
-  directory = os.path.join(str(config.train.replay_from), "stream")
-  changed = record_lib.config_differences(directory, config)
-  logging.info("Replaying %s; config keys that differ from the recorded "
-               "run's: %s", directory, ", ".join(changed) or "none")
-  start_step = int(trainer.state.step)
-  _, recorded_end = record_lib.recorded_range(directory, jax.process_index())
-  window = tuple(config.train.replay_steps)
-  trainer.total_steps = min(trainer.total_steps,
-                            int(window[1]) if window else recorded_end)
-  stream = record_lib.ReplayStream(
-      directory, start=start_step, stop=trainer.total_steps,
-      batch_size=setup_lib.local_batch_size(config),
-      seq_len=int(config.train.max_seq_len), overlong="truncate",
-      pad_id=run.tokenizer.pad_id, process_index=jax.process_index())
-  stream.counters.load(run.meta.get("stream", {}))
-  _train(trainer, None, None, None, stream)
-  return _finish(trainer, stream, start_step, None)
-
-
-def _run_async(trainer: _Trainer, workdir: str) -> dict[str, float]:
-  """Ring, weight slot and sampler around ``_train``; then the final eval."""
-  run, config = trainer.run, trainer.run.config
-  staleness = traj_lib.StalenessPolicy.from_config(config)
-  ring = ring_lib.RingReader.create(
-      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64)
-  slot = weights_lib.WeightSlot.create(
-      sharding.to_host(trainer.state.policy_params))
-  sampler = None
-  recorder = _recorder(config, workdir, int(trainer.state.step))
-  try:
-    publish = publish_lib.Publisher(slot, staleness.publish_lag)
-    publish(trainer.state.policy_params, trainer.policy_version())
-    sampler = sampler_lib.SamplerHandle(sampler_lib.SamplerSpec(
-        config=config, model_config=run.mcfg,
-        tokenizer_proto=run.tokenizer.serialized_proto(),
-        ring_name=ring.name, lane=0, weights_name=slot.name,
-        parent_pid=os.getpid(),
-        start_episode=trainer.consumed // jax.process_count(),
-        staleness=staleness,
-        cores=sampler_lib.parse_cores(str(config.sampler.devices)),
-        process_index=jax.process_index(),
-        process_count=jax.process_count()))
-    sampler.set_trainer_step(int(trainer.state.step))
-    sampler.start()
-    stream = stream_lib.TrajectoryStream(
-        ring, batch_size=setup_lib.local_batch_size(config),
-        seq_len=int(config.train.max_seq_len),
-        trainer_version=trainer.policy_version, staleness=staleness,
-        overlong="truncate", pad_id=run.tokenizer.pad_id,
-        read_timeout=float(config.ring.get_timeout_s),
-        check_producers=sampler.check, process_index=jax.process_index(),
-        max_error_frac=float(config.train.max_error_frac),
-        recorder=recorder)
-    stream.counters.load(run.meta.get("stream", {}))
-    start_step = int(trainer.state.step)
+def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
+  """Trains on the configured input, then the final checkpoint and eval."""
+  run, start_step = trainer.run, int(trainer.state.step)
+  if run.config.train.mode == "replay":
+    inputs = contextlib.nullcontext(inputs_lib.replay(
+        run, start_step=start_step, stop_step=trainer.total_steps))
+  else:
+    inputs = inputs_lib.live(
+        run, workdir, params=trainer.state.policy_params,
+        start_step=start_step, version=trainer.policy_version,
+        episodes_consumed=trainer.consumed, stop_step=trainer.total_steps)
+  with inputs as source:
+    trainer.total_steps = source.stop_step
     try:
-      _train(trainer, ring, publish, sampler, stream)
+      _train(trainer, source)
     except BaseException:  # SIGTERM arrives as KeyboardInterrupt.
-      _save_on_exit(trainer)
+      finish_lib.save_on_exit(run.ckpt, trainer.state, run.meta,
+                              trainer.meta_step, trainer.start_step)
       raise
-    if recorder is not None:
-      recorder.close()  # Before the final checkpoint covers its steps.
-    return _finish(trainer, stream, start_step, sampler.stats)
-  finally:
-    if recorder is not None:
-      recorder.close()
-    if sampler is not None:
-      sampler.stop()
-    ring.close()
-    slot.close()
+    source.close_recorder()  # Before the final checkpoint covers its steps.
+    return finish_lib.final_summary(
+        run.ckpt, trainer.state, run.meta, start_step=start_step,
+        version=trainer.policy_version(), evaluate=trainer.evaluate,
+        stream_counters=source.stream.counters.as_dict(),
+        sampler_stats=source.sampler and source.sampler.stats,
+        clock=trainer.clock)
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
@@ -357,14 +237,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       logging.info("Held-out accuracy before RL: %.3f",
                    run.meta["eval_before"]["eval/accuracy"])
     with segment.sigterm_unwinds():
-      summary = (_run_replay(trainer) if config.train.mode == "replay"
-                 else _run_async(trainer, workdir))
+      summary = _run(trainer, workdir)
     writer.write_scalars(int(trainer.state.step),
                          {f"summary/{k}": v for k, v in summary.items()})
     logging.info("Summary: %s", summary)
     if primary:
       metrics_lib.write_json_atomic(os.path.join(workdir, "summary.json"),
-                                  summary)
+                                    summary)
     return summary
   finally:
     writer.close()

@@ -144,8 +144,10 @@ def version_span(policy_version: np.ndarray,
 
 
 def step_scalars(step_metrics: Mapping[str, float],
-                 host_batch: Mapping[str, np.ndarray],
-                 *, policy_version: int, trainer_tokens_per_s: float,
+                 staleness: np.ndarray,
+                 *, policy_version: int, skipped_steps: int,
+                 span: np.ndarray | None = None,
+                 trainer_tokens_per_s: float,
                  sampler_tokens_per_s: float | None, trainer_idle_frac: float,
                  sampler_stats: Mapping[str, float] | None,
                  sampler_idle_frac: float | None, publish_s: float | None,
@@ -155,8 +157,10 @@ def step_scalars(step_metrics: Mapping[str, float],
 
   Args:
     step_metrics: The jitted step's metrics, on the host.
-    host_batch: The step's process-local batch (for its staleness).
+    staleness: The staleness of this process's rows of the step's batch.
+    span: ``version_span`` of the same rows (None: left out).
     policy_version: The trainer's policy version after the step.
+    skipped_steps: Non-finite steps skipped so far (``health.SkipGuard``).
     trainer_tokens_per_s: Action tokens trained per second since the last log.
     sampler_tokens_per_s: Action tokens sampled per second since the last log.
     trainer_idle_frac: Share of the run the trainer waited for batches.
@@ -170,16 +174,14 @@ def step_scalars(step_metrics: Mapping[str, float],
   A replay (no sampler, ring or weight slot) passes None for the sampler,
   ring and publishing figures; their scalars are left out.
   """
-  staleness = np.asarray(host_batch["staleness"], np.float64)
-  span = version_span(host_batch["policy_version"], host_batch["action_mask"])
+  staleness = np.asarray(staleness, np.float64)
   scalars = {
       **{k: float(v) for k, v in step_metrics.items()},
       "staleness/min": staleness.min(),
       "staleness/mean": staleness.mean(),
       "staleness/max": staleness.max(),
-      "staleness/version_span": span.mean(),
-      "staleness/version_span_max": span.max(),
       "policy_version": policy_version,
+      "health/skipped_steps": float(skipped_steps),
       "throughput/trainer_tokens_per_s": trainer_tokens_per_s,
       "idle/trainer_frac": trainer_idle_frac,
       "tokens/generated_total": float(generated_tokens),
@@ -187,6 +189,9 @@ def step_scalars(step_metrics: Mapping[str, float],
       "stream/multi_version_frac": stream_counters["multi_version"] / max(
           1, stream_counters["admitted"]),
   }
+  if span is not None:
+    scalars["staleness/version_span"] = float(np.mean(span))
+    scalars["staleness/version_span_max"] = float(np.max(span))
   if sampler_stats is not None:
     scalars.update({
         "throughput/sampler_tokens_per_s": sampler_tokens_per_s,
@@ -197,7 +202,10 @@ def step_scalars(step_metrics: Mapping[str, float],
         "ring/occupancy_bytes": float(sum(
             lane["occupancy_bytes"] for lane in ring_stats["lanes"])),
         "ring/occupancy_frac": float(ring_stats["occupancy"]),
-        "ring/producer_deaths": float(ring_stats["producer_deaths"])})
+        "ring/producer_deaths": float(ring_stats["producer_deaths"]),
+        # Records whose MAC failed or that replayed an older one: written
+        # by another process, skipped (docs/DESIGN.md §1).
+        "ring/rejected_records": float(ring_stats["rejected_records"])})
   return scalars
 
 
@@ -209,8 +217,8 @@ def run_summary(eval_before: Mapping[str, float],
 
   ``sampler_stats`` is the sampler's ``SamplerStats`` (None in a replay: no
   sampler figures); ``clock`` the loop's wall clock (``elapsed``,
-  ``trainer_wait`` and the steady-state span, from the 3rd step on:
-  compilation excluded).
+  ``trainer_wait`` and the steady-state span, from the 2nd step after the
+  critic warm-up (or the resume) on: compilation excluded).
   """
   c = stream_counters
   elapsed = clock.elapsed
@@ -254,8 +262,11 @@ class RunClock:
   def elapsed(self) -> float:
     return time.perf_counter() - self.start
 
-  def step_done(self, done: int, start_step: int) -> None:
-    if done == start_step + 2:  # Trainer and sampler have compiled by now.
+  def step_done(self, done: int, last_compile_before: int) -> None:
+    """Steps after ``last_compile_before + 1`` (the last step that compiles:
+    the first one, or the first policy update after the critic warm-up) and
+    one more are the steady state."""
+    if done == last_compile_before + 2:  # Trainer and sampler have compiled.
       self.steady_start = time.perf_counter()
     elif self.steady_start:
       self.steady_steps += 1

@@ -103,13 +103,17 @@ def optimizers(config: Any, value_params: Any
 
 
 def step_config_from(config: Any) -> step_lib.StepConfig:
-  """The step's static settings; loss hparams are the loss's registered keys."""
+  """The step's static settings, the loss's estimator resolved here:
+  ``rl.advantage``, else the one the loss is registered with; loss hparams are
+  the loss's registered keys."""
   rl = config.rl
   loss = str(rl.loss)
-  hparams = tuple(sorted((k, rl[k]) for k in registry.get_spec(loss).defaults
+  spec = registry.get_spec(loss)
+  hparams = tuple(sorted((k, rl[k]) for k in spec.defaults
                          if rl.get(k) is not None))
   return step_lib.StepConfig(
-      loss=loss, loss_hparams=hparams, advantage=rl.advantage,
+      loss=loss, loss_hparams=hparams,
+      advantage=rl.advantage or spec.advantage,
       gamma=float(rl.gamma), lam_critic=float(rl.lam_critic),
       lam_policy_alpha=float(rl.lam_policy_alpha),
       critic_updates_per_step=int(rl.critic_updates_per_step),

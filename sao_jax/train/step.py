@@ -130,6 +130,28 @@ class StepConfig:
     return self.estimator in adv_lib.CRITIC_ESTIMATORS
 
 
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+  """The registered loss, resolved once when the step is built.
+
+  ``fn`` is the ``rl/losses.py`` function with the algorithm's settings and
+  hyper-parameters bound (``LossSpec.bind``); ``inputs`` and ``keywords``
+  name the arrays it takes between ``logp`` and ``advantages`` and by
+  keyword. The step calls ``fn`` itself: the registry is not on the
+  per-batch path (docs/DESIGN.md §7).
+  """
+
+  fn: Callable[..., tuple[Array, dict[str, Array]]]
+  inputs: tuple[str, ...]
+  keywords: tuple[str, ...]
+
+  @classmethod
+  def resolve(cls, cfg: StepConfig) -> "PolicyLoss":
+    spec = registry.get_spec(cfg.loss)
+    hparams = registry.resolve_hparams(cfg.loss, dict(cfg.loss_hparams))
+    return cls(spec.bind(**hparams), spec.inputs, spec.batch_kwargs)
+
+
 def _aligned_values(critic: transformer.ValueModel, params: Any,
                     batch: Batch) -> Array:
   """V of the state before each token: critic output shifted right by one."""
@@ -221,9 +243,8 @@ def _critic_update(critic, tx, cfg: StepConfig, state: TrainState,
   return state, metrics
 
 
-def _policy_update(policy, tx, cfg: StepConfig, state: TrainState,
-                   batch: Batch, adv: Array):
-  loss_fn = registry.get_loss_fn(cfg.loss, dict(cfg.loss_hparams))
+def _policy_update(policy, tx, cfg: StepConfig, policy_loss: PolicyLoss,
+                   state: TrainState, batch: Batch, adv: Array):
   mask = batch["action_mask"]
   ref_logp = None
   if state.ref_params is not None:
@@ -233,10 +254,11 @@ def _policy_update(policy, tx, cfg: StepConfig, state: TrainState,
   def objective(p):
     logp, ent = _policy_logp(policy, p, batch, cfg.temperature)
     sg = jax.lax.stop_gradient(logp)
-    policy_batch = registry.PolicyBatch(
-        rollout_logp=batch["rollout_logp"], advantages=adv, mask=mask,
-        old_logp=sg, prox_logp=sg, ref_logp=ref_logp)
-    loss, m = loss_fn(logp, policy_batch)
+    inputs = {"rollout_logp": batch["rollout_logp"], "old_logp": sg,
+              "prox_logp": sg, "ref_logp": ref_logp}
+    loss, m = policy_loss.fn(
+        logp, *(inputs[k] for k in policy_loss.inputs), adv, mask,
+        **{k: inputs[k] for k in policy_loss.keywords})
     m = dict(m)
     m["entropy"] = rl_metrics.masked_mean(ent, mask)
     return loss, m
@@ -267,7 +289,7 @@ def _is_finite(metrics: Mapping[str, Array], new_state: TrainState) -> Array:
 
 def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
                cfg: StepConfig, policy_tx: optax.GradientTransformation,
-               value_tx: optax.GradientTransformation,
+               value_tx: optax.GradientTransformation, policy_loss: PolicyLoss,
                update_policy: bool) -> tuple[TrainState, dict[str, Array]]:
   """One SAO step (see module docstring). Pure; jit it with ``make_step``."""
   old_state = state
@@ -288,7 +310,8 @@ def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
       state, metrics = _critic_update(critic, value_tx, cfg, state, batch,
                                       returns, values)
   if update_policy:
-    state, pm = _policy_update(policy, policy_tx, cfg, state, batch, adv)
+    state, pm = _policy_update(policy, policy_tx, cfg, policy_loss, state,
+                               batch, adv)
     metrics.update(pm)
   state = state.replace(running_mean=running_mean)
   metrics.update({
@@ -312,9 +335,11 @@ def make_step(model_config: ModelConfig, cfg: StepConfig,
               update_policy: bool,
               state_sharding: Any = None, batch_sharding: Any = None
               ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-  """``jax.jit(train_step)`` with shardings and the state donated."""
+  """``jax.jit(train_step)`` with shardings and the state donated; the loss
+  is resolved here, once (``PolicyLoss.resolve``)."""
   fn = functools.partial(train_step, model_config=model_config, cfg=cfg,
                          policy_tx=policy_tx, value_tx=value_tx,
+                         policy_loss=PolicyLoss.resolve(cfg),
                          update_policy=update_policy)
   kwargs = {}
   if state_sharding is not None:

@@ -1,0 +1,183 @@
+"""Where the loop's batches come from: a live sampler, or a recorded stream.
+
+``live`` (docs/DESIGN.md §1) starts what an asynchronous run trains on: the
+trajectory ring, the weight slot with its ``Publisher``, the sampler process
+and the trainer's ``TrajectoryStream`` over the ring (recorded to
+``workdir/stream`` with ``train.record_stream``); ``replay`` reads a recorded
+stream instead (docs/DESIGN.md §4, ``train.mode='replay'``). Both yield a
+``Source``: global ``[B, T]`` batches on the mesh, ready for the step, and
+what the loop reports about them. ``live`` stops the sampler and unlinks the
+shared memory on every way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Iterator
+
+from absl import logging
+import jax
+
+from sao_jax import sharding
+from sao_jax.data import record as record_lib
+from sao_jax.data import stream as stream_lib
+from sao_jax.data import trajectory as traj_lib
+from sao_jax.ipc import ring as ring_lib
+from sao_jax.ipc import weights as weights_lib
+from sao_jax.sampler import process as sampler_lib
+from sao_jax.sampler import rollout
+from sao_jax.train import publish as publish_lib
+from sao_jax.train import setup as setup_lib
+
+
+@dataclasses.dataclass
+class Source:
+  """The loop's input. A replay has no sampler, ring or publisher (None).
+
+  Attributes:
+    config: The run's config.
+    stream: Yields the batches (``dataset``) and counts what it read.
+    stop_step: The loop stops before this step (a replay: where the recording
+      or ``train.replay_steps`` ends).
+    sampler, ring, publish: The live run's sampler process, trajectory ring
+      and weight publisher.
+    recorder: ``train.record_stream``'s recorder.
+  """
+
+  config: Any
+  stream: Any  # stream_lib.TrajectoryStream | record_lib.ReplayStream
+  stop_step: int
+  sampler: sampler_lib.SamplerHandle | None = None
+  ring: ring_lib.RingReader | None = None
+  publish: publish_lib.Publisher | None = None
+  recorder: record_lib.StreamRecorder | None = None
+
+  def batches(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
+    """The global batches of steps ``start_step, ...``; where there is none,
+    an error that says why."""
+    it = iter(self.stream.dataset)
+    t = self.config.train
+    for step in range(start_step, self.stop_step):
+      try:
+        batch = next(it, None)
+      except ring_lib.RingEmptyError:
+        raise TimeoutError(
+            f"Step {step + 1}: no trajectory for the batch of "
+            f"{int(t.batch_size)} within "
+            f"{rollout.data_wait_s(self.config)[1]} "
+            f"({self.stream.counters.records_read} read so far); "
+            f"{self.sampler.stats.describe()}. A hung environment call ends "
+            "its episode at env.step_timeout_s; raise ring.get_timeout_s for "
+            "slow generation.") from None
+      if batch is None and self.sampler is None:
+        raise ValueError(f"Step {step + 1}: the recorded stream ends here.")
+      if batch is None:  # The ring says its producer is gone.
+        self.sampler.check(wait_s=10.0)
+        raise sampler_lib.SamplerDiedError(
+            f"Step {step + 1}: the trajectory stream ended (the ring's "
+            "producer closed) but the sampler process is still running.")
+      yield batch
+
+  def step_done(self, done: int, params: Any, version: int,
+                publish: bool) -> None:
+    """Publishes the policy (if due) and tells the sampler the new step."""
+    if self.publish is not None and publish:
+      self.publish(params, version)
+    if self.sampler is not None:
+      self.sampler.set_trainer_step(done)
+
+  def close_recorder(self) -> None:
+    """Closes the recording (before the final checkpoint covers its steps)."""
+    if self.recorder is not None:
+      self.recorder.close()
+
+
+def _recorder(config: Any, workdir: str,
+              start_step: int) -> record_lib.StreamRecorder | None:
+  """The stream recorder of ``train.record_stream`` (None when off)."""
+  if not config.train.record_stream:
+    return None
+  return record_lib.StreamRecorder(
+      os.path.join(workdir, "stream"), start_step=start_step,
+      shard_steps=int(config.train.record_shard_steps),
+      checkpoint_every=int(config.train.checkpoint_every),
+      process_index=jax.process_index(), config=config)
+
+
+@contextlib.contextmanager
+def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
+         version: Any, episodes_consumed: int,
+         stop_step: int) -> Iterator[Source]:
+  """Ring, weight slot, sampler and stream (see the module docstring).
+
+  ``params`` are the policy's first published weights, ``version()`` the
+  trainer's policy version (read as each record is consumed) and
+  ``episodes_consumed`` where the sampler resumes its prompts.
+  """
+  config = run.config
+  staleness = traj_lib.StalenessPolicy.from_config(config)
+  # Both authenticated: only the sampler, given the keys, writes to them.
+  ring = ring_lib.RingReader.create(
+      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
+      authenticate=True)
+  slot = weights_lib.WeightSlot.create(sharding.to_host(params),
+                                       authenticate=True)
+  source = Source(config, stream=None, stop_step=stop_step, ring=ring,
+                  recorder=_recorder(config, workdir, start_step))
+  try:
+    source.publish = publish_lib.Publisher(slot, staleness.publish_lag)
+    source.publish(params, version())
+    source.sampler = sampler_lib.SamplerHandle(sampler_lib.SamplerSpec(
+        config=config, model_config=run.mcfg,
+        tokenizer_proto=run.tokenizer.serialized_proto(),
+        ring_name=ring.name, lane=0, weights_name=slot.name,
+        parent_pid=os.getpid(),
+        start_episode=episodes_consumed // jax.process_count(),
+        staleness=staleness,
+        cores=sampler_lib.parse_cores(str(config.sampler.devices)),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(), ring_key=ring.key,
+        weights_key=slot.key))
+    source.sampler.set_trainer_step(start_step)
+    source.sampler.start()
+    source.stream = stream_lib.TrajectoryStream(
+        ring, batch_size=setup_lib.local_batch_size(config),
+        seq_len=int(config.train.max_seq_len), trainer_version=version,
+        staleness=staleness, overlong="truncate", pad_id=run.tokenizer.pad_id,
+        read_timeout=rollout.data_wait_s(config)[0],
+        check_producers=source.sampler.check,
+        process_index=jax.process_index(),
+        max_error_frac=float(config.train.max_error_frac),
+        recorder=source.recorder, trusted_versions=True,
+        batch_sharding=sharding.batch_sharding(run.mesh, run.rules))
+    source.stream.counters.load(run.meta.get("stream", {}))
+    yield source
+  finally:
+    source.close_recorder()
+    if source.sampler is not None:
+      source.sampler.stop()
+    ring.close()
+    slot.close()
+
+
+def replay(run: setup_lib.Setup, *, start_step: int,
+           stop_step: int) -> Source:
+  """The recorded stream of ``train.replay_from``, from ``start_step``."""
+  config = run.config
+  directory = os.path.join(str(config.train.replay_from), "stream")
+  changed = record_lib.config_differences(directory, config)
+  logging.info("Replaying %s; config keys that differ from the recorded "
+               "run's: %s", directory, ", ".join(changed) or "none")
+  _, recorded_end = record_lib.recorded_range(directory, jax.process_index())
+  window = tuple(config.train.replay_steps)
+  stop_step = min(stop_step, int(window[1]) if window else recorded_end)
+  stream = record_lib.ReplayStream(
+      directory, start=start_step, stop=stop_step,
+      batch_size=setup_lib.local_batch_size(config),
+      seq_len=int(config.train.max_seq_len), overlong="truncate",
+      pad_id=run.tokenizer.pad_id, process_index=jax.process_index(),
+      batch_sharding=sharding.batch_sharding(run.mesh, run.rules))
+  stream.counters.load(run.meta.get("stream", {}))
+  return Source(config, stream=stream, stop_step=stop_step)
