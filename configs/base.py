@@ -82,6 +82,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.eval_size = 256  # Held-out problems per evaluation.
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
+  # env.name='tool_longtail' (sao_jax/envs/longtail.py): task t's actions are
+  # capped at longtail_min_tokens * 2**j, j geometric in [0, longtail_levels).
+  config.env.longtail_min_tokens = 8
+  config.env.longtail_levels = 5
   # Longest one env reset/step may take; longer ends the episode as an ERROR
   # row (counted, never trained on) while the other episodes go on.
   config.env.step_timeout_s = 60.0
@@ -104,6 +108,19 @@ def get_config() -> ml_collections.ConfigDict:
   # Prompts and observations are left-padded to powers of two >= this.
   config.sampler.min_prompt_bucket = 8
   config.sampler.batch_size = 16  # Episodes decoded together.
+  # Continuous batching (sao_jax/sampler/engine.py): episodes in flight (0:
+  # batch_size); a finished episode's slot takes the next prompt at once
+  # (refill=False: the slots start together when all are free, the batch
+  # leaves with its slowest episode).
+  config.sampler.num_slots = 0
+  config.sampler.refill = True
+  config.sampler.decode_chunk = 16  # Tokens per jitted decode call.
+  # Adopt newer weights every this many decoded tokens, in flight (0: only
+  # with no episode in flight); the KV cache of in-flight episodes is 'keep'
+  # (PipelineRL) or 'recompute' (AReaL) at a swap.
+  config.sampler.weight_poll_tokens = 32
+  config.sampler.kv_on_swap = "keep"
+  config.sampler.env_threads = 4  # env.step calls run off the decode loop.
   config.sampler.n_rollouts = 1  # SAO: one rollout per prompt (>1: groups).
   # CPU cores / local devices the sampler process uses ('' = JAX default).
   config.sampler.devices = ""

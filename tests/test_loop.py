@@ -68,6 +68,13 @@ def test_async_run_writes_every_required_metric(tmp_path):
   assert not missing, f"event files lack {missing}"
   # Policy metrics start after the critic warm-up step.
   assert [s for s, _ in scalars["policy/loss"]] == [2, 3, 4, 5]
+  # The continuous sampler's and the MAC's counters reach the event files;
+  # a kept trajectory spans at most the staleness bound of versions.
+  for tag in ("staleness/version_span_max", "sampler/decode_occupancy",
+              "sampler/skipped_long_prompts", "sampler/rejected_weights"):
+    assert tag in scalars, tag
+  assert max(v for _, v in scalars["staleness/version_span_max"]) <= 1
+  assert all(v == 0 for _, v in scalars["sampler/rejected_weights"])
   assert [s for s, _ in scalars["critic/value_loss"]] == [1, 2, 3, 4, 5]
   for _, frac in scalars["policy/accept_frac"]:
     assert 0.0 <= frac <= 1.0

@@ -1,20 +1,30 @@
-r"""Benchmark: wall time of async vs sync SAO on the same number of trajectories.
+r"""Benchmark: wall time of sync, batch-async and continuous async SAO.
 
 The policy is the quickstart's architecture at random init (no SFT), on the
-quickstart's tool-use task; ``--max_new_tokens`` sets how long episodes are,
-i.e. how generation time compares with training time (printed per run as the
-idle fractions of the sync runs).
+quickstart's tool-use task. Three arms run the real loop (sampler process +
+ring + trainer) on the same config and the same number of trajectories:
 
-Both modes run the real loop (sampler process + ring + trainer) on the same
-config; the sampler is pinned to one core and the trainer to the other. The
-figure is the time from the sampler's start to the last train step
-(``train_wall_s``: no SFT, no evaluation). Runs alternate sync/async and the
-medians are compared. With generation and training taking equal time the
-ideal ratio (sync / async) is 2.0.
+- ``sync``: generate a batch, train on it (strict alternation);
+- ``batch-async``: async within the staleness bound, but the sampler is
+  batch-synchronous (``sampler.refill=False``, ``weight_poll_tokens=0``): a
+  batch leaves when its slowest episode ends, weights change between batches;
+- ``async``: the continuous-batching sampler (slots refilled as episodes end,
+  weights adopted in flight).
 
-  python experiments/bench/async_vs_sync.py --repeats=3
+``--workload=balanced`` (default): every episode takes ``--max_new_tokens``
+(the random-init policy rarely stops early). ``--workload=longtail``
+(configs/longtail.py): action budgets of 8..128 tokens, geometric (half the
+episodes 8 tokens, one in sixteen 128), the long tail of agentic work.
 
-Prints one JSON line per run and per figure; the last line has ``ratio``.
+The sampler is pinned to one core and the trainer to the other. The figure
+is the steady-state time of the train steps (``train_wall_s``: no SFT, no
+evaluation, compilation excluded). Runs alternate between the arms and the
+medians are compared.
+
+  python experiments/bench/async_vs_sync.py --workload=longtail --repeats=3
+
+Prints one JSON line per run and per arm; the last line has ``ratio_vs_sync``
+and ``ratio_vs_batch_async`` (wall time of sync / batch-async over async).
 """
 
 from __future__ import annotations
@@ -39,20 +49,49 @@ _CRITIC_UPDATES = flags.DEFINE_integer(
     "critic_updates", 1, "Critic updates per step (training cost).")
 _NEW_TOKENS = flags.DEFINE_integer(
     "max_new_tokens", 96,
-    "Tokens per turn: sets the generation/training balance (the random-init "
-    "policy rarely stops early, so episodes use the budget).")
+    "Balanced workload: tokens per turn; sets the generation/training "
+    "balance (the random-init policy rarely stops early, so episodes use the "
+    "budget).")
+_WORKLOAD = flags.DEFINE_enum("workload", "balanced", ["balanced", "longtail"],
+                              "Episode lengths (module docstring).")
+_ARMS = flags.DEFINE_list("arms", ["sync", "batch-async", "async"],
+                          "Arms to run (the ratios need all three).")
+
+# Arm -> (train.mode, sampler.refill, sampler.weight_poll_tokens).
+ARMS = {"sync": ("sync", False, 0), "batch-async": ("async", False, 0),
+        "async": ("async", True, 32)}
 
 
-def bench_config(mode: str):
-  """The quickstart model and task (``loop_setup.loop_config``) in ``mode``."""
-  n = _NEW_TOKENS.value
-  return loop_setup.loop_config(_STEPS.value, {
-      "train.mode": mode, "train.max_staleness": _STALENESS.value,
-      "train.log_every": 10,
+def bench_config(arm: str):
+  """The workload's model and task (``loop_setup.loop_config``) in ``arm``."""
+  mode, refill, poll = ARMS[arm]
+  overrides = {
+      "train.mode": mode, "sampler.refill": refill,
+      "sampler.weight_poll_tokens": poll,
+      "train.max_staleness": _STALENESS.value, "train.log_every": 10,
       "rl.critic_updates_per_step": _CRITIC_UPDATES.value,
-      "sampler.devices": str(_SAMPLER_CORE.value),
-      "sampler.max_new_tokens": n, "sampler.max_total_tokens": 32 + n,
-      "train.max_seq_len": 32 + n})
+      "sampler.devices": str(_SAMPLER_CORE.value)}
+  if _WORKLOAD.value == "balanced":
+    n = _NEW_TOKENS.value
+    overrides.update({"sampler.max_new_tokens": n,
+                      "sampler.max_total_tokens": 32 + n,
+                      "train.max_seq_len": 32 + n})
+  base = "longtail" if _WORKLOAD.value == "longtail" else "quickstart"
+  return loop_setup.loop_config(_STEPS.value, overrides, base=base)
+
+
+def _figures(summary, batch: int) -> dict[str, float]:
+  """Per-run figures from the loop's summary."""
+  wall = summary["train_wall_s"]
+  return {
+      "train_wall_s": wall,
+      "trajectories_per_s": summary["train_wall_steps"] * batch / wall,
+      "action_tokens_per_s": summary["sampler_tokens_per_s"],
+      "decode_occupancy": summary["sampler_decode_occupancy"],
+      "trainer_idle_frac": summary["trainer_idle_frac"],
+      "sampler_idle_frac": summary["sampler_idle_frac"],
+      "staleness_mean": summary["staleness_mean"],
+      "trajectories_trained": summary["trajectories_trained"]}
 
 
 def main(argv):
@@ -61,30 +100,33 @@ def main(argv):
   os.sched_setaffinity(0, {_TRAINER_CORE.value})
   from sao_jax.train import loop  # pylint: disable=g-import-not-at-top
 
-  times = {"sync": [], "async": []}
+  runs = {arm: [] for arm in _ARMS.value}
   with tempfile.TemporaryDirectory() as tmp:
-    # One warm-up run of each mode fills the compilation caches of the trainer.
+    # One warm-up run of each arm fills the compilation caches of the trainer.
     for i in range(_REPEATS.value + 1):
-      for mode in ("sync", "async"):
-        workdir = os.path.join(tmp, f"{mode}_{i}")
-        summary = loop.train_and_evaluate(bench_config(mode), workdir)
+      for arm in _ARMS.value:
+        config = bench_config(arm)
+        summary = loop.train_and_evaluate(config, os.path.join(
+            tmp, f"{arm}_{i}"))
         if i == 0:
           continue
-        times[mode].append(summary["train_wall_s"])
-        loop_setup.emit(
-            "run", mode=mode, repeat=i,
-            train_wall_s=summary["train_wall_s"],
-            trajectories_trained=summary["trajectories_trained"],
-            staleness_mean=summary["staleness_mean"],
-            sampler_idle_frac=summary["sampler_idle_frac"],
-            trainer_idle_frac=summary["trainer_idle_frac"])
-  med = {m: statistics.median(t) for m, t in times.items()}
-  for mode, t in med.items():
-    loop_setup.emit(f"{mode}_wall_s_median", value=t, runs=times[mode])
-  logging.info("sync %.1fs, async %.1fs", med["sync"], med["async"])
-  print(json.dumps({"sync_s": med["sync"], "async_s": med["async"],
-                    "ratio": med["sync"] / med["async"],
-                    "steps": _STEPS.value, "repeats": _REPEATS.value}))
+        runs[arm].append(_figures(summary, int(config.train.batch_size)))
+        loop_setup.emit("run", workload=_WORKLOAD.value, arm=arm, repeat=i,
+                        **runs[arm][-1])
+  med = {arm: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+         for arm, rs in runs.items()}
+  for arm, figures in med.items():
+    loop_setup.emit(f"{arm}_median", workload=_WORKLOAD.value, **figures,
+                    train_wall_s_runs=[r["train_wall_s"] for r in runs[arm]])
+  wall = {arm: f["train_wall_s"] for arm, f in med.items()}
+  last = {"workload": _WORKLOAD.value, "steps": _STEPS.value,
+          "repeats": _REPEATS.value, **{f"{a}_s": w for a, w in wall.items()}}
+  if "async" in wall:
+    for ref in ("sync", "batch-async"):
+      if ref in wall:
+        last[f"ratio_vs_{ref.replace('-', '_')}"] = wall[ref] / wall["async"]
+  logging.info("%s", last)
+  print(json.dumps(last))
 
 
 if __name__ == "__main__":

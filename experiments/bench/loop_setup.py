@@ -16,17 +16,18 @@ import ml_collections
 
 
 def loop_config(num_steps: int,
-                overrides: dict[str, Any] | None = None
-                ) -> ml_collections.ConfigDict:
-  """The quickstart model and task: no SFT, evaluation, checkpoints or
-  critic warm-up, ``num_steps`` policy steps; ``overrides`` are dotted keys
-  (``{"train.mode": "sync"}``) checked against ``configs/base.py``."""
+                overrides: dict[str, Any] | None = None,
+                base: str = "quickstart") -> ml_collections.ConfigDict:
+  """``configs/<base>.py``'s model and task (the quickstart's by default): no
+  SFT, evaluation, checkpoints or critic warm-up, ``num_steps`` policy steps;
+  ``overrides`` are dotted keys (``{"train.mode": "sync"}``) checked against
+  ``configs/base.py``."""
   # pylint: disable=g-import-not-at-top
-  from configs import quickstart
+  import importlib
   from sao_jax import config_overrides
   # pylint: enable=g-import-not-at-top
 
-  config = quickstart.get_config()
+  config = importlib.import_module(f"configs.{base}").get_config()
   config.train.num_steps = num_steps
   config.train.sft_steps = 0
   config.train.eval_every = 0

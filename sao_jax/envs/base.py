@@ -60,6 +60,14 @@ class Environment(abc.ABC):
     """Version of the policy that produced the next action (default: unused)."""
     del version
 
+  def action_budget(self) -> int | None:
+    """Most tokens the next action may take (None: the sampler's limit).
+
+    An action that reaches it ends the episode (``LENGTH``), like one that
+    reaches ``sampler.max_new_tokens``.
+    """
+    return None
+
 
 def final_answer(action_text: str,
                  template: ChatTemplate = SAO_MARKUP) -> str:

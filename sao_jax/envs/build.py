@@ -37,11 +37,14 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
   """
   name = env_cfg.name if name is None else name
   kwargs: dict[str, Any] = {"instruction": env_cfg.get("instruction", "")}
-  if name in ("reasoning_gym", "tool"):  # Evolving: binary quality already.
+  if name in ("reasoning_gym", "tool", "tool_longtail"):  # Evolving: binary quality already.
     kwargs["answer"] = env_cfg.get("answer", "whole")
     kwargs["reward"] = reward or env_cfg.get("reward", "exact")
-  if name == "tool":
+  if name in ("tool", "tool_longtail"):
     kwargs["max_tool_calls"] = env_cfg.max_tool_calls
+  if name == "tool_longtail":
+    kwargs["min_tokens"] = int(env_cfg.longtail_min_tokens)
+    kwargs["levels"] = int(env_cfg.longtail_levels)
   elif name == "evolving":
     kwargs["styles"] = tuple(env_cfg.styles)
     kwargs["switch_at"] = tuple(env_cfg.style_change_steps)

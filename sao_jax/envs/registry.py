@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from sao_jax.envs.base import Environment
 from sao_jax.envs.evolving import EvolvingEnv
+from sao_jax.envs.longtail import LongTailToolEnv
 from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
 from sao_jax.envs.tool_env import ToolEnv
 
@@ -14,6 +15,7 @@ _REGISTRY: dict[str, EnvFactory] = {
     "reasoning_gym": ReasoningGymEnv,
     "tool": ToolEnv,
     "evolving": EvolvingEnv,
+    "tool_longtail": LongTailToolEnv,
 }
 
 

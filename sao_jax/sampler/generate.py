@@ -124,8 +124,8 @@ def append_chunk(params: Any, config: ModelConfig, state: DecodeState,
     jax.jit, static_argnames=("config", "max_new_tokens", "sampling"),
     donate_argnames=("state",))
 def decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
-           stop_ids: Array, active: Array, budget: Array, *,
-           max_new_tokens: int,
+           stop_ids: Array, active: Array, budget: Array,
+           row_keys: Array | None = None, *, max_new_tokens: int,
            sampling: SamplingParams) -> tuple[DecodeState, DecodeOutput]:
   """Samples up to `max_new_tokens` tokens per active row (`lax.while_loop`).
 
@@ -137,6 +137,9 @@ def decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
     stop_ids: int32 [B, S] stop tokens per row, padded with -1.
     active: bool [B] rows that generate (others only pass through).
     budget: int32 [B] maximum new tokens per row (<= max_new_tokens).
+    row_keys: optional uint32 [B, 2] per-row keys (then `rng` is unused): a
+      row's token at position p is drawn with ``fold_in(row_keys[i], p)``,
+      so its tokens do not depend on which other rows share the batch.
     max_new_tokens: static buffer size and loop bound. Requires
       `state.cache.end + max_new_tokens <= max_len`.
     sampling: sampling parameters.
@@ -153,7 +156,10 @@ def decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
 
   def body(carry):
     step, st, key, toks, logps, count, act, stopped = carry
-    key, sub = jax.random.split(key)
+    if row_keys is None:
+      key, sub = jax.random.split(key)
+    else:
+      sub = jax.vmap(jax.random.fold_in)(row_keys, st.pos)
     tok, lp = sample(sub, st.last_logits, sampling)
     tok = jnp.where(act, tok, PAD_ID)
     toks = jax.lax.dynamic_update_slice(toks, tok[:, None], (0, step))
@@ -172,6 +178,22 @@ def decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
   _, state, _, toks, logps, count, _, stopped = jax.lax.while_loop(
       cond, body, carry)
   return state, DecodeOutput(toks, logps, count, stopped)
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def clear_rows(state: DecodeState, rows: Array) -> DecodeState:
+  """Empties rows bool[B] (a slot refill): no valid slot, position 0.
+
+  The cleared rows' old keys/values stay in memory but are never attended to
+  again (attention sees only valid slots), so a refilled slot cannot see its
+  previous occupant.
+  """
+  rows = rows.astype(jnp.bool_)
+  cache = state.cache.replace(valid=state.cache.valid & ~rows[:, None])
+  return DecodeState(cache=cache,
+                     last_logits=jnp.where(rows[:, None], 0.0,
+                                           state.last_logits),
+                     pos=jnp.where(rows, 0, state.pos))
 
 
 def _left_pad(rows: Sequence[Sequence[int]],
@@ -250,10 +272,34 @@ class Generator:
   def histories(self) -> list[list[int]]:
     return [list(h) for h in self._history]
 
-  def set_params(self, params: Any) -> None:
-    """Switches weights; the cache is recomputed under them before next use."""
+  def row_length(self, i: int) -> int:
+    """Tokens of row ``i`` held in the cache (its history)."""
+    return len(self._history[i])
+
+  def set_params(self, params: Any, keep_cache: bool = False) -> None:
+    """Switches weights.
+
+    Args:
+      params: the new weights.
+      keep_cache: keep the keys/values computed under the old weights (as
+        PipelineRL does; they are recomputed at the next compaction) instead
+        of recomputing the cache under the new weights before next use.
+    """
     self._params = unwrap_params(params)
-    self._state = None
+    if not keep_cache:
+      self._state = None
+
+  def reset_rows(self, rows: Sequence[int]) -> None:
+    """Forgets rows' histories and cache entries (the slots get new episodes)."""
+    rows = list(rows)
+    if not rows:
+      return
+    for i in rows:
+      self._history[i] = []
+    if self._state is not None:
+      mask = np.zeros(self.batch_size, np.bool_)
+      mask[rows] = True
+      self._state = clear_rows(self._state, jnp.asarray(mask))
 
   def _rebuild(self, extra: int) -> None:
     """Re-prefills the cache from the histories, leaving `extra` free slots."""
@@ -304,13 +350,15 @@ class Generator:
 
   def generate(self, stop_ids: Sequence[Sequence[int]] | Sequence[int],
                max_new_tokens: int | Sequence[int],
-               active: Sequence[bool] | None = None) -> list[Segment]:
+               active: Sequence[bool] | None = None,
+               row_keys: Array | None = None) -> list[Segment]:
     """Samples from every active row until a stop token or its budget.
 
     Args:
       stop_ids: stop tokens shared by all rows, or one list per row.
       max_new_tokens: budget shared by all rows, or one per row.
       active: rows that generate (default: all).
+      row_keys: optional uint32 [B, 2] per-row PRNG keys (`decode`).
 
     Returns:
       One `Segment` per row (empty for inactive rows).
@@ -328,7 +376,8 @@ class Generator:
     self._state, out = decode(
         self._params, self.config, self._state, key,
         jnp.asarray(_stop_array(stop_ids, b)), jnp.asarray(act),
-        jnp.asarray(budget), max_new_tokens=steps, sampling=self.sampling)
+        jnp.asarray(budget), row_keys, max_new_tokens=steps,
+        sampling=self.sampling)
     toks, logps, count, stopped, end = jax.device_get(
         (out.tokens, out.logprobs, out.num_tokens, out.stopped,
          self._state.cache.end))

@@ -2,22 +2,11 @@
 
 The trainer starts it with ``multiprocessing`` *spawn* (never fork after JAX
 is initialised); it has its own JAX runtime, optionally pinned to its own CPU
-cores. Its loop (docs/DESIGN.md §1, §4):
-
-1. **Admission** (AReaL-style staleness bound): episode batch ``b`` feeds
-   train step ``s_b = (b * sampler_batch) // train_batch``; it may start only
-   when ``StalenessPolicy.admits(s_b, trainer_step)``. With a bound of 0
-   this is strict generate→train alternation (the ``sync`` mode).
-2. Pick up the newest complete weights from the versioned slot (also
-   between turns of multi-turn episodes, through ``ModelPolicy``).
-3. Run the episodes (``run_episodes``), tasks drawn by index from a
-   shuffled, repeated grain ``MapDataset``: episode ``e`` always gets task
-   ``ds[e]``, so a resumed run continues exactly where the checkpoint was
-   (a task whose prompt alone is over ``max_total_tokens`` is skipped for
-   the same draw of a later epoch and counted: ``FittingPrompts``).
-4. Stamp each trajectory's ``group_id`` (the index of its prompt draw, made
-   unique across hosts: the rollouts of one prompt share it) and publish it
-   to the ring (blocking on backpressure).
+cores. It is the process lifecycle only: spawn, affinity, signals and the
+parent watch, the shared counters (`SamplerStats`), adopting published
+weights (`_NewestWeights`) and running `engine.SlotEngine`, which holds the
+episodes and writes each trajectory to the ring when it ends (a trajectory's
+data path does not pass through this file; docs/DESIGN.md §1, §4, §7).
 
 It exits when told to (stop event), when its parent dies (the kernel kills
 it, ``PR_SET_PDEATHSIG``, even inside a hung environment; elsewhere than Linux
@@ -58,12 +47,21 @@ class SamplerStats(ctypes.Structure):
       ("weight_load_s", ctypes.c_double),
       ("weights_version", ctypes.c_double),  # Newest weights version seen.
       ("env_errors", ctypes.c_double),  # Episodes that ended in an env error.
-      # 1 while the loop runs, 2 after a clean exit, -1 on crash.
-      ("alive", ctypes.c_double),
+      # Episodes in flight when the sampler stopped (never written; a resumed
+      # run starts them again).
+      ("episodes_aborted", ctypes.c_double),
+      # Rows x steps of the decode loop, and those that generated a token
+      # (their ratio is the decode-batch occupancy).
+      ("decode_row_steps", ctypes.c_double),
+      ("decode_active_row_steps", ctypes.c_double),
+      # Cached tokens whose keys/values were kept across a weight swap.
+      ("kv_cache_stale_tokens", ctypes.c_double),
       # Weight versions whose MAC failed (written by another process).
       ("rejected_weights", ctypes.c_double),
       # Tasks skipped at selection: their prompt alone is over the budget.
       ("skipped_long_prompts", ctypes.c_double),
+      # 1 while the loop runs, 2 after a clean exit, -1 on crash.
+      ("alive", ctypes.c_double),
       ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
       ("phase", ctypes.c_double),  # Index into PHASES.
   ]
@@ -81,10 +79,17 @@ class SamplerStats(ctypes.Structure):
     self.phase, self.heartbeat = PHASES.index(phase), time.time()
 
   def as_dict(self) -> dict[str, float]:
-    """``sampler/<name>`` of every counter but ``alive`` and the heartbeat."""
-    return {f"sampler/{name}": float(getattr(self, name))
-            for name, _ in self._fields_
-            if name not in ("alive", "heartbeat", "phase")}
+    """``sampler/<name>`` of every counter but ``alive`` and the heartbeat,
+    and ``sampler/decode_occupancy``."""
+    out = {f"sampler/{name}": float(getattr(self, name))
+           for name, _ in self._fields_
+           if name not in ("alive", "heartbeat", "phase")}
+    out["sampler/decode_occupancy"] = self.decode_occupancy()
+    return out
+
+  def decode_occupancy(self) -> float:
+    """Share of decode-batch rows that generated a token, per decode step."""
+    return self.decode_active_row_steps / max(1.0, self.decode_row_steps)
 
   def idle_frac(self) -> float:
     """Share of the sampler's time spent waiting (admission, ring space)."""
@@ -313,32 +318,6 @@ class _NewestWeights:
     return self.params, self.version  # Nothing new: keep what we have.
 
 
-def _publish(trajs, writer, stats: SamplerStats, stop_event,
-             check_parent) -> bool:
-  """Writes every trajectory to the ring, waiting out backpressure.
-
-  Returns False if told to stop while waiting for space.
-  """
-  from sao_jax.data import trajectory as codec  # pylint: disable=g-import-not-at-top
-  from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
-
-  t_idle = time.perf_counter()
-  for traj in trajs:
-    while True:
-      try:
-        writer.write(*codec.encode(traj), timeout=1.0)
-        break
-      except ring_lib.RingFullError:
-        check_parent()
-        if stop_event.is_set():
-          return False
-    stats.action_tokens += traj.num_action_tokens
-    stats.env_errors += int(traj.error != "")
-  stats.idle_s += time.perf_counter() - t_idle
-  stats.episodes += len(trajs)
-  return True
-
-
 def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   """The sampler loop (see module docstring)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -347,20 +326,17 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   from sao_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.envs import build as env_build  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
+  from sao_jax.sampler import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.sampler import rollout  # pylint: disable=g-import-not-at-top
   from sao_jax.sampler.sampling import SamplingParams  # pylint: disable=g-import-not-at-top
 
   cfg = spec.config
-  mcfg = spec.model_config
   tokenizer = text_tokenizer.from_serialized(spec.tokenizer_proto)
   train_tasks, _ = env_build.build_tasks(cfg.env)
-  n_roll = int(cfg.sampler.n_rollouts)
-  prompts_per_batch = max(1, int(cfg.sampler.batch_size) // n_roll)
-  episodes_per_batch = prompts_per_batch * n_roll
+  options = engine_lib.EngineOptions.from_config(cfg)
   prompt_ds = prompts_lib.prompt_dataset(
       range(len(train_tasks)), seed=int(cfg.train.seed),
       shard_index=spec.process_index, shard_count=spec.process_count)
-  envs = env_build.make_envs(cfg.env, train_tasks, episodes_per_batch)
   limits = rollout.RolloutLimits.from_config(cfg)
   probe = env_build.make_envs(cfg.env, train_tasks, 1)[0]
   prompts = prompts_lib.FittingPrompts(
@@ -368,75 +344,52 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
                                                spec.process_count]),
       lambda task: len(rollout.prompt_tokens(probe, task, tokenizer, limits)),
       limits.max_total_tokens)
-  sampling = SamplingParams(temperature=float(cfg.sampler.temperature),
-                            top_p=float(cfg.sampler.top_p),
-                            top_k=int(cfg.sampler.top_k))
-  slot = _attach_slot(spec.weights_name, mcfg, spec.weights_key)
+  slot = _attach_slot(spec.weights_name, spec.model_config, spec.weights_key)
   writer = ring_lib.RingWriter(spec.ring_name, spec.lane,
                                timeout=float(cfg.ring.put_timeout_s),
                                key=spec.ring_key)
-  staleness = spec.staleness
-  train_batch = int(cfg.train.batch_size) // spec.process_count
   base_key = jax.random.PRNGKey(int(cfg.train.seed) + 1)
   if spec.process_count > 1:  # Each host its own sampling noise.
     base_key = jax.random.fold_in(base_key, spec.process_index)
-  load_weights = _NewestWeights(slot, stats, trainer_step)
 
-  def check_parent():
+  def task_of(draw: int) -> int:
+    """Prompt selection: over-long prompts are skipped here, and counted."""
+    task = int(prompts[draw])
+    stats.skipped_long_prompts = prompts.skipped
+    return task
+
+  def should_stop() -> bool:
     if not _parent_alive(spec.parent_pid):
       raise _ParentGone()
+    return stop_event.is_set()
 
+  engine = engine_lib.SlotEngine(
+      model_config=spec.model_config, options=options, limits=limits,
+      sampling=SamplingParams(temperature=float(cfg.sampler.temperature),
+                              top_p=float(cfg.sampler.top_p),
+                              top_k=int(cfg.sampler.top_k)),
+      tokenizer=tokenizer,
+      envs=env_build.make_envs(cfg.env, train_tasks, options.num_slots),
+      task_of=task_of,
+      weights=_NewestWeights(slot, stats, trainer_step),
+      staleness=spec.staleness,
+      train_batch=int(cfg.train.batch_size) // spec.process_count,
+      trainer_step=lambda: trainer_step.value,
+      outbox=engine_lib.Outbox(writer, stats, should_stop), stats=stats,
+      rng=base_key, process_index=spec.process_index,
+      process_count=spec.process_count)
   stats.alive = 1
-  episode = int(spec.start_episode)
-  batch_index = episode // episodes_per_batch
-  logging.info("sampler: starting at episode %d (batch %d), %d episodes per "
-               "batch, admission bound %d, prompt shard %d of %d.", episode,
-               batch_index, episodes_per_batch, staleness.admission_bound,
-               spec.process_index, spec.process_count)
+  stats.enter(PHASES[1])
+  logging.info("sampler: starting at episode %d, %d slots (refill %s), "
+               "admission bound %d, prompt shard %d of %d.",
+               spec.start_episode, options.num_slots, options.refill,
+               spec.staleness.admission_bound, spec.process_index,
+               spec.process_count)
   try:
-    while not stop_event.is_set():
-      # 1. Admission: do not start work that would exceed the staleness bound.
-      target_step = (episode + episodes_per_batch - 1) // train_batch
-      t_idle = time.perf_counter()
-      stats.enter(PHASES[1])
-      while (not staleness.admits(target_step, trainer_step.value)
-             and not stop_event.is_set()):
-        check_parent()
-        time.sleep(0.005)
-      stats.idle_s += time.perf_counter() - t_idle
-      if stop_event.is_set():
-        break
-      check_parent()
-      # 2. Newest weights.
-      stats.enter(PHASES[2])
-      params, version = load_weights()
-      if params is None:
-        time.sleep(0.01)
-        continue
-      # 3. Episodes.
-      stats.enter(PHASES[3])
-      t0 = time.perf_counter()
-      first_prompt = episode // n_roll
-      task_ids = [int(prompts[first_prompt + i])
-                  for i in range(prompts_per_batch) for _ in range(n_roll)]
-      stats.skipped_long_prompts = prompts.skipped
-      policy = rollout.ModelPolicy(
-          mcfg, load_weights, limits.cache_len(), sampling,
-          rng=jax.random.fold_in(base_key, batch_index),
-          min_bucket=limits.min_prompt_bucket)
-      trajs = rollout.run_episodes(policy, envs, task_ids, tokenizer, limits)
-      stats.busy_s += time.perf_counter() - t0
-      # 4. Publish.
-      for i, traj in enumerate(trajs):
-        traj.group_id = ((first_prompt + i // n_roll) * spec.process_count
-                         + spec.process_index)
-      stats.enter(PHASES[4])
-      if not _publish(trajs, writer, stats, stop_event, check_parent):
-        return
-      episode += episodes_per_batch
-      batch_index += 1
+    engine.run(int(spec.start_episode), should_stop)
   finally:
     writer.close()
     slot.close()
-    logging.info("sampler: stopped after %d episodes.",
-                 int(stats.episodes))
+    logging.info("sampler: stopped after %d episodes (%d in flight "
+                 "abandoned).", int(stats.episodes),
+                 int(stats.episodes_aborted))

@@ -144,16 +144,35 @@ class RolloutLimits:
     return longest + max(longest, bucket_length(self.max_new_tokens_per_turn))
 
 
+def action_budget(env: Environment, limits: RolloutLimits,
+                  length: int) -> int:
+  """Tokens the next action may take: the turn and total limits, and the
+  environment's own cap (`Environment.action_budget`)."""
+  budget = min(limits.max_new_tokens_per_turn,
+               limits.max_total_tokens - length)
+  own = env.action_budget()
+  return budget if own is None else min(budget, int(own))
+
+
+def num_slots(config: Any) -> int:
+  """Episodes the sampler keeps in flight: ``sampler.num_slots`` (0: its
+  ``batch_size``), a multiple of ``n_rollouts`` (a prompt's rollouts start
+  together)."""
+  n_roll = int(config.sampler.n_rollouts)
+  slots = int(config.sampler.num_slots) or int(config.sampler.batch_size)
+  return max(n_roll, slots // n_roll * n_roll)
+
+
 def data_wait_s(config: Any) -> tuple[float, str]:
   """The longest the trainer waits for a trajectory, and how it is derived.
 
-  One sampler batch at most: ``ring.get_timeout_s`` for its generation (and
-  the sampler's start-up) plus its environment calls, made one after another
-  and each bounded by ``env.step_timeout_s``: per episode at most a prompt
-  length probe, the reset and ``env.max_turns`` steps.
+  The episodes in flight (``num_slots``) at most: ``ring.get_timeout_s`` for
+  their generation (and the sampler's start-up) plus their environment calls,
+  counted as if made one after another (the env threads only shorten it),
+  each bounded by ``env.step_timeout_s``: per episode at most a prompt length
+  probe, the reset and ``env.max_turns`` steps.
   """
-  n_roll = int(config.sampler.n_rollouts)
-  episodes = max(1, int(config.sampler.batch_size) // n_roll) * n_roll
+  episodes = num_slots(config)
   turns = int(config.env.max_turns)
   calls = episodes * (2 + turns)
   step_s = float(config.env.step_timeout_s)
@@ -171,7 +190,11 @@ def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass
-class _Row:
+class EpisodeRecord:
+  """One episode's tokens so far and how it ended (``trajectory`` builds the
+  record the ring carries; the one place a `Trajectory` is made from an
+  episode)."""
+
   tokens: list[int] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
   logp: list[float] = dataclasses.field(default_factory=list)
@@ -187,6 +210,15 @@ class _Row:
     self.logp += [0.0] * n if logp is None else [float(x) for x in logp]
     self.version += [version] * n
     self.rewards += [0.0] * n
+
+  def trajectory(self, env: Environment) -> Trajectory:
+    return Trajectory(
+        prompt_id=env.prompt_id, tokens=self.tokens, action_mask=self.mask,
+        rollout_logp=self.logp, policy_version=self.version,
+        rewards=self.rewards, task=env.name,
+        finish_reason=(FinishReason.TURNS if self.finish is None
+                       else self.finish),
+        error=self.error)
 
 
 def call_with_timeout(fn: Callable[[], Any], timeout_s: float,
@@ -217,7 +249,8 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float,
   return out["value"]
 
 
-def _encode(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
+def encode_observation(obs, tokenizer: tok_lib.Tokenizer) -> list[int]:
+  """An observation (text or token ids) as token ids."""
   return tokenizer.encode(obs) if isinstance(obs, str) else [int(t) for t in obs]
 
 
@@ -225,7 +258,7 @@ def prompt_tokens(env: Environment, task: Any, tokenizer: tok_lib.Tokenizer,
                   limits: RolloutLimits) -> list[int]:
   """``env.reset(task)`` (within ``step_timeout_s``) as the policy's tokens."""
   env.set_template(tokenizer.template)
-  return _encode(call_with_timeout(
+  return encode_observation(call_with_timeout(
       lambda: env.reset(task), limits.step_timeout_s, "env.reset"), tokenizer)
 
 
@@ -246,7 +279,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
   if len(envs) != len(tasks):
     raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks; need one each.")
   stop_ids = tuple(default_stop_ids(tokenizer) if stop_ids is None else stop_ids)
-  rows = [_Row() for _ in envs]
+  rows = [EpisodeRecord() for _ in envs]
 
   def fail(i: int, what: str, e: Exception) -> None:
     rows[i].finish = FinishReason.ERROR
@@ -272,9 +305,8 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
     if not active.any():
       break
     version = policy.refresh()
-    budgets = np.array([
-        min(limits.max_new_tokens_per_turn,
-            limits.max_total_tokens - len(r.tokens)) for r in rows], np.int32)
+    budgets = np.array([action_budget(env, limits, len(r.tokens))
+                        for env, r in zip(envs, rows)], np.int32)
     segments = policy.act(stop_ids, budgets, active)
     chunks: list[list[int]] = [[] for _ in rows]
     for i, (row, seg) in enumerate(zip(rows, segments)):
@@ -290,7 +322,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
         obs, reward, done, _ = call_with_timeout(
             lambda: envs[i].step(text),  # pylint: disable=cell-var-from-loop
             limits.step_timeout_s, "env.step")
-        obs_tokens = _encode(obs, tokenizer) if not done else []
+        obs_tokens = encode_observation(obs, tokenizer) if not done else []
       except Exception as e:  # pylint: disable=broad-except
         fail(i, "step", e)
         continue
@@ -306,12 +338,4 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
     if any(chunks):
       policy.observe(chunks)
 
-  trajectories = []
-  for env, row in zip(envs, rows):
-    trajectories.append(Trajectory(
-        prompt_id=env.prompt_id, tokens=row.tokens, action_mask=row.mask,
-        rollout_logp=row.logp, policy_version=row.version,
-        rewards=row.rewards, task=env.name,
-        finish_reason=FinishReason.TURNS if row.finish is None else row.finish,
-        error=row.error))
-  return trajectories
+  return [row.trajectory(env) for env, row in zip(envs, rows)]

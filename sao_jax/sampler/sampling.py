@@ -98,7 +98,8 @@ def sample(rng: Array, logits: Array,
   """Draws one token per row; returns (tokens int32[B], logprobs float32[B]).
 
   Args:
-    rng: PRNG key.
+    rng: PRNG key, or uint32 [B, 2] keys, one per row (each row's draw then
+      depends on its own key only, not on the rest of the batch).
     logits: float [B, V] next-token logits.
     params: Sampling parameters (module doc says which log-prob is returned).
   """
@@ -115,7 +116,10 @@ def sample(rng: Array, logits: Array,
         truncate_logits(scaled, params.top_p, params.top_k), axis=-1)
   # Inverse CDF: first index whose cumulative mass exceeds u * total mass.
   cdf = jnp.cumsum(jnp.exp(draw_logp), axis=-1)
-  u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32)
+  if rng.ndim == 2:
+    u = jax.vmap(lambda k: jax.random.uniform(k, (1,), jnp.float32))(rng)
+  else:
+    u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32)
   tokens = jnp.sum(cdf <= u * cdf[:, -1:], axis=-1)
   tokens = jnp.minimum(tokens, logits.shape[-1] - 1).astype(jnp.int32)
   out_logp = draw_logp if params.truncated_logprobs else full_logp

@@ -98,6 +98,9 @@ class _Trainer:
     scalars = metrics_lib.step_scalars(
         metrics, staleness, policy_version=self.policy_version(),
         skipped_steps=self.skips.skipped_total,
+        span=metrics_lib.version_span(
+            sharding.process_rows(batch["policy_version"]),
+            sharding.process_rows(batch["action_mask"])),
         trainer_tokens_per_s=float(metrics["tokens/action"]) * int(
             self.run.config.train.log_every) / since,
         sampler_tokens_per_s=(sampled - self._last_log[1]) / since,

@@ -132,9 +132,21 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   return {tag: sorted(d.items()) for tag, d in out.items()}
 
 
+def version_span(policy_version: np.ndarray,
+                 action_mask: np.ndarray) -> np.ndarray:
+  """Per row [B]: newest - oldest version among its action tokens (0 if
+  none): how many weight swaps an episode crossed in flight."""
+  acts = np.asarray(action_mask).astype(bool)
+  v = np.asarray(policy_version)
+  hi = np.where(acts, v, np.iinfo(np.int32).min).max(axis=1)
+  lo = np.where(acts, v, np.iinfo(np.int32).max).min(axis=1)
+  return np.where(acts.any(axis=1), hi - lo, 0).astype(np.float64)
+
+
 def step_scalars(step_metrics: Mapping[str, float],
                  staleness: np.ndarray,
                  *, policy_version: int, skipped_steps: int,
+                 span: np.ndarray | None = None,
                  trainer_tokens_per_s: float,
                  sampler_tokens_per_s: float | None, trainer_idle_frac: float,
                  sampler_stats: Mapping[str, float] | None,
@@ -146,6 +158,7 @@ def step_scalars(step_metrics: Mapping[str, float],
   Args:
     step_metrics: The jitted step's metrics, on the host.
     staleness: The staleness of this process's rows of the step's batch.
+    span: ``version_span`` of the same rows (None: left out).
     policy_version: The trainer's policy version after the step.
     skipped_steps: Non-finite steps skipped so far (``health.SkipGuard``).
     trainer_tokens_per_s: Action tokens trained per second since the last log.
@@ -176,6 +189,9 @@ def step_scalars(step_metrics: Mapping[str, float],
       "stream/multi_version_frac": stream_counters["multi_version"] / max(
           1, stream_counters["admitted"]),
   }
+  if span is not None:
+    scalars["staleness/version_span"] = float(np.mean(span))
+    scalars["staleness/version_span_max"] = float(np.max(span))
   if sampler_stats is not None:
     scalars.update({
         "throughput/sampler_tokens_per_s": sampler_tokens_per_s,
@@ -227,7 +243,8 @@ def run_summary(eval_before: Mapping[str, float],
     summary.update(
         sampler_episodes=float(sampler_stats.episodes),
         sampler_tokens_per_s=sampler_stats.action_tokens / max(1e-9, elapsed),
-        sampler_idle_frac=sampler_stats.idle_frac())
+        sampler_idle_frac=sampler_stats.idle_frac(),
+        sampler_decode_occupancy=sampler_stats.decode_occupancy())
   return summary
 
 
