@@ -780,14 +780,20 @@ _FORGER = textwrap.dedent("""
 """)
 
 
-def _forge(tmp_path, name: str, what: str) -> int:
-  script = tmp_path / "forger.py"
-  script.write_text(_FORGER)
-  run = subprocess.run([sys.executable, str(script), name, what], cwd=REPO,
+def _run_other_process(tmp_path, source: str, *args: str) -> str:
+  """Runs ``source`` as a separate Python process (another process of the
+  same user); returns its stdout."""
+  script = tmp_path / "other_process.py"
+  script.write_text(source)
+  run = subprocess.run([sys.executable, str(script), *args], cwd=REPO,
                        capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=REPO))
   assert run.returncode == 0, run.stderr[-2000:]
-  return int(run.stdout)
+  return run.stdout
+
+
+def _forge(tmp_path, name: str, what: str) -> int:
+  return int(_run_other_process(tmp_path, _FORGER, name, what))
 
 
 @pytest.mark.multiprocess
@@ -866,13 +872,7 @@ _SLOT_FORGER = textwrap.dedent("""
 
 
 def _forge_slot(tmp_path, name: str, what: str) -> str:
-  script = tmp_path / "slot_forger.py"
-  script.write_text(_SLOT_FORGER)
-  run = subprocess.run([sys.executable, str(script), name, what], cwd=REPO,
-                       capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=REPO))
-  assert run.returncode == 0, run.stderr[-2000:]
-  return run.stdout.strip()
+  return _run_other_process(tmp_path, _SLOT_FORGER, name, what).strip()
 
 
 @pytest.mark.multiprocess
