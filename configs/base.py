@@ -86,6 +86,11 @@ def get_config() -> ml_collections.ConfigDict:
   # capped at longtail_min_tokens * 2**j, j geometric in [0, longtail_levels).
   config.env.longtail_min_tokens = 8
   config.env.longtail_levels = 5
+  # ... and, if longtail_tool_calls > 0, task t's first k actions are tool
+  # calls answered after longtail_tool_latency_s, k geometric in
+  # [0, longtail_tool_calls]; its actions then end at their length.
+  config.env.longtail_tool_calls = 0
+  config.env.longtail_tool_latency_s = 0.0
   # Longest one env reset/step may take; longer ends the episode as an ERROR
   # row (counted, never trained on) while the other episodes go on.
   config.env.step_timeout_s = 60.0

@@ -215,6 +215,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sampler.weight_poll_tokens": _NONNEG, "sampler.env_threads": _POS,
     "sampler.kv_on_swap": _in(("keep", "recompute")),
     "env.longtail_min_tokens": _POS, "env.longtail_levels": _POS,
+    "env.longtail_tool_calls": _NONNEG, "env.longtail_tool_latency_s": (
+        (lambda v: 0 <= v < math.inf), "a finite float >= 0"),
     "rl.eps_low": ((lambda v: v is None or 0 < v <= 1),
                    "None (the loss's default) or a float in (0, 1]"),
     "rl.eps_high": ((lambda v: v is None or v > 0),

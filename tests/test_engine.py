@@ -210,6 +210,45 @@ def test_longtail_env_budgets_span_16x_and_the_engine_keeps_them(tok, model):
   assert all(t.finish_reason == FinishReason.LENGTH for t in out)
 
 
+def test_longtail_tool_calls_follow_the_task_and_do_not_hold_other_slots(
+    tok, model):
+  calls = [longtail.tool_calls_of(t, 3) for t in range(4000)]
+  np.testing.assert_allclose(np.bincount(calls) / len(calls),
+                             [1 / 2, 1 / 4, 1 / 8, 1 / 8], atol=0.03)
+  tasks = rg_env.ReasoningGymTasks("basic_arithmetic", {}, seed=0, size=64)
+  # Slot 0 gets a task with 3 slow calls, the others tasks without calls.
+  slow = next(t for t in range(64) if calls[t] == 3)
+  fast = [t for t in range(64) if calls[t] == 0][:7]
+  chosen = [slow] + fast
+  cfg, params = model
+  out = []
+  engine = engine_lib.SlotEngine(
+      model_config=cfg,
+      options=engine_lib.EngineOptions(num_slots=4, env_threads=4),
+      limits=rollout.RolloutLimits(max_turns=5, max_total_tokens=256,
+                                   max_new_tokens_per_turn=128),
+      sampling=SamplingParams(), tokenizer=tok,
+      envs=[longtail.LongTailToolEnv(tasks, min_tokens=4, levels=1,
+                                     tool_calls=3, tool_latency_s=0.2)
+            for _ in range(4)],
+      task_of=lambda draw: chosen[draw] if draw < 8 else fast[draw % 7],
+      weights=lambda: (params[0], 0),
+      staleness=StalenessPolicy(max_staleness=100), train_batch=1,
+      trainer_step=lambda: 0, outbox=lambda t: out.extend(t) or True,
+      stats=SamplerStats(), rng=jax.random.PRNGKey(0), stop_ids=[])
+  engine.run(0, lambda: slow in [t.prompt_id for t in out])
+  for t in out:
+    am = t.action_mask.astype(int)
+    segments = int(np.sum(np.diff(np.concatenate([[0], am])) == 1))
+    # k calls and the answer, each action exactly its length (no stop token).
+    assert segments == calls[t.prompt_id] + 1, t.prompt_id
+    assert t.num_action_tokens == 4 * segments
+    assert t.finish_reason == FinishReason.STOP
+  # The slow episode (0.6 s of tool calls) is written after at least the
+  # seven fast ones: three ran beside it, the others in slots they freed.
+  assert [t.prompt_id for t in out].index(slow) >= 7
+
+
 def test_version_span_is_newest_minus_oldest_action_version():
   versions = np.array([[-1, 3, 3, 5, -1], [-1, -1, 2, 2, 2], [-1] * 5])
   mask = np.array([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0] * 5], np.uint8)

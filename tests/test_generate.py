@@ -76,7 +76,8 @@ def test_logprobs_match_full_forward_multi_turn_with_weight_swap(params):
   rng = np.random.default_rng(2)
   b = 3
   stop = [[5, 6], [7], [5, 8, 9]]  # Several stop tokens, per row.
-  # Small max_len forces a cache compaction (rebuild) mid-episode.
+  # Each row holds only its own tokens (per-row cache ends), so 96 slots
+  # hold the whole episode.
   g = gen_lib.Generator(_CFG, params, b, max_len=96,
                         sampling=sampling.SamplingParams(temperature=0.7),
                         rng=jax.random.PRNGKey(3))
@@ -147,6 +148,41 @@ def test_sampling_is_reproducible(params):
   assert any(not np.array_equal(x.tokens, z.tokens) for x, z in zip(a, c))
 
 
+def test_rows_fed_alone_match_full_forward_and_keep_the_others(params):
+  """Appending to some rows runs only those rows (`append_rows`); every row's
+  log-probs still equal the full forward of its own history, a refilled row
+  holds only its new episode, and the rows not fed are left unchanged."""
+  rng = np.random.default_rng(8)
+  g = gen_lib.Generator(_CFG, params, 5, max_len=64,
+                        sampling=sampling.SamplingParams(temperature=0.7),
+                        rng=jax.random.PRNGKey(9))
+  prompts = _prompts(rng, [4, 9, 2, 6, 5])
+  g.append(prompts)
+  masks = [[0] * len(p) for p in prompts]
+  logps = [[0.0] * len(p) for p in prompts]
+
+  def act(budgets):
+    for i, s in enumerate(g.generate([], budgets)):
+      masks[i] += [1] * len(s.tokens)
+      logps[i] += list(s.logprobs)
+
+  act([5, 3, 6, 4, 2])
+  before = g.histories
+  obs = _prompts(rng, [0, 0, 7, 0, 0])  # One row of five: the gather path.
+  g.append(obs)
+  masks[2] += [0] * 7
+  logps[2] += [0.0] * 7
+  assert g.histories[:2] + g.histories[3:] == before[:2] + before[3:]
+  g.reset_rows([4])  # A refill: row 4 gets a new episode.
+  fresh = _prompts(rng, [0, 0, 0, 0, 3])
+  g.append(fresh)
+  masks[4], logps[4] = [0] * 3, [0.0] * 3
+  assert g.histories[4] == fresh[4]
+  act([4, 4, 4, 4, 4])
+  # 5+3+6+4 before the refill, 4 per row after it.
+  assert _check_logprobs(params, g.histories, masks, logps, 0.7) == 38
+
+
 def test_stops_early_when_all_rows_done(params):
   prompts = _prompts(np.random.default_rng(5), [3, 3, 10, 6])
   greedy = sampling.SamplingParams(greedy=True)
@@ -156,12 +192,11 @@ def test_stops_early_when_all_rows_done(params):
   stops = [[int(s.tokens[2])] for s in ref]
   g = gen_lib.Generator(_CFG, params, 4, max_len=32, sampling=greedy)
   g.append(prompts)
-  end0 = g._end
   segs = g.generate(stops, 16)
   first = [list(s.tokens).index(st[0]) + 1 for s, st in zip(ref, stops)]
   assert [len(s.tokens) for s in segs] == first
   assert all(s.stopped for s in segs)
-  assert g._end - end0 == max(first)  # The loop ran only until all stopped.
+  assert g.last_steps == max(first)  # The loop ran only until all stopped.
 
 
 def test_truncate_logits_matches_numpy():

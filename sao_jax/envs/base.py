@@ -43,6 +43,10 @@ class Environment(abc.ABC):
   name: str = "env"
   prompt_id: int = -1
   template: ChatTemplate = SAO_MARKUP  # The policy tokenizer's template.
+  # True: an action is complete when it reaches `action_budget()` tokens and
+  # goes to `step` without a stop token (a benchmark's fixed-length request,
+  # as vLLM's ``ignore_eos``); otherwise reaching it ends the episode.
+  fixed_length_actions: bool = False
 
   @abc.abstractmethod
   def reset(self, task: Any) -> Observation:
@@ -64,7 +68,7 @@ class Environment(abc.ABC):
     """Most tokens the next action may take (None: the sampler's limit).
 
     An action that reaches it ends the episode (``LENGTH``), like one that
-    reaches ``sampler.max_new_tokens``.
+    reaches ``sampler.max_new_tokens`` (unless ``fixed_length_actions``).
     """
     return None
 

@@ -45,6 +45,8 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
   if name == "tool_longtail":
     kwargs["min_tokens"] = int(env_cfg.longtail_min_tokens)
     kwargs["levels"] = int(env_cfg.longtail_levels)
+    kwargs["tool_calls"] = int(env_cfg.longtail_tool_calls)
+    kwargs["tool_latency_s"] = float(env_cfg.longtail_tool_latency_s)
   elif name == "evolving":
     kwargs["styles"] = tuple(env_cfg.styles)
     kwargs["switch_at"] = tuple(env_cfg.style_change_steps)

@@ -45,7 +45,9 @@ class KVCache:
     k: [L, B, S, Hkv, Dh] rotated keys per slot.
     v: [L, B, S, Hkv, Dh] values per slot.
     valid: bool[B, S] slot holds a real (non-padding) token.
-    end: int32 scalar, number of slots written (same for every row).
+    end: int32, where the next tokens are written: a scalar shared by every
+      row, or int32[B], one per row (the sampler's slots: each row is written
+      and refilled on its own; `init_cache(per_row=True)`).
   """
 
   k: Array
@@ -58,16 +60,36 @@ class KVCache:
     return self.k.shape[2]
 
 
-def init_cache(config: ModelConfig, batch_size: int, max_len: int) -> KVCache:
-  """An empty cache with `max_len` slots per row."""
+def init_cache(config: ModelConfig, batch_size: int, max_len: int,
+               per_row: bool = False) -> KVCache:
+  """An empty cache with `max_len` slots per row (one write end per row if
+  ``per_row``)."""
   shape = (config.num_layers, batch_size, max_len, config.num_kv_heads,
            config.head_dim)
   return KVCache(
       k=jnp.zeros(shape, config.compute_dtype),
       v=jnp.zeros(shape, config.compute_dtype),
       valid=jnp.zeros((batch_size, max_len), jnp.bool_),
-      end=jnp.zeros((), jnp.int32),
+      end=jnp.zeros((batch_size,) if per_row else (), jnp.int32),
   )
+
+
+def _write(buf: Array, new: Array, end: Array, lead: tuple = ()) -> Array:
+  """Writes new [B, T, ...] into buf[*lead, B, S, ...] at slots end + [0, T).
+
+  A scalar ``end`` is one slice for every row; a per-row ``end`` [B] is a
+  scatter, whose writes past the last slot are dropped (padding after a
+  row's real tokens may overhang; the caller keeps real tokens in range).
+  """
+  new = new.astype(buf.dtype)
+  if end.ndim == 0:
+    start = (*lead, 0, end) + (0,) * (new.ndim - 2)
+    return jax.lax.dynamic_update_slice(buf, new.reshape(
+        (1,) * len(lead) + new.shape), start)
+  b, t = new.shape[:2]
+  rows = jnp.arange(b)[:, None]
+  slots = end[:, None] + jnp.arange(t)[None, :]
+  return buf.at[(*lead, rows, slots)].set(new, mode="drop")
 
 
 def positions_from_mask(mask: Array) -> Array:
@@ -168,11 +190,8 @@ class Attention(nn.Module):
     new_kv = None
     if kv is not None:
       k_all, v_all, layer, end = kv
-      start = (layer, 0, end, 0, 0)
-      k_all = jax.lax.dynamic_update_slice(
-          k_all, k[None].astype(k_all.dtype), start)
-      v_all = jax.lax.dynamic_update_slice(
-          v_all, v[None].astype(v_all.dtype), start)
+      k_all = _write(k_all, k, end, (layer,))
+      v_all = _write(v_all, v, end, (layer,))
       new_kv = (k_all, v_all)
       k, v = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
 
@@ -232,16 +251,16 @@ def _attention_mask(attention_mask: Array, cache: KVCache | None):
   if cache is None:
     valid, q_slot = attention_mask, jnp.arange(t)
   else:
-    valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask,
-                                         (0, cache.end))
-    q_slot = cache.end + jnp.arange(t)
-  slots = jnp.arange(valid.shape[1])[None, :]
-  causal = slots <= q_slot[:, None]  # [T, S]
+    valid = _write(cache.valid, attention_mask, cache.end)
+    q_slot = cache.end[..., None] + jnp.arange(t)  # [T] or [B, T].
+  q_slot = jnp.broadcast_to(q_slot, attention_mask.shape)[..., None]
+  slots = jnp.arange(valid.shape[1])
+  causal = slots <= q_slot  # [B, T, S]
   # A query always sees its own slot: for real tokens that changes nothing;
   # padding queries then attend only to themselves (finite, causal, and equal
   # with or without a cache) instead of to an arbitrary set of slots.
-  own = slots == q_slot[:, None]
-  return (valid[:, None, :] & causal[None]) | own[None], valid
+  own = slots == q_slot
+  return (valid[:, None, :] & causal) | own, valid
 
 
 class Decoder(nn.Module):
@@ -282,11 +301,13 @@ class Transformer(nn.Module):
   `__call__(tokens int32[B,T], positions int32[B,T], attention_mask bool[B,T],
   cache=None) -> (logits float32[B,T,V], new_cache or None)`.
 
-  With a cache, the T tokens are written to slots [cache.end, cache.end+T),
-  their validity taken from `attention_mask`; each query attends to valid slots
-  up to its own. This covers prefill (end=0), one-token decode and appending a
-  multi-token chunk (multi-turn observations). The caller must keep
-  end + T <= max_len (out-of-range writes are clamped by XLA, not detected).
+  With a cache, the T tokens are written to slots [cache.end, cache.end+T)
+  (of each row, with a per-row end), their validity taken from
+  `attention_mask`; each query attends to valid slots up to its own. This
+  covers prefill (end=0), one-token decode and appending a multi-token chunk
+  (multi-turn observations). The caller must keep
+  end + T <= max_len (out-of-range writes are clamped by XLA with a shared
+  end, dropped with a per-row one; neither is detected).
   """
 
   config: ModelConfig

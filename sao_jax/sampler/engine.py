@@ -10,7 +10,8 @@ The sampler keeps ``sampler.num_slots`` episodes in flight in one `Generator`
    observation is appended to that row's cache rows and it rejoins the batch.
 2. **Refill** (``sampler.refill``). A free slot takes the next episode as soon
    as the `StalenessPolicy` admits the train step it feeds; its cache rows are
-   emptied and its prompt prefilled while the other rows keep their state.
+   emptied and its prompt prefilled (only the refilled rows run the model)
+   while the other rows keep their state.
    With ``refill=False`` the slots are filled together and only when all are
    free: the batch leaves with its slowest episode (the batch-synchronous
    sampler).
@@ -18,7 +19,7 @@ The sampler keeps ``sampler.num_slots`` episodes in flight in one `Generator`
    tokens the newest published weights are adopted between two decode
    chunks; in-flight episodes go on. The cache is kept (``sampler.kv_on_swap
    = 'keep'``, as PipelineRL: keys/values of earlier tokens stay those of
-   the old weights until the next compaction; counted in
+   the old weights for the rest of the episode; counted in
    ``sampler/kv_cache_stale_tokens``) or recomputed under the new weights
    (``'recompute'``, as AReaL). 0: weights change only with no episode in
    flight.
@@ -215,11 +216,8 @@ class SlotEngine:
     if params is None or version == self.version:
       return
     if self._gen is None:
-      # With refill, prompts of new episodes are appended at the shared cache
-      # end: twice the safe length, fewer compactions.
-      max_len = self.limits.cache_len() * (2 if self.opts.refill else 1)
       self._gen = Generator(self._model_config, params, self.opts.num_slots,
-                            max_len, self._sampling,
+                            self.limits.cache_len(), self._sampling,
                             self._rng, self.limits.min_prompt_bucket)
     else:
       keep = self.opts.kv_on_swap == "keep"
@@ -366,10 +364,9 @@ class SlotEngine:
                         for s in self._slots], np.int32)
     segments = self._gen.generate(self.stop_ids, budgets, active,
                                   jnp.asarray(self._row_keys))
-    counts = np.array([len(seg.tokens) for seg in segments])
-    steps = int(counts.max())
+    steps = self._gen.last_steps
     self.stats.decode_row_steps += steps * len(self._slots)
-    self.stats.decode_active_row_steps += int(counts.sum())
+    self.stats.decode_active_row_steps += sum(len(g.tokens) for g in segments)
     self._since_poll += steps
     for i, (slot, seg) in enumerate(zip(self._slots, segments)):
       if not active[i]:
@@ -377,7 +374,8 @@ class SlotEngine:
       slot.record.add(seg.tokens, 1, seg.logprobs, self.version)
       slot.action.extend(int(t) for t in seg.tokens)
       slot.turn_left -= len(seg.tokens)
-      if seg.stopped:
+      if seg.stopped or (slot.turn_left <= 0
+                         and self.envs[i].fixed_length_actions):
         slot.turns += 1
         slot.future = pool.submit(
             _env_turn, self.envs[i], self.tokenizer, list(slot.action),

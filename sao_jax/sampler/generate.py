@@ -1,22 +1,29 @@
 """Batched generation: jitted chunk prefill + `lax.while_loop` decode (tunix style).
 
 State is a `DecodeState` (KV cache, each row's next-token logits and next RoPE
-position). Two jitted, state-donating operations act on it:
+position). Each row of the cache has its own write end (`KVCache.end` [B]):
+a row holds exactly its own tokens, from slot 0, so rows are appended to,
+emptied and refilled independently and the cache never needs compacting.
+Jitted, state-donating operations act on it:
 
 - `append_chunk`: feeds a [B, C] chunk of tokens (prompt or environment
-  observation), padding anywhere (`mask`), into the cache; rows with no real
-  token in the chunk keep their previous next-token logits.
+  observation), each row's real tokens first (`mask`, right padding), into
+  the cache; rows with no real token in the chunk are left as they were.
+- `append_rows`: the same for only some rows (a refilled slot's prompt, one
+  row's observation): their cache rows are gathered, fed and put back, so
+  the work is that of those rows, not of the whole batch.
 - `decode`: samples up to `max_new_tokens` tokens per row in one
   `lax.while_loop`, feeding each sampled token back into the cache (so the
   cache always holds the whole sequence, stop tokens included, ready for the
   next chunk), until every row hit a stop token or its budget.
+- `clear_rows`: empties rows for new episodes.
 
 `Generator` is the stateful host-side wrapper used by the episode runner:
-prompts/chunks are left-padded to power-of-two buckets (few compilations),
-and the cache is rebuilt from each row's token history when it runs out of
-slots or when the parameters change (new policy version), so recorded
-log-probs always come from one set of weights over the full context.
-`generate()` is the one-shot convenience for single-turn use.
+chunks are padded to power-of-two buckets (few compilations), and the cache
+is rebuilt from each row's token history when the parameters change (new
+policy version) unless the caller keeps it, so recorded log-probs come from
+one set of weights over the full context. `generate()` is the one-shot
+convenience for single-turn use.
 """
 
 from __future__ import annotations
@@ -25,7 +32,6 @@ import dataclasses
 import functools
 from typing import Any, Sequence
 
-from absl import logging
 import flax
 import jax
 import jax.numpy as jnp
@@ -74,30 +80,36 @@ class DecodeOutput:
     logprobs: float32 [B, N] log-prob of each sampled token (see sampling.py).
     num_tokens: int32 [B] tokens sampled per row (stop token included).
     stopped: bool [B] the row ended on one of its stop tokens.
+    steps: int32 scalar, iterations the loop ran (it stops once all are done).
   """
 
   tokens: Array
   logprobs: Array
   num_tokens: Array
   stopped: Array
+  steps: Array
 
 
 def init_state(config: ModelConfig, batch_size: int,
                max_len: int) -> DecodeState:
-  """An empty state with `max_len` cache slots per row."""
+  """An empty state with `max_len` cache slots per row (per-row ends)."""
   return DecodeState(
-      cache=init_cache(config, batch_size, max_len),
+      cache=init_cache(config, batch_size, max_len, per_row=True),
       last_logits=jnp.zeros((batch_size, config.vocab_size), jnp.float32),
       pos=jnp.zeros((batch_size,), jnp.int32))
 
 
 def _forward(params, config, state: DecodeState, tokens, mask) -> DecodeState:
-  """Feeds tokens [B, C] (valid where mask) and updates logits and positions."""
+  """Feeds tokens [B, C] (real where mask, each row's real tokens first) and
+  updates logits, positions and each row's cache end (by its real tokens:
+  the padding after them is overwritten by the next chunk)."""
   mask = mask.astype(jnp.bool_)
   positions = state.pos[:, None] + jnp.maximum(
       jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
   logits, cache = Transformer(config).apply(
       {"params": params}, tokens, positions, mask, state.cache)
+  cache = cache.replace(
+      end=state.cache.end + jnp.sum(mask, axis=1, dtype=jnp.int32))
   # Logits after each row's last real token of the chunk.
   last = jnp.max(jnp.where(mask, jnp.arange(mask.shape[1]), -1), axis=1)
   row_logits = jnp.take_along_axis(
@@ -115,9 +127,34 @@ def append_chunk(params: Any, config: ModelConfig, state: DecodeState,
                  tokens: Array, mask: Array) -> DecodeState:
   """Appends a [B, C] chunk (prefill or observation) to the cache.
 
-  Requires `state.cache.end + C <= max_len` (checked by `Generator`).
+  Requires each row's end + real tokens <= max_len (checked by `Generator`).
   """
   return _forward(params, config, state, tokens, mask)
+
+
+@functools.partial(jax.jit, static_argnames=("config",),
+                   donate_argnames=("state",))
+def append_rows(params: Any, config: ModelConfig, state: DecodeState,
+                rows: Array, tokens: Array, mask: Array) -> DecodeState:
+  """`append_chunk` for rows int32[K] only (distinct; tokens/mask [K, C]).
+
+  A row listed with an all-False mask is put back unchanged (bucket padding).
+  """
+  take = lambda x, axis: jnp.take(x, rows, axis=axis)
+  cache = state.cache
+  sub = DecodeState(
+      cache=cache.replace(k=take(cache.k, 1), v=take(cache.v, 1),
+                          valid=take(cache.valid, 0), end=take(cache.end, 0)),
+      last_logits=take(state.last_logits, 0), pos=take(state.pos, 0))
+  sub = _forward(params, config, sub, tokens, mask)
+  return DecodeState(
+      cache=cache.replace(
+          k=cache.k.at[:, rows].set(sub.cache.k),
+          v=cache.v.at[:, rows].set(sub.cache.v),
+          valid=cache.valid.at[rows].set(sub.cache.valid),
+          end=cache.end.at[rows].set(sub.cache.end)),
+      last_logits=state.last_logits.at[rows].set(sub.last_logits),
+      pos=state.pos.at[rows].set(sub.pos))
 
 
 @functools.partial(
@@ -140,8 +177,8 @@ def decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
     row_keys: optional uint32 [B, 2] per-row keys (then `rng` is unused): a
       row's token at position p is drawn with ``fold_in(row_keys[i], p)``,
       so its tokens do not depend on which other rows share the batch.
-    max_new_tokens: static buffer size and loop bound. Requires
-      `state.cache.end + max_new_tokens <= max_len`.
+    max_new_tokens: static buffer size and loop bound. Requires each
+      active row's end + budget <= max_len (padding writes past it drop).
     sampling: sampling parameters.
 
   Returns:
@@ -175,37 +212,38 @@ def decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
            jnp.full((b, max_new_tokens), PAD_ID, jnp.int32),
            jnp.zeros((b, max_new_tokens), jnp.float32),
            jnp.zeros((b,), jnp.int32), active, jnp.zeros((b,), jnp.bool_))
-  _, state, _, toks, logps, count, _, stopped = jax.lax.while_loop(
+  steps, state, _, toks, logps, count, _, stopped = jax.lax.while_loop(
       cond, body, carry)
-  return state, DecodeOutput(toks, logps, count, stopped)
+  return state, DecodeOutput(toks, logps, count, stopped, steps)
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))
 def clear_rows(state: DecodeState, rows: Array) -> DecodeState:
-  """Empties rows bool[B] (a slot refill): no valid slot, position 0.
+  """Empties rows bool[B] (a slot refill): no valid slot, position and end 0.
 
   The cleared rows' old keys/values stay in memory but are never attended to
   again (attention sees only valid slots), so a refilled slot cannot see its
   previous occupant.
   """
   rows = rows.astype(jnp.bool_)
-  cache = state.cache.replace(valid=state.cache.valid & ~rows[:, None])
+  cache = state.cache.replace(valid=state.cache.valid & ~rows[:, None],
+                              end=jnp.where(rows, 0, state.cache.end))
   return DecodeState(cache=cache,
                      last_logits=jnp.where(rows[:, None], 0.0,
                                            state.last_logits),
                      pos=jnp.where(rows, 0, state.pos))
 
 
-def _left_pad(rows: Sequence[Sequence[int]],
-              length: int) -> tuple[np.ndarray, np.ndarray]:
+def _right_pad(rows: Sequence[Sequence[int]],
+               length: int) -> tuple[np.ndarray, np.ndarray]:
+  """tokens, mask [len(rows), length]: each row's tokens first, then PAD_ID."""
   tokens = np.full((len(rows), length), PAD_ID, np.int32)
   mask = np.zeros((len(rows), length), np.bool_)
   for i, row in enumerate(rows):
     if len(row) > length:
       raise ValueError(f"row {i} has {len(row)} tokens > chunk length {length}.")
-    if len(row):
-      tokens[i, length - len(row):] = row
-      mask[i, length - len(row):] = True
+    tokens[i, :len(row)] = row
+    mask[i, :len(row)] = True
   return tokens, mask
 
 
@@ -238,9 +276,10 @@ class Segment:
 class Generator:
   """Stateful multi-turn generation for a fixed batch of rows.
 
-  Keeps each row's full token history on the host; when the cache runs out of
-  slots or `set_params` changes the weights, the cache is rebuilt by one
-  prefill over the histories (left-padded to a power-of-two bucket).
+  Keeps each row's full token history on the host. Rows are fed on their own
+  (only the rows with tokens to append run the model); when `set_params`
+  changes the weights without keeping the cache, it is rebuilt by one
+  prefill over the histories.
   """
 
   def __init__(self, config: ModelConfig, params: Any, batch_size: int,
@@ -250,12 +289,12 @@ class Generator:
       config: model config.
       params: `Transformer` params (plain, boxed or `{'params': ...}`).
       batch_size: number of rows (static).
-      max_len: cache slots per row; must hold the longest row history plus
-        one decode call's `max_new_tokens` plus one chunk bucket.
+      max_len: cache slots per row; must hold the longest row history (its
+        tokens, including those one decode call adds).
       sampling: sampling parameters.
       rng: PRNG key (default PRNGKey(0)).
-      min_bucket: prompts and chunks are left-padded to powers of two of at
-        least this length (``config.sampler.min_prompt_bucket``).
+      min_bucket: prompts and chunks are padded to powers of two of at least
+        this length (``config.sampler.min_prompt_bucket``).
     """
     self.config = config
     self.batch_size = batch_size
@@ -266,7 +305,7 @@ class Generator:
     self._rng = jax.random.PRNGKey(0) if rng is None else rng
     self._history: list[list[int]] = [[] for _ in range(batch_size)]
     self._state: DecodeState | None = None
-    self._end = 0  # Host copy of cache.end.
+    self.last_steps = 0  # Loop iterations of the last `generate` call.
 
   @property
   def histories(self) -> list[list[int]]:
@@ -281,9 +320,9 @@ class Generator:
 
     Args:
       params: the new weights.
-      keep_cache: keep the keys/values computed under the old weights (as
-        PipelineRL does; they are recomputed at the next compaction) instead
-        of recomputing the cache under the new weights before next use.
+      keep_cache: keep the keys/values computed under the old weights for
+        the tokens already fed (as PipelineRL does) instead of recomputing
+        the cache under the new weights before next use.
     """
     self._params = unwrap_params(params)
     if not keep_cache:
@@ -301,52 +340,59 @@ class Generator:
       mask[rows] = True
       self._state = clear_rows(self._state, jnp.asarray(mask))
 
-  def _rebuild(self, extra: int) -> None:
-    """Re-prefills the cache from the histories, leaving `extra` free slots."""
-    longest = max(len(h) for h in self._history)
-    length = bucket_length(longest, self.min_bucket)
-    if length + extra > self.max_len:
-      raise ValueError(
-          f"Generator cache too small: histories need {length} slots (longest "
-          f"row {longest} tokens) plus {extra} for the next call > max_len="
-          f"{self.max_len}; raise max_len or lower the token limits.")
+  def _check_room(self, need: Sequence[int]) -> None:
+    """Raises unless every row's history plus ``need[i]`` tokens fits."""
+    for i, (h, n) in enumerate(zip(self._history, need)):
+      if n and len(h) + n > self.max_len:
+        raise ValueError(
+            f"Generator cache too small: row {i} holds {len(h)} tokens and "
+            f"needs {n} more > max_len={self.max_len}; raise max_len or lower "
+            "the token limits.")
+
+  def _rebuild(self) -> None:
+    """Prefills a fresh cache with every row's history (one call)."""
+    self._check_room([0] * self.batch_size)
     self._state = init_state(self.config, self.batch_size, self.max_len)
-    self._end = 0
+    longest = max(len(h) for h in self._history)
     if longest:
-      tokens, mask = _left_pad(self._history, length)
+      tokens, mask = _right_pad(self._history,
+                                bucket_length(longest, self.min_bucket))
       self._state = append_chunk(self._params, self.config, self._state,
                                  jnp.asarray(tokens), jnp.asarray(mask))
-      self._end = length
-
-  def _ensure(self, extra: int) -> None:
-    if self._state is None or self._end + extra > self.max_len:
-      if self._state is not None:
-        logging.info("Generator: compacting the KV cache (end=%d, need %d).",
-                     self._end, extra)
-      self._rebuild(extra)
 
   def append(self, chunks: Sequence[Sequence[int]]) -> None:
-    """Appends per-row token chunks (prompt / observations; may be empty)."""
+    """Appends per-row token chunks (prompt / observations; may be empty).
+
+    Only rows with tokens run the model (padded to a power of two with other,
+    unchanged rows; the whole batch when that is over half of it).
+    """
     if len(chunks) != self.batch_size:
       raise ValueError(
           f"append got {len(chunks)} chunks for batch size {self.batch_size}.")
-    longest = max(len(c) for c in chunks)
-    if not longest:
+    rows = [i for i, c in enumerate(chunks) if len(c)]
+    if not rows:
       return
-    length = bucket_length(longest, self.min_bucket)
-    if self._state is None:
-      # Nothing computed yet (fresh or new weights): prefill history + chunk.
-      for h, c in zip(self._history, chunks):
-        h.extend(int(t) for t in c)
-      self._ensure(0)
+    self._check_room([len(c) for c in chunks])
+    fresh = self._state is None
+    for i in rows:
+      self._history[i].extend(int(t) for t in chunks[i])
+    if fresh:  # Nothing computed yet (fresh or new weights): prefill all.
+      self._rebuild()
       return
-    self._ensure(length)
-    tokens, mask = _left_pad(chunks, length)
-    self._state = append_chunk(self._params, self.config, self._state,
-                               jnp.asarray(tokens), jnp.asarray(mask))
-    self._end += length
-    for h, c in zip(self._history, chunks):
-      h.extend(int(t) for t in c)
+    length = bucket_length(max(len(chunks[i]) for i in rows), self.min_bucket)
+    k = bucket_length(len(rows), 1)
+    if 2 * k > self.batch_size:
+      tokens, mask = _right_pad(chunks, length)
+      self._state = append_chunk(self._params, self.config, self._state,
+                                 jnp.asarray(tokens), jnp.asarray(mask))
+      return
+    fill = sorted(set(range(self.batch_size)) - set(rows))
+    picked = rows + fill[:k - len(rows)]
+    tokens, mask = _right_pad(
+        [chunks[i] for i in rows] + [()] * (k - len(rows)), length)
+    self._state = append_rows(self._params, self.config, self._state,
+                              jnp.asarray(picked, jnp.int32),
+                              jnp.asarray(tokens), jnp.asarray(mask))
 
   def generate(self, stop_ids: Sequence[Sequence[int]] | Sequence[int],
                max_new_tokens: int | Sequence[int],
@@ -370,25 +416,23 @@ class Generator:
     if not budget.any():
       return [Segment(np.zeros(0, np.int32), np.zeros(0, np.float32), False)
               for _ in range(b)]
+    self._check_room(budget)
+    if self._state is None:
+      self._rebuild()
     steps = bucket_length(int(budget.max()) if b else 0)
-    self._ensure(steps)
     self._rng, key = jax.random.split(self._rng)
     self._state, out = decode(
         self._params, self.config, self._state, key,
         jnp.asarray(_stop_array(stop_ids, b)), jnp.asarray(act),
         jnp.asarray(budget), row_keys, max_new_tokens=steps,
         sampling=self.sampling)
-    toks, logps, count, stopped, end = jax.device_get(
-        (out.tokens, out.logprobs, out.num_tokens, out.stopped,
-         self._state.cache.end))
-    self._end = int(end)
-    segments = []
+    toks, logps, count, stopped, loop_steps = jax.device_get(
+        (out.tokens, out.logprobs, out.num_tokens, out.stopped, out.steps))
+    self.last_steps = int(loop_steps)
     for i in range(b):
-      n = int(count[i])
-      self._history[i].extend(int(t) for t in toks[i, :n])
-      segments.append(Segment(toks[i, :n].copy(), logps[i, :n].copy(),
-                              bool(stopped[i])))
-    return segments
+      self._history[i].extend(int(t) for t in toks[i, :count[i]])
+    return [Segment(toks[i, :n].copy(), logps[i, :n].copy(), bool(stop))
+            for i, (n, stop) in enumerate(zip(count, stopped))]
 
 
 def generate(params: Any, config: ModelConfig,
@@ -397,7 +441,7 @@ def generate(params: Any, config: ModelConfig,
              sampling: SamplingParams = SamplingParams(),
              stop_ids: Sequence[Sequence[int]] | Sequence[int] = ()
              ) -> list[Segment]:
-  """One-shot batched generation from token prompts (left-padded, bucketed)."""
+  """One-shot batched generation from token prompts (padded, bucketed)."""
   max_len = bucket_length(max(len(p) for p in prompts)) + bucket_length(
       max_new_tokens)
   gen = Generator(config, params, len(prompts), max_len, sampling, rng)

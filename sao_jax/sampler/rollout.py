@@ -30,7 +30,6 @@ import numpy as np
 from sao_jax import tokenizer as tok_lib
 from sao_jax.envs.base import Environment
 from sao_jax.models.config import ModelConfig
-from sao_jax.sampler.generate import bucket_length
 from sao_jax.sampler.generate import MIN_BUCKET
 from sao_jax.sampler.generate import Generator
 from sao_jax.sampler.generate import Segment
@@ -139,9 +138,10 @@ class RolloutLimits:
                step_timeout_s=float(config.env.step_timeout_s))
 
   def cache_len(self) -> int:
-    """KV cache slots that always suffice for `ModelPolicy`."""
-    longest = bucket_length(self.max_total_tokens, self.min_prompt_bucket)
-    return longest + max(longest, bucket_length(self.max_new_tokens_per_turn))
+    """KV cache slots per row that always suffice: a row holds only its own
+    tokens (per-row cache ends, `generate.py`), at most ``max_total_tokens``
+    (rounded up to a multiple of 8)."""
+    return -(-self.max_total_tokens // 8) * 8
 
 
 def action_budget(env: Environment, limits: RolloutLimits,
@@ -313,7 +313,7 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
       if not active[i]:
         continue
       row.add(seg.tokens, 1, seg.logprobs, version)
-      if not seg.stopped:
+      if not (seg.stopped or envs[i].fixed_length_actions):
         row.finish = FinishReason.LENGTH
         continue
       try:
