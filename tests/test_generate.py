@@ -149,9 +149,10 @@ def test_sampling_is_reproducible(params):
 
 
 def test_rows_fed_alone_match_full_forward_and_keep_the_others(params):
-  """Appending to some rows runs only those rows (`append_rows`); every row's
-  log-probs still equal the full forward of its own history, a refilled row
-  holds only its new episode, and the rows not fed are left unchanged."""
+  """Appending to or decoding some rows runs only those rows (`append_rows`,
+  `decode_rows`); every row's log-probs still equal the full forward of its
+  own history, a refilled row holds only its new episode, and the rows not
+  run are left unchanged."""
   rng = np.random.default_rng(8)
   g = gen_lib.Generator(_CFG, params, 5, max_len=64,
                         sampling=sampling.SamplingParams(temperature=0.7),
@@ -161,8 +162,8 @@ def test_rows_fed_alone_match_full_forward_and_keep_the_others(params):
   masks = [[0] * len(p) for p in prompts]
   logps = [[0.0] * len(p) for p in prompts]
 
-  def act(budgets):
-    for i, s in enumerate(g.generate([], budgets)):
+  def act(budgets, active=None):
+    for i, s in enumerate(g.generate([], budgets, active)):
       masks[i] += [1] * len(s.tokens)
       logps[i] += list(s.logprobs)
 
@@ -173,14 +174,17 @@ def test_rows_fed_alone_match_full_forward_and_keep_the_others(params):
   masks[2] += [0] * 7
   logps[2] += [0.0] * 7
   assert g.histories[:2] + g.histories[3:] == before[:2] + before[3:]
+  act(5, [False, False, True, False, False])  # Row 2 decodes alone.
+  assert g.last_steps == 5
+  assert g.histories[:2] + g.histories[3:] == before[:2] + before[3:]
   g.reset_rows([4])  # A refill: row 4 gets a new episode.
   fresh = _prompts(rng, [0, 0, 0, 0, 3])
   g.append(fresh)
   masks[4], logps[4] = [0] * 3, [0.0] * 3
   assert g.histories[4] == fresh[4]
   act([4, 4, 4, 4, 4])
-  # 5+3+6+4 before the refill, 4 per row after it.
-  assert _check_logprobs(params, g.histories, masks, logps, 0.7) == 38
+  # 5+3+6+4 before the refill, 5 by row 2 alone, 4 per row after it.
+  assert _check_logprobs(params, g.histories, masks, logps, 0.7) == 43
 
 
 def test_stops_early_when_all_rows_done(params):

@@ -13,8 +13,10 @@ ring + trainer) on the same config and the same number of trajectories:
 
 ``--workload=balanced`` (default): every episode takes ``--max_new_tokens``
 (the random-init policy rarely stops early). ``--workload=longtail``
-(configs/longtail.py): action budgets of 8..128 tokens, geometric (half the
-episodes 8 tokens, one in sixteen 128), the long tail of agentic work.
+(configs/longtail.py): the long tail of agentic work: 0..4 tool calls per
+episode, geometric (half none, one in eight four), each answered after
+``--tool_latency_s`` (default the config's 0.5 s), and actions of 8 or 16
+tokens.
 
 The sampler is pinned to one core and the trainer to the other. The figure
 is the steady-state time of the train steps (``train_wall_s``: no SFT, no
@@ -54,6 +56,9 @@ _NEW_TOKENS = flags.DEFINE_integer(
     "budget).")
 _WORKLOAD = flags.DEFINE_enum("workload", "balanced", ["balanced", "longtail"],
                               "Episode lengths (module docstring).")
+_LATENCY = flags.DEFINE_float(
+    "tool_latency_s", None, "Long-tail workload: seconds a tool call takes "
+    "(default: configs/longtail.py's).")
 _ARMS = flags.DEFINE_list("arms", ["sync", "batch-async", "async"],
                           "Arms to run (the ratios need all three).")
 
@@ -76,6 +81,8 @@ def bench_config(arm: str):
     overrides.update({"sampler.max_new_tokens": n,
                       "sampler.max_total_tokens": 32 + n,
                       "train.max_seq_len": 32 + n})
+  if _LATENCY.value is not None:
+    overrides["env.longtail_tool_latency_s"] = _LATENCY.value
   base = "longtail" if _WORKLOAD.value == "longtail" else "quickstart"
   return loop_setup.loop_config(_STEPS.value, overrides, base=base)
 
@@ -120,6 +127,8 @@ def main(argv):
                     train_wall_s_runs=[r["train_wall_s"] for r in runs[arm]])
   wall = {arm: f["train_wall_s"] for arm, f in med.items()}
   last = {"workload": _WORKLOAD.value, "steps": _STEPS.value,
+          **({"tool_latency_s": config.env.longtail_tool_latency_s}
+             if _WORKLOAD.value == "longtail" else {}),
           "repeats": _REPEATS.value, **{f"{a}_s": w for a, w in wall.items()}}
   if "async" in wall:
     for ref in ("sync", "batch-async"):
