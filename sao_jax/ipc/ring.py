@@ -169,7 +169,8 @@ class RingReader(seg_lib.RingEnd):
         ring: its header cannot be framed; a bad MAC is only rejected).
     """
     book = self._book
-    book.poll()
+    if time.monotonic() >= book.next_check:  # Inline: once per record.
+      book.check()
     rec = self._try_read()
     if rec is not None:
       return rec

@@ -318,21 +318,21 @@ class ReaderBook:
 
   def __init__(self, seg: Segment, interval_s: float):
     self._seg, self._interval = seg, interval_s
-    self._last = 0.0
+    self.next_check = 0.0  # time.monotonic() of the next liveness check.
     self.dead: dict[int, int] = {}  # {lane: pid} of producers that died.
     self.empty_waits = self.empty_wait_ns = 0
     self.bytes_read = self.checksum_retries = self.rejected = 0
 
   def poll(self) -> bool:
     """Checks liveness if ``interval_s`` has passed; whether it did."""
-    if time.monotonic() - self._last < self._interval:
+    if time.monotonic() < self.next_check:
       return False
     self.check()
     return True
 
   def check(self) -> None:
     """Adds the active lanes whose producer died to ``dead``."""
-    self._last = time.monotonic()
+    self.next_check = time.monotonic() + self._interval
     for lane, ctl in enumerate(self._seg.ctl):
       if ctl[STATE] != ACTIVE or lane in self.dead:
         continue
