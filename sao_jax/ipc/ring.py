@@ -35,7 +35,6 @@ import struct
 import time
 from typing import Callable, Iterator, NamedTuple, Sequence
 
-from absl import logging
 import numpy as np
 import xxhash
 
@@ -263,19 +262,13 @@ class RingReader(seg_lib.RingEnd):
                  tag: bytes, tail: int, expected_seq: int) -> bool:
     """Whether a keyed ring's record that failed the first check is genuine
     and newer after re-copies (weak memory ordering); counts rejects."""
-    n = out.nbytes
     ok, retries = recopied(out, src, lambda o: self._mac.verify(
         lane, seq, o, tag), 3)
-    book = self._book
-    book.checksum_retries += retries
+    self._book.checksum_retries += retries
     if ok and seq >= expected_seq:
       return True
-    book.rejected += 1
-    logging.warning(
-        "Ring %s lane %d: skipped the record at counter %d (seq %d, %d bytes),"
-        " %s (%d rejected so far): another process wrote the ring.",
-        self.name, lane, tail, seq, n, "a replay" if ok else "bad MAC",
-        book.rejected)
+    self._book.reject(lane, tail, seq, out.nbytes, "a replay" if ok
+                      else "bad MAC")
     return False
 
   def dead_producers(self) -> dict[int, int]:

@@ -367,6 +367,16 @@ class ReaderBook:
           "running? Increase the timeout for slow samplers.")
     backoff.wait()
 
+  def reject(self, lane: int, tail: int, seq: int, nbytes: int,
+             why: str) -> None:
+    """Counts and logs a record of a keyed ring that failed its MAC or
+    replayed an older sequence number (skipped by the reader)."""
+    self.rejected += 1
+    logging.warning(
+        "Ring %s lane %d: skipped the record at counter %d (seq %d, %d bytes),"
+        " %s (%d rejected so far): another process wrote the ring.",
+        self._seg.name, lane, tail, seq, nbytes, why, self.rejected)
+
   def stats(self) -> dict:
     """Counters: per-lane occupancy and waits, consumer waits, deaths."""
     return {
