@@ -2,22 +2,24 @@
 
 Everything of the ring that no record passes through (docs/DESIGN.md §1,
 §7): the segment layout and its typed views, creating and attaching it, a
-producer claiming its lane, producer liveness from ``/proc`` (a dead
-producer's lane is drained, then skipped), the counters ``stats`` reports,
-the ring's errors and the polling backoff. The records themselves (header,
-checksum or MAC, the copies in and out) are ``sao_jax.ipc.ring``. Its fault
-model, as far as it lives here:
-
-* Producer death (pid and start time in ``/proc``, zombies dead): committed
-  records are still read; the lane is reported in ``dead_producers()``.
-* Backpressure: ``RingFullError`` / ``RingEmptyError`` after ``timeout``;
-  waits are counted in ``stats()``.
+producer claiming its lane and waiting for space, the reader's bookkeeping
+(producer liveness from ``/proc``, waits on an empty ring, the counters
+``stats`` reports), the ring's errors and the polling backoff. The records
+themselves (header, checksum or MAC, the copies in and out) are
+``sao_jax.ipc.ring``.
 
     [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1]...
 
 Each lane is a byte ring with monotonic 64-bit ``head`` (written only by its
 producer) and ``tail`` (written only by the consumer) counters; offsets are
-``counter % lane_bytes``, and records are padded to ``ALIGN`` bytes.
+``counter % lane_bytes``, and records are padded to ``ALIGN`` bytes. The
+part of the ring's fault model that lives here:
+
+* Producer death (pid and start time in ``/proc``, zombies dead): committed
+  records are still read, then the lane is skipped; the lane is reported in
+  ``RingReader.dead_producers()``.
+* Backpressure: ``RingFullError`` / ``RingEmptyError`` after ``timeout``;
+  waits are counted in ``stats()``.
 """
 
 from __future__ import annotations
