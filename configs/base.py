@@ -145,7 +145,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.mismatch_high = config_dict.placeholder(float)
   config.rl.behav_weight_cap = config_dict.placeholder(float)
   config.rl.constant = config_dict.placeholder(float)
-  # Advantage estimator (sao_jax.rl.advantages); None = the one the loss is
+  # Advantage estimator (advantages.ESTIMATORS); None = the one the loss is
   # registered with (sao: 'decoupled_gae', skip-observation GAE, lam_critic
   # for targets, length-adaptive policy lambda). Others: 'gae' (one lambda =
   # lam_critic), 'vapo_gae', 'group_zscore', 'group_mean', 'rloo',

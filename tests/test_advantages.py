@@ -1,4 +1,5 @@
-"""Tests for sao_jax.rl.advantages against independent NumPy references."""
+"""Tests for the advantage estimators (the critic's in sao_jax.rl.losses, the
+others in sao_jax.rl.advantages) against independent NumPy references."""
 
 import functools
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from sao_jax.rl import advantages as adv_lib
+from sao_jax.rl import losses
 
 
 # ----------------------------------------------------------------------------
@@ -56,7 +58,7 @@ def random_case(rng, b, t, p_action=0.6):
   return rewards, values, mask
 
 
-gae_jit = jax.jit(adv_lib.gae)
+gae_jit = jax.jit(losses.gae)
 
 
 # ----------------------------------------------------------------------------
@@ -151,12 +153,12 @@ def test_observation_rewards_go_to_preceding_action_prompt_rewards_dropped():
   mask = np.array([[0, 1, 1, 0, 0, 1, 0]], np.float32)
   rewards = np.array([[5.0, 0.0, 1.0, 2.0, 0.5, 0.0, 3.0]], np.float32)
   values = np.zeros_like(rewards)
-  a, r = adv_lib.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+  a, r = losses.gae(rewards, values, mask, gamma=1.0, lam=1.0)
   # Effective rewards: t1: 0, t2: 1+2+0.5, t5: 0+3; prompt reward 5 dropped.
   np.testing.assert_allclose(np.asarray(r), [[0, 6.5, 6.5, 0, 0, 3.0, 0]])
   np.testing.assert_allclose(np.asarray(a), np.asarray(r))
   # With γ = 0.5 the gap costs no discount: one step per action-token hop.
-  a, r = adv_lib.gae(rewards, values, mask, gamma=0.5, lam=1.0)
+  a, r = losses.gae(rewards, values, mask, gamma=0.5, lam=1.0)
   np.testing.assert_allclose(np.asarray(r)[0, [1, 2, 5]],
                              [0.5 * (3.5 + 0.5 * 3.0), 3.5 + 0.5 * 3.0, 3.0])
 
@@ -176,7 +178,7 @@ def test_gae_lambda_zero_is_one_step_td():
   rng = np.random.default_rng(5)
   rewards, values, _ = random_case(rng, 1, 6)
   mask = np.array([[1, 1, 0, 1, 0, 1]], np.float32)
-  a, _ = adv_lib.gae(rewards, values, mask, gamma=0.8, lam=0.0)
+  a, _ = losses.gae(rewards, values, mask, gamma=0.8, lam=0.0)
   r, v = rewards[0], values[0]
   expected = [r[0] + 0.8 * v[1] - v[0], r[1] + r[2] + 0.8 * v[3] - v[1], 0.0,
               r[3] + r[4] + 0.8 * v[5] - v[3], 0.0, r[5] - v[5]]
@@ -194,7 +196,7 @@ def test_gae_masked_values_never_leak_and_empty_rows_are_zero():
   np.testing.assert_array_equal(np.asarray(r1), np.asarray(r2))
   assert np.all(np.asarray(a2)[2] == 0.0) and np.all(np.asarray(r2)[2] == 0.0)
   # Gradient w.r.t. values is finite and zero on non-action tokens.
-  g = jax.grad(lambda v: jnp.sum(adv_lib.gae(rewards, v, mask, gamma=0.95,
+  g = jax.grad(lambda v: jnp.sum(losses.gae(rewards, v, mask, gamma=0.95,
                                              lam=0.9)[0]))(jnp.asarray(junk))
   assert np.all(np.isfinite(np.asarray(g)))
   assert np.all(np.asarray(g)[mask == 0] == 0.0)
@@ -206,16 +208,16 @@ def test_gae_masked_values_never_leak_and_empty_rows_are_zero():
 
 
 def test_length_adaptive_lambda_values():
-  lam = adv_lib.length_adaptive_lambda(jnp.array([0, 1, 2, 100, 1000]),
+  lam = losses.length_adaptive_lambda(jnp.array([0, 1, 2, 100, 1000]),
                                        alpha=1.5)
   np.testing.assert_allclose(np.asarray(lam),
                              [0.0, 1 - 1 / 1.5, 1 - 1 / 3.0, 1 - 1 / 150,
                               1 - 1 / 1500], rtol=1e-6)
   # VAPO α=0.05: 1 − 1/(0.05·10) = −1 → clipped to 0; l=200 → 0.9.
-  lam = adv_lib.length_adaptive_lambda(jnp.array([10, 20, 200]), alpha=0.05)
+  lam = losses.length_adaptive_lambda(jnp.array([10, 20, 200]), alpha=0.05)
   np.testing.assert_allclose(np.asarray(lam), [0.0, 0.0, 0.9], rtol=1e-6,
                              atol=1e-7)
-  g = jax.grad(lambda l: adv_lib.length_adaptive_lambda(l).sum())(
+  g = jax.grad(lambda l: losses.length_adaptive_lambda(l).sum())(
       jnp.array([0.0, 3.0]))
   assert np.all(np.isfinite(np.asarray(g)))
 
@@ -224,15 +226,15 @@ def test_decoupled_gae_policy_and_critic_lambdas():
   rng = np.random.default_rng(8)
   rewards, values, mask = random_case(rng, 4, 12)
   mask[3] = 0
-  pa, vt = jax.jit(adv_lib.decoupled_gae)(rewards, values, mask)
+  pa, vt = jax.jit(losses.decoupled_gae)(rewards, values, mask)
   n = mask.sum(1)
   lam_p = np.where(n > 0, np.clip(1 - 1 / (1.5 * np.maximum(n, 1)), 0, 1), 0)
   ref_a, _ = np_skip_gae(rewards, values, mask, 1.0, lam_p)
   _, ref_r = np_skip_gae(rewards, values, mask, 1.0, 1.0)
   np.testing.assert_allclose(np.asarray(pa), ref_a, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(vt), ref_r, rtol=1e-5, atol=1e-5)
-  pa_vapo, _ = adv_lib.decoupled_gae(rewards, values, mask,
-                                     alpha=adv_lib.VAPO_ALPHA)
+  pa_vapo, _ = losses.decoupled_gae(rewards, values, mask,
+                                     alpha=losses.VAPO_ALPHA)
   lam_v = np.where(n > 0, np.clip(1 - 1 / (0.05 * np.maximum(n, 1)), 0, 1), 0)
   np.testing.assert_allclose(np.asarray(pa_vapo),
                              np_skip_gae(rewards, values, mask, 1.0, lam_v)[0],

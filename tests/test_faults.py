@@ -744,7 +744,8 @@ _FORGER = textwrap.dedent("""
     import numpy as np
 
     from sao_jax.data import trajectory as codec
-    from sao_jax.ipc import ring_layout as layout
+    from sao_jax.ipc import ring
+    from sao_jax.ipc import ring_segment as layout
     from sao_jax.ipc import segment
     from sao_jax.data.trajectory import Trajectory
 
@@ -758,13 +759,13 @@ _FORGER = textwrap.dedent("""
                    policy_version=np.zeros(6),
                    rewards=[0, 0, 0, 0, 1000, 0], task="fixed")))
     n = len(forged)
-    size = (32 + n + layout.TAG_BYTES + 63) // 64 * 64  # As RingWriter's.
+    size = (32 + n + ring.TAG_BYTES + 63) // 64 * 64  # As RingWriter's.
     if what == "rewrite":  # The committed, unread record, checksum recomputed.
       off = ctl[layout.TAIL] % cap
-      magic, _, length, seq, _ = layout.HDR.unpack_from(mv, off)
+      magic, _, length, seq, _ = ring.HDR.unpack_from(mv, off)
       assert length == n, (length, n)
       mv[off + 32:off + 32 + n] = forged
-      layout.HDR.pack_into(mv, off, magic, 0, n, seq, layout.checksum(forged))
+      ring.HDR.pack_into(mv, off, magic, 0, n, seq, ring.checksum(forged))
     else:  # A new record at the head, with the next sequence number...
       head = ctl[layout.HEAD]
       off, seq = head % cap, ctl[layout.RECORDS_WRITTEN]
@@ -773,8 +774,8 @@ _FORGER = textwrap.dedent("""
         mv[off:off + size] = mv[last:last + size]
       else:
         mv[off + 32:off + 32 + n] = forged
-        layout.HDR.pack_into(mv, off, layout.REC_MAGIC, 0, n, seq,
-                             layout.checksum(forged))
+        ring.HDR.pack_into(mv, off, ring.REC_MAGIC, 0, n, seq,
+                           ring.checksum(forged))
       ctl[layout.HEAD] = head + size
     print(seq, flush=True)
 """)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import loss_inputs
+from sao_jax.rl import baselines
 from sao_jax.rl import losses
 from sao_jax.rl import metrics as rl_metrics
 from sao_jax.rl import registry
@@ -137,7 +138,7 @@ def test_registry_dispatch_defaults_and_overrides():
   # PPO without old_logp takes the ratio against the rollout log-probs.
   no_old = batch.replace(old_logp=None, ref_logp=None)
   loss, _ = registry.get_loss_fn("ppo")(jnp.asarray(logp), no_old)
-  direct, _ = losses.ppo_clip_loss(logp, rollout, adv, mask)
+  direct, _ = baselines.ppo_clip_loss(logp, rollout, adv, mask)
   assert float(loss) == float(direct)
   with pytest.raises(ValueError, match="prox_logp"):
     registry.get_loss_fn("areal")(jnp.asarray(logp),

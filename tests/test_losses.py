@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import loss_inputs
+from sao_jax.rl import baselines
 from sao_jax.rl import losses
 from sao_jax.rl import registry
 
@@ -158,7 +159,7 @@ def test_ppo_and_dis_differ_exactly_where_the_paper_says():
   adv = np.array([[1.0, -1.0, 1.0]], np.float32)
   mask = np.ones((1, 3), np.float32)
   eps = dict(eps_low=0.3, eps_high=5.0)
-  g_ppo = np.asarray(grad_of(losses.ppo_clip_loss, jnp.asarray(logp), rollout,
+  g_ppo = np.asarray(grad_of(baselines.ppo_clip_loss, jnp.asarray(logp), rollout,
                              adv, mask, **eps))
   g_dis = np.asarray(grad_of(losses.dis_policy_loss, jnp.asarray(logp),
                              rollout, adv, mask, **eps))
@@ -177,8 +178,8 @@ def test_ppo_and_dis_differ_exactly_where_the_paper_says():
 def test_ppo_clip_against_numpy(mode, eps):
   logp, old, adv, mask = fixed_inputs(1)
   kw = dict(eps_low=eps[0], eps_high=eps[1], aggregation=mode)
-  loss, metrics = losses.ppo_clip_loss(logp, old, adv, mask, **kw)
-  grad = grad_of(losses.ppo_clip_loss, jnp.asarray(logp), old, adv, mask, **kw)
+  loss, metrics = baselines.ppo_clip_loss(logp, old, adv, mask, **kw)
+  grad = grad_of(baselines.ppo_clip_loss, jnp.asarray(logp), old, adv, mask, **kw)
   ref_loss, ref_grad = np_weighted_ppo(logp, old, adv, mask, *eps, mode=mode)
   check(loss, grad, ref_loss, ref_grad)
   r, a = _RATIOS, _ADV
@@ -202,7 +203,7 @@ def test_dual_clip_ppo_against_numpy():
   np.testing.assert_allclose(metrics["dual_clip_frac"], dual.sum() / mask.sum(),
                              rtol=1e-6)
   with pytest.raises(ValueError, match="dual_clip must be > 1"):
-    losses.ppo_clip_loss(logp, old, adv, mask, dual_clip=0.5)
+    baselines.ppo_clip_loss(logp, old, adv, mask, dual_clip=0.5)
 
 
 def test_grpo_with_k3_kl_against_numpy():
@@ -268,8 +269,8 @@ def test_gspo_equals_sequence_level_gspo():
   logp = (old + target[:, None] + noise * mask).astype(np.float32)
   seq_adv = np.array([0.9, 1.5, -0.8, -1.1])
   adv = np.repeat(seq_adv[:, None], t, 1).astype(np.float32)
-  loss, metrics = losses.gspo_loss(logp, old, adv, mask)
-  grad = np.asarray(grad_of(losses.gspo_loss, jnp.asarray(logp), old, adv,
+  loss, metrics = baselines.gspo_loss(logp, old, adv, mask)
+  grad = np.asarray(grad_of(baselines.gspo_loss, jnp.asarray(logp), old, adv,
                             mask))
   lp64, old64 = logp.astype(np.float64), old.astype(np.float64)
   np.testing.assert_allclose(float(loss), np_gspo(lp64, old64, seq_adv, mask,
@@ -299,8 +300,8 @@ def test_gspo_equals_sequence_level_gspo():
 
 def test_cispo_keeps_gradient_on_clipped_tokens():
   logp, old, adv, mask = fixed_inputs(7)
-  loss, _ = losses.cispo_loss(logp, old, adv, mask, eps_low=1.0, eps_high=0.28)
-  grad = grad_of(losses.cispo_loss, jnp.asarray(logp), old, adv, mask,
+  loss, _ = baselines.cispo_loss(logp, old, adv, mask, eps_low=1.0, eps_high=0.28)
+  grad = grad_of(baselines.cispo_loss, jnp.asarray(logp), old, adv, mask,
                  eps_low=1.0, eps_high=0.28)
   w = np.clip(_RATIOS, 0.0, 1.28)
   n = mask.sum()
@@ -318,9 +319,9 @@ def test_areal_decoupled_ppo_against_numpy():
   # π_prox/π_behav = behav_ratio.
   rollout = (prox - np.log(behav_ratio)).astype(np.float32)
   for cap in (None, 2.0):
-    loss, metrics = losses.areal_loss(logp, prox, rollout, adv, mask,
+    loss, metrics = baselines.areal_loss(logp, prox, rollout, adv, mask,
                                       behav_weight_cap=cap)
-    grad = grad_of(losses.areal_loss, jnp.asarray(logp), prox, rollout, adv,
+    grad = grad_of(baselines.areal_loss, jnp.asarray(logp), prox, rollout, adv,
                    mask, behav_weight_cap=cap)
     w = behav_ratio if cap is None else np.where(behav_ratio > cap, 0.0,
                                                  behav_ratio)
@@ -341,13 +342,13 @@ def test_tis_and_icepop_against_numpy(use_old):
   else:  # π_old = sg(π_θ): r = 1 everywhere, k = π_θ/π_rollout.
     rollout = (logp - np.log(k)).astype(np.float32)
     old_arg, old_ref = None, logp
-  loss, _ = losses.tis_loss(logp, rollout, adv, mask, old_logp=old_arg, cap=2.0)
-  grad = grad_of(losses.tis_loss, jnp.asarray(logp), rollout, adv, mask,
+  loss, _ = baselines.tis_loss(logp, rollout, adv, mask, old_logp=old_arg, cap=2.0)
+  grad = grad_of(baselines.tis_loss, jnp.asarray(logp), rollout, adv, mask,
                  old_logp=old_arg, cap=2.0)
   check(loss, grad, *np_weighted_ppo(logp, old_ref, adv, mask, 0.2, 0.2,
                                      weight=np.minimum(k, 2.0)))
-  loss, metrics = losses.icepop_loss(logp, rollout, adv, mask, old_logp=old_arg)
-  grad = grad_of(losses.icepop_loss, jnp.asarray(logp), rollout, adv, mask,
+  loss, metrics = baselines.icepop_loss(logp, rollout, adv, mask, old_logp=old_arg)
+  grad = grad_of(baselines.icepop_loss, jnp.asarray(logp), rollout, adv, mask,
                  old_logp=old_arg)
   w = np.where((k >= 0.5) & (k <= 5.0), k, 0.0)
   check(loss, grad, *np_weighted_ppo(logp, old_ref, adv, mask, 0.2, 0.28,
@@ -359,7 +360,7 @@ def test_tis_and_icepop_against_numpy(use_old):
 def test_icepop_on_policy_gradient_equals_dis_with_same_band():
   """With π_old = sg(π_θ), IcePop's gradient is DIS's with band [α, β]."""
   logp, rollout, adv, mask = fixed_inputs(10)
-  g_ice = grad_of(losses.icepop_loss, jnp.asarray(logp), rollout, adv, mask,
+  g_ice = grad_of(baselines.icepop_loss, jnp.asarray(logp), rollout, adv, mask,
                   mismatch_low=0.6, mismatch_high=5.0)
   g_dis = grad_of(losses.dis_policy_loss, jnp.asarray(logp), rollout, adv, mask,
                   eps_low=0.4, eps_high=4.0)

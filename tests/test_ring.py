@@ -13,7 +13,7 @@ import xxhash
 
 from sao_jax.data import trajectory as codec
 from sao_jax.ipc import ring
-from sao_jax.ipc import ring_layout
+from sao_jax.ipc import ring_segment
 from sao_jax.ipc import segment
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import Trajectory
@@ -139,7 +139,7 @@ def test_checksum_catches_a_corrupted_committed_record():
       w.write(b"a" * 10_000)
       w.write(b"b" * 10_000)
       data = _lane_array(r)
-      start = (int(r._seg.ctl[0][ring_layout.TAIL]) % r.lane_bytes
+      start = (int(r._seg.ctl[0][ring_segment.TAIL]) % r.lane_bytes
                + ring.HEADER_BYTES)
       data[start + 5000] ^= 0x10  # One bit flipped in the committed record.
       with pytest.raises(ring.CorruptRecordError, match="xxh3 mismatch"):
@@ -156,9 +156,9 @@ def test_gathered_record_checksum_is_that_of_the_concatenation():
       for parts in ([payload], [payload[:7], payload[7:]],
                     [payload[:1000], b"", payload[1000:5000].tobytes(),
                      payload[5000:].view(np.uint8)]):
-        off = int(r._seg.ctl[0][ring_layout.HEAD]) % r.lane_bytes
+        off = int(r._seg.ctl[0][ring_segment.HEAD]) % r.lane_bytes
         w.write(*parts)
-        header = ring_layout.HDR.unpack_from(r._seg.lanes[0], off)
+        header = ring.HDR.unpack_from(r._seg.lanes[0], off)
         assert header[4] == expected(payload.tobytes())
         np.testing.assert_array_equal(r.read(timeout=1.0).data, payload)
 
@@ -175,7 +175,7 @@ def test_xxh3_catches_a_change_in_gathered_record(size, flip):
       payload = np.random.default_rng(size).integers(0, 256, size, np.uint8)
       w.write(payload[:7], payload[7:], timeout=1.0)  # Gathered: 2 buffers.
       data = _lane_array(r)
-      start = (int(r._seg.ctl[0][ring_layout.TAIL]) % r.lane_bytes
+      start = (int(r._seg.ctl[0][ring_segment.TAIL]) % r.lane_bytes
                + ring.HEADER_BYTES)
       np.testing.assert_array_equal(data[start:start + size], payload)
       if flip >= 0:
@@ -192,11 +192,11 @@ def test_xxh3_catches_a_change_in_gathered_record(size, flip):
 
 def test_backoff_yields_before_it_sleeps(monkeypatch):
   calls = []
-  monkeypatch.setattr(ring_layout, "sched_yield",
+  monkeypatch.setattr(ring_segment, "sched_yield",
                       lambda: calls.append("yield"))
-  monkeypatch.setattr(ring_layout.time, "sleep", calls.append)
-  backoff = ring_layout.Backoff(max_sleep=1e-3)
-  spins = ring_layout.Backoff._SPINS
+  monkeypatch.setattr(ring_segment.time, "sleep", calls.append)
+  backoff = ring_segment.Backoff(max_sleep=1e-3)
+  spins = ring_segment.Backoff._SPINS
   for _ in range(spins + 12):
     backoff.wait()
   assert calls[:spins] == ["yield"] * spins
@@ -212,7 +212,7 @@ def test_headers_are_validated_before_the_checksum():
       w.write(b"x" * 10)
       assert r.read(timeout=1.0).data.tobytes() == b"x" * 10
       w.write(b"y" * 10)
-      off = int(r._seg.ctl[0][ring_layout.TAIL]) % r.lane_bytes
+      off = int(r._seg.ctl[0][ring_segment.TAIL]) % r.lane_bytes
       _lane_array(r)[off + 16] = 99  # Sequence number field.
       with pytest.raises(ring.CorruptRecordError, match="seq 99 expected 1"):
         r.read(timeout=1.0)
@@ -247,7 +247,7 @@ def test_closed_consumer_stops_blocked_producer():
   r = ring.RingReader.create(num_lanes=1, lane_bytes=256)
   w = ring.RingWriter(r.name, lane=0, timeout=5.0)
   w.write(b"a" * 200)
-  r._seg.glob[ring_layout.G_CLOSED] = 1  # What close() signals, then unmaps.
+  r._seg.glob[ring_segment.G_CLOSED] = 1  # What close() signals, then unmaps.
   t0 = time.monotonic()
   with pytest.raises(ring.RingClosedError, match="closed by its consumer"):
     w.write(b"b" * 200)

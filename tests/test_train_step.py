@@ -81,7 +81,7 @@ def test_policy_update_equals_manual_dis_gradient():
   p, v, batch, new_state, metrics = _sgd_step(cfg)
   mask = batch["action_mask"]
   values = _values(v, batch)
-  adv, _ = adv_lib.decoupled_gae(batch["rewards"], values, mask, alpha=1.5)
+  adv, _ = losses.decoupled_gae(batch["rewards"], values, mask, alpha=1.5)
 
   def manual(pp):
     logp = logprobs_lib.token_logprobs(pp, CFG, batch["tokens"],

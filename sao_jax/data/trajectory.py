@@ -5,7 +5,9 @@ trainer (docs/DESIGN.md §3, §7):
 
 - ``Trajectory``: prompt id, token ids ``int32[T]``, action mask ``uint8[T]``,
   rollout log-probs ``float32[T]``, per-token policy version ``int32[T]``,
-  per-token rewards, task name, finish reason (stop, length, turns, error).
+  per-token rewards, task name, finish reason (stop, length, turns, error);
+  ``EpisodeRecord``, the episode as the sampler builds it, and the one place
+  a ``Trajectory`` is made from one.
 - ``encode`` / ``decode``: the record as bytes for the ring (no pickle).
 - ``TOKEN_FIELDS`` / ``ROW_FIELDS`` / ``pad_row`` / ``with_group_index``: the
   ``[B, T]`` batch schema the stream fills.
@@ -24,6 +26,8 @@ import enum
 import struct
 
 import numpy as np
+
+from sao_jax.envs.base import Environment
 
 
 class FinishReason(enum.IntEnum):
@@ -111,6 +115,45 @@ class Trajectory:
     """
     oldest = self.oldest_version()
     return 0 if oldest == NO_VERSION else trainer_version - oldest
+
+
+@dataclasses.dataclass
+class EpisodeRecord:
+  """One episode's tokens so far and how it ended, as the sampler builds it.
+
+  The sampler's engine (and the evaluation's ``run_episodes``) appends each
+  prompt, action and observation with ``add``; ``trajectory`` is the one place
+  a `Trajectory` is made from an episode.
+  """
+
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  mask: list[int] = dataclasses.field(default_factory=list)
+  logp: list[float] = dataclasses.field(default_factory=list)
+  version: list[int] = dataclasses.field(default_factory=list)
+  rewards: list[float] = dataclasses.field(default_factory=list)
+  finish: FinishReason | None = None
+  error: str = ""
+
+  def add(self, toks, mask: int, logp=None, version: int = NO_VERSION) -> None:
+    """Appends ``toks`` with one action-mask value (1: sampled by the policy
+    ``version``, with log-probs ``logp``; 0: prompt or observation)."""
+    n = len(toks)
+    self.tokens += [int(t) for t in toks]
+    self.mask += [mask] * n
+    self.logp += [0.0] * n if logp is None else [float(x) for x in logp]
+    self.version += [version] * n
+    self.rewards += [0.0] * n
+
+  def trajectory(self, env: Environment) -> Trajectory:
+    """The record of this episode of ``env`` (its prompt id and task name);
+    an episode that never finished ends as TURNS."""
+    return Trajectory(
+        prompt_id=env.prompt_id, tokens=self.tokens, action_mask=self.mask,
+        rollout_logp=self.logp, policy_version=self.version,
+        rewards=self.rewards, task=env.name,
+        finish_reason=(FinishReason.TURNS if self.finish is None
+                       else self.finish),
+        error=self.error)
 
 
 # ------------------------------------------------------------ the bytes ---

@@ -2,7 +2,16 @@
 
 The sampler processes publish trajectories here and the trainer reads them
 (docs/DESIGN.md §1). One segment holds one single-producer lane per sampler,
-a byte ring of records (layout: ``sao_jax.ipc.ring_layout``). Fault model:
+a byte ring of records; the segment (layout, lanes, producer liveness,
+counters, errors) is ``sao_jax.ipc.ring_segment``, and this module is what
+each record's bytes pass through: the record's framing, its checksum or MAC,
+and the copies into and out of the lane.
+
+A record is a 32-byte header (magic, length, sequence number, XXH3-64 of the
+payload, 0 in a keyed ring) followed by the payload and, in a keyed ring, its
+16-byte MAC, padded to 64 bytes and never split: when it does not fit before
+the end of the lane the producer writes a *wrap* marker and continues at
+offset 0. Fault model:
 
 * No torn reads: payload, then header, then ``head`` advanced by one aligned
   8-byte store; a producer killed mid-write leaves nothing visible.
@@ -13,10 +22,7 @@ a byte ring of records (layout: ``sao_jax.ipc.ring_layout``). Fault model:
   payload, lane and sequence number under a key never in shared memory; a
   record failing it, or replaying an older sequence number, is skipped and
   counted (``rejected_records``), so a forgery never shifts genuine records.
-* Producer death (pid and start time in ``/proc``, zombies dead): committed
-  records are still read; the lane is reported in ``dead_producers()``.
-* Backpressure: ``RingFullError`` / ``RingEmptyError`` after ``timeout``;
-  waits are counted in ``stats()``.
+* Producer death and backpressure: see ``ring_segment``.
 
 Memory ordering relies on the store order of x86-64 (TSO); on weakly ordered
 CPUs a checksum mismatch is retried briefly before being reported.
@@ -24,38 +30,93 @@ CPUs a checksum mismatch is retried briefly before being reported.
 
 from __future__ import annotations
 
+import functools
+import struct
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
-from absl import logging
 import numpy as np
+import xxhash
 
 from sao_jax.ipc import mac as mac_lib
-from sao_jax.ipc import ring_layout as layout
-from sao_jax.ipc import segment
+from sao_jax.ipc import ring_segment as seg_lib
 
-# The ring's API types live with the layout they describe.
-(HEADER_BYTES, Record, RingError, RingFullError, RingEmptyError, RingDrained,
- RingClosedError, CorruptRecordError) = (
-     layout.HEADER_BYTES, layout.Record, layout.RingError,
-     layout.RingFullError, layout.RingEmptyError, layout.RingDrained,
-     layout.RingClosedError, layout.CorruptRecordError)
+# The ring's errors, defined with the segment that raises most of them.
+(RingError, RingFullError, RingEmptyError, RingDrained, RingClosedError,
+ CorruptRecordError) = (
+     seg_lib.RingError, seg_lib.RingFullError, seg_lib.RingEmptyError,
+     seg_lib.RingDrained, seg_lib.RingClosedError, seg_lib.CorruptRecordError)
 _DEFAULT = object()  # "Use the writer's default timeout."
 
-# The layout's names used on every record, bound once: a global lookup costs
-# less than a module attribute lookup on this per-record path.
+REC_MAGIC = 0x53414F52  # "SAOR"
+WRAP_MAGIC = 0x53414F57  # "SAOW"
+HDR = struct.Struct("<IIQQQ")  # magic, reserved, length, seq, checksum.
+HEADER_BYTES = 32
+assert HDR.size == HEADER_BYTES
+checksum = xxhash.xxh3_64_intdigest  # Of one buffer.
+TAG_BYTES = mac_lib.TAG_BYTES  # The MAC trailer of a record in a keyed ring.
+
+# The segment's words used on every record, bound once: a global lookup
+# costs less than a module attribute lookup on this per-record path.
 (_HEAD, _TAIL, _RECORDS_READ, _RECORDS_WRITTEN, _BYTES_WRITTEN,
- _HEARTBEAT_NS) = (layout.HEAD, layout.TAIL, layout.RECORDS_READ,
-                   layout.RECORDS_WRITTEN, layout.BYTES_WRITTEN,
-                   layout.HEARTBEAT_NS)
-_HDR, _REC_MAGIC, _WRAP_MAGIC, _ALIGN = (
-    layout.HDR, layout.REC_MAGIC, layout.WRAP_MAGIC, layout.ALIGN)
-_checksum, _new_record, _byte_view = (
-    layout.checksum, layout.new_record, layout.byte_view)
-_TAG_BYTES = layout.TAG_BYTES
+ _HEARTBEAT_NS, _ALIGN) = (seg_lib.HEAD, seg_lib.TAIL, seg_lib.RECORDS_READ,
+                           seg_lib.RECORDS_WRITTEN, seg_lib.BYTES_WRITTEN,
+                           seg_lib.HEARTBEAT_NS, seg_lib.ALIGN)
 
 
-class RingReader:
+class Record(NamedTuple):
+  """One record as returned by ``RingReader.read``."""
+
+  lane: int
+  seq: int
+  data: np.ndarray  # uint8[n], a private copy (safe to keep).
+
+
+# Record(lane, seq, data) without the Python-level NamedTuple.__new__.
+_new_record = functools.partial(tuple.__new__, Record)
+
+
+def checksum_parts(parts) -> int:
+  """The checksum of the concatenation of ``parts`` (bytes-like)."""
+  if len(parts) == 1:
+    return checksum(parts[0])
+  h = xxhash.xxh3_64()
+  for p in parts:
+    h.update(p)
+  return h.intdigest()
+
+
+def byte_view(buf) -> memoryview:
+  """A flat byte view of a bytes-like object or array (copied only if it is
+  not C-contiguous or has no native format)."""
+  m = memoryview(buf)
+  if m.format == "B" and m.ndim == 1 and m.c_contiguous:
+    return m
+  try:
+    return m.cast("B")  # Any C-contiguous buffer of a native format.
+  except TypeError:  # Non-contiguous, or e.g. a big-endian NumPy dtype.
+    arr = np.ascontiguousarray(buf)
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def recopied(out: np.ndarray, src: memoryview, good: Callable[..., bool],
+             tries: int) -> tuple[bool, int]:
+  """(Whether ``good(out)``, re-copies made).
+
+  While it is not, re-copies ``src`` into ``out`` 1 ms apart, up to ``tries``
+  times: a record read before its producer's stores were visible (weakly
+  ordered CPUs) turns good; a corrupted or forged one does not.
+  """
+  ok, n = good(out), 0
+  while not ok and n < tries:
+    n += 1
+    time.sleep(1e-3)
+    out[:] = src
+    ok = good(out)
+  return ok, n
+
+
+class RingReader(seg_lib.RingEnd):
   """The single consumer. ``create`` makes (and owns) the segment.
 
   Usage::
@@ -65,41 +126,27 @@ class RingReader:
       rec = ring.read(timeout=10.0)   # Record(lane, seq, data)
   """
 
-  def __init__(self, seg: layout.Segment, liveness_interval_s: float = 0.2,
+  def __init__(self, seg: seg_lib.Segment, liveness_interval_s: float = 0.2,
                key: bytes | None = None):
     self._seg = seg
     self._next_lane = 0
-    self._liveness_interval = liveness_interval_s
-    self._last_liveness = 0.0
-    self._dead: dict[int, int] = {}
-    self._empty_waits = self._empty_wait_ns = 0
-    self._bytes_read = self._checksum_retries = self._rejected = 0
+    self._book = seg_lib.ReaderBook(seg, liveness_interval_s)
     # Last ``head`` seen per lane: re-read (a cache line the producer keeps
     # writing) only once the records up to it are consumed.
     self._heads = [0] * seg.num_lanes
     self._key = key
     self._mac = mac_lib.Mac(key) if key is not None else None
-    self._overhead = HEADER_BYTES + (layout.TAG_BYTES if key else 0)
+    self._overhead = HEADER_BYTES + (TAG_BYTES if key else 0)
     self._next_seq = [0] * seg.num_lanes  # Keyed: newest accepted + 1.
 
   @classmethod
   def create(cls, num_lanes: int, lane_bytes: int, *,
              liveness_interval_s: float = 0.2,
              authenticate: bool = False) -> RingReader:
-    """Creates a ring with one lane per producer, each ``lane_bytes`` large.
-
-    Args:
-      num_lanes: Number of producers (one process each).
-      lane_bytes: Bytes per lane, a multiple of 64; a record needs its payload
-        + 32 bytes (+ 16 authenticated), rounded up to 64. Larger records
-        are rejected.
-      liveness_interval_s: How often producer pids are checked.
-      authenticate: Records carry a MAC under a fresh secret ``key``
-        (``os.urandom``), which producers must be given.
-    """
-    seg = layout.Segment.create(num_lanes, lane_bytes, keyed=authenticate)
-    logging.info("Created ring %s: %d lanes x %d bytes%s.", seg.name,
-                 num_lanes, lane_bytes, ", authenticated" * authenticate)
+    """A new ring (``Segment.create``), its producers' pids checked every
+    ``liveness_interval_s``; ``authenticate``: records carry a MAC under a
+    fresh secret ``key`` (``os.urandom``), which producers must be given."""
+    seg = seg_lib.Segment.create(num_lanes, lane_bytes, keyed=authenticate)
     key = mac_lib.new_key() if authenticate else None
     return cls(seg, liveness_interval_s, key)
 
@@ -107,18 +154,6 @@ class RingReader:
   def key(self) -> bytes | None:
     """The MAC key to hand to producers (never stored in shared memory)."""
     return self._key
-
-  @property
-  def name(self) -> str:
-    return self._seg.name
-
-  @property
-  def num_lanes(self) -> int:
-    return self._seg.num_lanes
-
-  @property
-  def lane_bytes(self) -> int:
-    return self._seg.lane_bytes
 
   def read(self, timeout: float | None = None) -> Record:
     """Returns a private copy of the next committed record (lanes in turn).
@@ -132,33 +167,22 @@ class RingReader:
       CorruptRecordError: a committed record failed validation (in a keyed
         ring: its header cannot be framed; a bad MAC is only rejected).
     """
-    if time.monotonic() - self._last_liveness >= self._liveness_interval:
-      self._check_liveness()
+    book = self._book
+    if time.monotonic() >= book.next_check:  # Inline: once per record.
+      book.check()
     rec = self._try_read()
     if rec is not None:
       return rec
     t0 = time.monotonic_ns()
     deadline = None if timeout is None else time.monotonic() + timeout
-    backoff = layout.Backoff()
-    self._empty_waits += 1
+    backoff = seg_lib.Backoff()
+    book.empty_waits += 1
     try:
       while (rec := self._try_read()) is None:
-        now = time.monotonic()
-        if now - self._last_liveness >= self._liveness_interval:
-          self._check_liveness()
-          if self._drained():
-            raise RingDrained(
-                f"Ring {self.name}: all {self.num_lanes} producers closed or "
-                f"died (dead lanes: {sorted(self._dead)}); nothing left.")
-        if deadline is not None and now >= deadline:
-          raise RingEmptyError(
-              f"Ring {self.name}: no record for {timeout:.3g} s from any of "
-              f"{self.num_lanes} lanes (states {self._lane_states()}); are the "
-              "producers running? Increase the timeout for slow samplers.")
-        backoff.wait()
+        book.idle(deadline, timeout, backoff)
       return rec
     finally:
-      self._empty_wait_ns += time.monotonic_ns() - t0
+      book.empty_wait_ns += time.monotonic_ns() - t0
 
   def __iter__(self) -> Iterator[Record]:
     """Yields records until every producer has closed or died."""
@@ -191,14 +215,14 @@ class RingReader:
         if head == tail:
           return None
       off = tail % cap
-      magic, _, length, seq, check = _HDR.unpack_from(mv, off)
-      if magic == _WRAP_MAGIC:
+      magic, _, length, seq, check = HDR.unpack_from(mv, off)
+      if magic == WRAP_MAGIC:
         ctl[_TAIL] = tail + (cap - off)
         continue
       expected_seq = (ctl[_RECORDS_READ] if mac is None
                       else self._next_seq[lane])
       new_tail = tail + ((self._overhead + length + _ALIGN - 1) & -_ALIGN)
-      if (magic != _REC_MAGIC or (seq != expected_seq and mac is None)
+      if (magic != REC_MAGIC or (seq != expected_seq and mac is None)
           or new_tail > head or new_tail - tail > cap - off):
         raise CorruptRecordError(
             f"Ring {self.name} lane {lane}: bad record header at counter "
@@ -209,7 +233,7 @@ class RingReader:
       out = np.array(mv[start:start + length])  # One memcpy, uint8.
       if mac is not None:
         end = start + length
-        tag = mv[end:end + _TAG_BYTES].tobytes()
+        tag = mv[end:end + TAG_BYTES].tobytes()
         if not (seq >= expected_seq and mac.verify(lane, seq, out, tag)
                 or self._authentic(out, mv[start:end], lane, seq, tag, tail,
                                    expected_seq)):
@@ -218,82 +242,53 @@ class RingReader:
         self._next_seq[lane] = seq + 1
         ctl[_RECORDS_READ] += 1
       else:
-        if _checksum(out) != check and not self._recheck(
+        if checksum(out) != check and not self._recheck(
             out, mv[start:start + length], check):
           raise CorruptRecordError(
               f"Ring {self.name} lane {lane}: xxh3 mismatch on the committed "
               f"record at counter {tail} ({length} bytes). Shared memory was "
               "corrupted or written outside the ring API.")
         ctl[_RECORDS_READ] = expected_seq + 1
-      self._bytes_read += length
+      self._book.bytes_read += length
       ctl[_TAIL] = new_tail
       return _new_record((lane, seq, out))
 
   def _recheck(self, out: np.ndarray, src: memoryview, check: int) -> bool:
-    ok, retries = layout.recopied(out, src, lambda o: _checksum(o) == check, 5)
-    self._checksum_retries += retries
+    ok, retries = recopied(out, src, lambda o: checksum(o) == check, 5)
+    self._book.checksum_retries += retries
     return ok
 
   def _authentic(self, out: np.ndarray, src: memoryview, lane: int, seq: int,
                  tag: bytes, tail: int, expected_seq: int) -> bool:
     """Whether a keyed ring's record that failed the first check is genuine
     and newer after re-copies (weak memory ordering); counts rejects."""
-    n = out.nbytes
-    ok, retries = layout.recopied(out, src, lambda o: self._mac.verify(
+    ok, retries = recopied(out, src, lambda o: self._mac.verify(
         lane, seq, o, tag), 3)
-    self._checksum_retries += retries
+    self._book.checksum_retries += retries
     if ok and seq >= expected_seq:
       return True
-    self._rejected += 1
-    logging.warning(
-        "Ring %s lane %d: skipped the record at counter %d (seq %d, %d bytes),"
-        " %s (%d rejected so far): another process wrote the ring.",
-        self.name, lane, tail, seq, n, "a replay" if ok else "bad MAC",
-        self._rejected)
+    self._book.reject(lane, tail, seq, out.nbytes, "a replay" if ok
+                      else "bad MAC")
     return False
-
-  def _check_liveness(self) -> None:
-    self._last_liveness = time.monotonic()
-    self._seg.find_dead(self._dead)
 
   def dead_producers(self) -> dict[int, int]:
     """Lanes whose producer died without closing, as {lane: pid}."""
-    self._check_liveness()
-    return dict(self._dead)
-
-  def _drained(self) -> bool:
-    return all((c[layout.STATE] == layout.CLOSED or lane in self._dead)
-               and c[_HEAD] == c[_TAIL]
-               for lane, c in enumerate(self._seg.ctl))
-
-  def _lane_states(self) -> list[str]:
-    return [l["state"] for l in self.stats()["lanes"]]
+    self._book.check()
+    return dict(self._book.dead)
 
   def stats(self) -> dict:
     """Counters: per-lane occupancy and waits, consumer waits, deaths."""
-    return {
-        **self._seg.stats(self._dead), "bytes_read": self._bytes_read,
-        "empty_waits": self._empty_waits,
-        "empty_wait_s": self._empty_wait_ns / 1e9,
-        "checksum_retries": self._checksum_retries,
-        "rejected_records": self._rejected,
-    }
+    return self._book.stats()
 
   def close(self) -> None:
     """Tells producers to stop; unlinks the segment if this reader made it."""
     if self._seg.shm is None:
       return
-    self._seg.glob[layout.G_CLOSED] = 1
+    self._seg.glob[seg_lib.G_CLOSED] = 1
     self._seg.close()
 
-  def __enter__(self) -> RingReader:
-    return self
 
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-
-class RingWriter:
+class RingWriter(seg_lib.RingEnd):
   """The producer of one lane (one per producer process).
 
   Usage::
@@ -312,17 +307,13 @@ class RingWriter:
       timeout: Default seconds ``write`` waits for space (None: forever).
       key: ``RingReader.key`` of an authenticated ring (None otherwise).
     """
-    seg = self._seg = layout.Segment(segment.attach(name), owner=False)
-    try:
-      ctl = seg.claim_lane(lane, key is not None)
-    except BaseException:
-      seg.close()
-      raise
+    seg = self._seg = seg_lib.Segment.attach(name)
+    ctl = seg.claim_lane(lane, key is not None)  # Or detaches and raises.
     self._lane, self._ctl, self._mv = lane, ctl, seg.lanes[lane]
     self._cap = seg.lane_bytes
     self._timeout = timeout
     self._mac = mac_lib.Mac(key) if key is not None else None
-    self._overhead = HEADER_BYTES + (layout.TAG_BYTES if key else 0)
+    self._overhead = HEADER_BYTES + (TAG_BYTES if key else 0)
     self._seq = 0
     # Last ``tail`` seen: re-read (the consumer's cache line) only when the
     # lane looks full with it, so most writes touch no consumer-written line.
@@ -345,10 +336,10 @@ class RingWriter:
     if self._mv is None:
       raise RingClosedError("write() on a closed RingWriter.")
     if len(buffers) == 1:
-      parts = (_byte_view(buffers[0]),)
+      parts = (byte_view(buffers[0]),)
       n = parts[0].nbytes
     else:
-      parts = [_byte_view(b) for b in buffers]
+      parts = [byte_view(b) for b in buffers]
       n = sum(p.nbytes for p in parts)
     need = (self._overhead + n + _ALIGN - 1) & -_ALIGN
     ctl, cap = self._ctl, self._cap
@@ -371,16 +362,16 @@ class RingWriter:
     if self._mac is None:
       # The checksum is of the bytes as sent (hot in this core's cache), so
       # the consumer's check also covers the copy into the lane.
-      check = (_checksum(parts[0]) if len(parts) == 1
-               else layout.checksum_parts(parts))
+      check = (checksum(parts[0]) if len(parts) == 1
+               else checksum_parts(parts))
       self._copy_in(start, parts, n)
     else:  # The MAC of the lane's copy (hot in cache), as a trailer.
       check = 0
       self._copy_in(start, parts, n)
       mv = self._mv
-      mv[start + n:start + n + layout.TAG_BYTES] = self._mac.tag(
+      mv[start + n:start + n + TAG_BYTES] = self._mac.tag(
           self._lane, seq, mv[start:start + n])
-    _HDR.pack_into(self._mv, off, _REC_MAGIC, 0, n, seq, check)
+    HDR.pack_into(self._mv, off, REC_MAGIC, 0, n, seq, check)
     ctl[_HEAD] = head + need  # The commit.
     self._seq = seq + 1
     ctl[_RECORDS_WRITTEN] = seq + 1  # Bookkeeping for stats only.
@@ -404,47 +395,17 @@ class RingWriter:
     want = min(need, contiguous)
     self._tail = self._ctl[_TAIL]
     if cap - (head - self._tail) < want:
-      self._wait_space(head, want, timeout)
+      self._tail = self._seg.wait_space(self._lane, head, want, timeout)
     if need <= contiguous:
       return off
-    _HDR.pack_into(self._mv, off, _WRAP_MAGIC, 0, 0, 0, 0)
+    HDR.pack_into(self._mv, off, WRAP_MAGIC, 0, 0, 0, 0)
     self._ctl[_HEAD] = head + contiguous
     return -1
-
-  def _wait_space(self, head: int, want: int, timeout: float | None) -> None:
-    ctl, cap, glob = self._ctl, self._cap, self._seg.glob
-    t0 = time.monotonic_ns()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    backoff = layout.Backoff()
-    try:
-      while cap - (head - ctl[_TAIL]) < want:
-        if glob[layout.G_CLOSED]:
-          raise RingClosedError(
-              f"Ring {self._seg.name} was closed by its consumer; stop "
-              "producing.")
-        if deadline is not None and time.monotonic() >= deadline:
-          raise RingFullError(
-              f"Lane {self._lane} of ring {self._seg.name} stayed full for "
-              f"{timeout:.3g} s ({head - ctl[_TAIL]}/{cap} bytes used, "
-              f"need {want}); the consumer is not reading. Check the trainer "
-              "or raise lane_bytes/timeout.")
-        ctl[_HEARTBEAT_NS] = time.time_ns()
-        backoff.wait()
-      self._tail = ctl[_TAIL]
-    finally:
-      ctl[layout.FULL_WAITS] += 1
-      ctl[layout.FULL_WAIT_NS] += time.monotonic_ns() - t0
 
   def close(self) -> None:
     """Marks the lane closed (no more records) and detaches."""
     if self._seg.shm is None:
       return
-    self._ctl[layout.STATE] = layout.CLOSED
+    self._ctl[seg_lib.STATE] = seg_lib.CLOSED
     self._ctl = self._mv = None
     self._seg.close()
-
-  def __enter__(self) -> RingWriter:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()

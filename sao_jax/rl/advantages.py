@@ -1,4 +1,11 @@
-"""Advantage estimators and reward shaping (docs/DESIGN.md §2-§3), jit-able.
+"""The advantage estimators other than the critic's, and reward shaping.
+
+SAO's own estimators, skip-observation and decoupled GAE over the critic's
+values, are part of its objective (``sao_jax.rl.losses``, docs/DESIGN.md
+§2); here are those of the ablations and baselines (docs/DESIGN.md §2-§3),
+jit-able: group baselines (GRPO's z-score, Dr. GRPO's mean, RLOO), REINFORCE++
+batch whitening of the reward-to-go, the per-prompt running mean, and DAPO's
+dynamic sampling and overlong penalty.
 
 Token-level estimators take ``[B, T]`` arrays with ``mask`` = 1 on action tokens
 (the policy produced them) and 0 on prompt, padding and environment
@@ -7,130 +14,43 @@ observations; they return 0 on non-action tokens. Trajectory-level estimators
 spread them over tokens with ``broadcast_to_tokens``.
 
 ``ESTIMATORS`` names the estimators a config may pick (``config.rl.advantage``,
-``sao_jax.rl.registry.LossSpec.advantage``): ``decoupled_gae`` (SAO, α=1.5),
-``vapo_gae`` (``decoupled_gae`` with α=0.05), ``gae``, ``group_zscore``,
-``group_mean``, ``rloo``, ``batch_whiten`` (``reinforce_pp_advantages``),
-``running_mean``.
+``sao_jax.rl.registry.LossSpec.advantage``): the critic's
+(``losses.CRITIC_ESTIMATORS``: ``decoupled_gae``, SAO, α=1.5; ``vapo_gae``,
+``decoupled_gae`` with α=0.05; ``gae``), ``group_zscore``, ``group_mean``,
+``rloo``, ``batch_whiten`` (``reinforce_pp_advantages``), ``running_mean``.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from sao_jax.rl import losses
 from sao_jax.rl import metrics as rl_metrics
 
 Array = jax.Array
-Scalar = Union[float, Array]
 
-SAO_ALPHA = 1.5
-VAPO_ALPHA = 0.05
-
-# Estimators that need a critic (token-level, from values) and those that
-# compare trajectories of one prompt group; the names are the functions here.
-CRITIC_ESTIMATORS = ("decoupled_gae", "gae", "vapo_gae")
+# Estimators that compare trajectories of one prompt group (the functions
+# here), and every estimator a config may name.
 GROUP_ESTIMATORS = ("group_zscore", "group_mean", "rloo")
-ESTIMATORS = CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
+ESTIMATORS = losses.CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
     "batch_whiten", "running_mean")
 
 
 # ----------------------------------------------------------------------------
-# Skip-observation GAE.
+# Per-token helpers.
 # ----------------------------------------------------------------------------
 
 
-def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
-        lam: Scalar = 1.0) -> tuple[Array, Array]:
-  """Skip-observation GAE (SAO arXiv 2607.07508, Eqs. 4–5).
-
-  The recursion runs over action tokens only, jumping observation gaps: for
-  action token t with next action token n(t) (the first action token after t,
-  across any observation tokens),
-    δ_t = r̃_t + γ V(n(t)) − V(t),   Â_t = δ_t + γλ Â(n(t)),
-  and the last action token of a row bootstraps with V = Â = 0 (the episode
-  ends). Gaps cost no discount. With an all-action mask this is ordinary GAE
-  (Schulman 2016).
-
-  Rewards on non-action tokens: a reward on an observation/padding token is
-  credited to the closest *preceding* action token (r̃_t = r_t + Σ rewards on
-  the non-action tokens between t and n(t)); rewards before a row's first action
-  token (on the prompt) are ignored. Values on non-action tokens are never read.
-
-  Args:
-    rewards: [B, T] per-token rewards (a terminal reward on the last action
-      token).
-    values: [B, T] critic values V(t).
-    mask: [B, T] 1 on action tokens.
-    gamma: discount γ, scalar or per-row [B].
-    lam: λ, scalar or per-row [B] (e.g. ``length_adaptive_lambda``).
-
-  Returns:
-    (advantages, returns), [B, T] float32, with returns = Â + V on action
-    tokens; both are 0 on non-action tokens.
-  """
-  m = rl_metrics.as_mask(mask) > 0
-  rewards = jnp.asarray(rewards, jnp.float32)
-  values = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
-  batch = rewards.shape[0]
-  gamma = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), (batch,))
-  lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (batch,))
-
-  def step(carry, xs):
-    next_v, next_adv, pending = carry
-    r, v, is_action = xs
-    delta = r + pending + gamma * next_v - v
-    adv = delta + gamma * lam * next_adv
-    carry = (jnp.where(is_action, v, next_v),
-             jnp.where(is_action, adv, next_adv),
-             jnp.where(is_action, 0.0, pending + r))
-    return carry, jnp.where(is_action, adv, 0.0)
-
-  zeros = jnp.zeros((batch,), jnp.float32)
-  _, adv_t = jax.lax.scan(step, (zeros, zeros, zeros),
-                          (rewards.T, values.T, m.T), reverse=True)
-  advantages = adv_t.T
-  returns = jnp.where(m, advantages + values, 0.0)
-  return advantages, returns
-
-
-def length_adaptive_lambda(num_action_tokens: Array,
-                           alpha: float = SAO_ALPHA) -> Array:
-  """λ_policy = 1 − 1/(α·l), clipped to [0, 1] (VAPO Yue 2025; SAO §3.2, α=1.5).
-
-  ``l`` = a trajectory's number of action tokens; rows with l=0 get 0 (they have
-  no action tokens, so λ is never used).
-  """
-  l = jnp.asarray(num_action_tokens, jnp.float32)
-  safe = jnp.where(l > 0, l, 1.0)
-  lam = jnp.clip(1.0 - 1.0 / (alpha * safe), 0.0, 1.0)
-  return jnp.where(l > 0, lam, 0.0)
-
-
-def decoupled_gae(rewards: Array, values: Array, mask: Array, *,
-                  gamma: Scalar = 1.0, alpha: float = SAO_ALPHA,
-                  lam_critic: Scalar = 1.0) -> tuple[Array, Array]:
-  """Decoupled GAE (VAPO Yue 2025; SAO §3.2): policy and critic use different λ.
-
-  Policy advantages use λ_policy = ``length_adaptive_lambda(l, alpha)`` per row
-  (SAO α=1.5, VAPO α=0.05); value targets use λ_critic (default 1: Monte-Carlo
-  returns, unbiased). Both use skip-observation ``gae`` (Eqs. 4–5).
-
-  Returns:
-    (policy_advantages, value_targets), [B, T].
-  """
-  num = rl_metrics.masked_count(mask, axis=-1)
-  lam_policy = length_adaptive_lambda(num, alpha)
-  advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy)
-  _, returns = gae(rewards, values, mask, gamma=gamma, lam=lam_critic)
-  return advantages, returns
-
-
-def reward_to_go(rewards: Array, mask: Array, *, gamma: Scalar = 1.0) -> Array:
-  """Discounted reward-to-go over action tokens (``gae`` with V=0, λ=1)."""
-  _, returns = gae(rewards, jnp.zeros_like(rewards), mask, gamma=gamma, lam=1.0)
+def reward_to_go(rewards: Array, mask: Array, *,
+                 gamma: losses.Scalar = 1.0) -> Array:
+  """Discounted reward-to-go over action tokens (``losses.gae`` with V=0,
+  λ=1)."""
+  _, returns = losses.gae(rewards, jnp.zeros_like(rewards), mask, gamma=gamma,
+                          lam=1.0)
   return returns
 
 
@@ -234,7 +154,8 @@ def batch_whiten(advantages: Array, mask: Array, *, eps: float = 1e-8) -> Array:
 
 
 def reinforce_pp_advantages(rewards: Array, mask: Array, *,
-                            gamma: Scalar = 1.0, eps: float = 1e-8) -> Array:
+                            gamma: losses.Scalar = 1.0,
+                            eps: float = 1e-8) -> Array:
   """REINFORCE++ (Hu 2025): batch-whitened reward-to-go over action tokens.
 
   Any per-token KL penalty is expected to be already folded into ``rewards``.

@@ -1,29 +1,39 @@
-"""Policy and value losses over ``[B, T]`` token arrays (docs/DESIGN.md §2-§3).
+"""The SAO objective: the loss and estimators the default trajectory meets.
+
+Everything of the SAO loss (arXiv 2607.07508, docs/DESIGN.md §2) over ``[B, T]``
+token arrays: the direct double-sided importance-sampling policy loss
+(``dis_policy_loss``, Eqs. 1-3), the critic's regression loss (``value_loss``)
+and the critic advantage estimators they pair with: skip-observation GAE
+(``gae``, Eqs. 4-5) and decoupled GAE with a length-adaptive λ_policy
+(``decoupled_gae``, ``length_adaptive_lambda``; SAO α=1.5, VAPO α=0.05).
+The other estimators are ``sao_jax.rl.advantages``; the losses of the
+methods SAO is compared with are ``sao_jax.rl.baselines``, built on the
+helpers here (``prepare``, ``clamped_log_ratio``, ``ratio_metrics``,
+``aggregate``). ``sao_jax.rl.registry`` names each algorithm.
 
 Every loss is a pure function of arrays returning ``(loss, metrics)``. Inputs:
 ``logp`` (log π_θ, the gradient flows here), ``rollout_logp`` (recorded by the
-sampler: the behaviour policy), ``old_logp`` / ``prox_logp`` (a trainer-side
-snapshot: PPO's π_old, AReaL's proximal policy; constants), ``advantages``
-(constants) and ``mask`` (1 on action tokens; 0 on prompt, padding and
-environment observations). ``sao_jax.rl.registry`` names each algorithm, with
-its settings, over these functions.
+sampler: the behaviour policy), ``advantages`` (constants) and ``mask`` (1 on
+action tokens; 0 on prompt, padding and environment observations).
 
 Conventions:
 
 * Inputs are cast to float32 and masked-out entries zeroed *before* any
-  arithmetic: masked tokens (even NaN/inf) never change a loss or a gradient,
-  and get exactly zero gradient.
+  arithmetic (``prepare``): masked tokens (even NaN/inf) never change a loss
+  or a gradient, and get exactly zero gradient.
 * Log-ratios are clamped to ±``MAX_LOG_RATIO`` (20: r ∈ [2e-9, 4.9e8]) before
-  ``exp``, so values and gradients stay finite however stale a token; beyond
-  the clamp a token's ratio is constant (zero gradient through r).
+  ``exp`` (``clamped_log_ratio``), so values and gradients stay finite however
+  stale a token; beyond the clamp a token's ratio is constant (zero gradient
+  through r).
 * The aggregation over tokens is explicit (``aggregate``); empty rows and an
   all-zero mask give loss 0 and finite gradients.
 * Metrics are scalars (masked means over action tokens unless stated).
+* Estimators return 0 on non-action tokens.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -32,14 +42,22 @@ from sao_jax.rl import metrics as rl_metrics
 
 Array = jax.Array
 Metrics = dict[str, Array]
+Scalar = Union[float, Array]
 
 MAX_LOG_RATIO = 20.0
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
                 "token_sum_norm")
 
+SAO_ALPHA = 1.5
+VAPO_ALPHA = 0.05
 
-# --- Helpers ---
+# The estimators that need a critic (token-level, from values); the names are
+# the functions here ('vapo_gae' is ``decoupled_gae`` with ``VAPO_ALPHA``).
+CRITIC_ESTIMATORS = ("decoupled_gae", "gae", "vapo_gae")
+
+
+# --- Helpers (shared with sao_jax.rl.baselines) ---
 
 
 def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
@@ -83,18 +101,19 @@ def aggregate(x: Array, mask: Array, mode: str = "token_mean", *,
       f"Unknown aggregation mode {mode!r}; use one of {AGGREGATIONS}.")
 
 
-def _prepare(mask: Array, *arrays: Optional[Array]):
+def prepare(mask: Array, *arrays: Optional[Array]):
   """Float32 mask and arrays with masked-out entries zeroed (None passes)."""
   m = rl_metrics.as_mask(mask)
   return m, [None if a is None else
              jnp.where(m > 0, jnp.asarray(a, jnp.float32), 0.0) for a in arrays]
 
 
-def _log_ratio(num: Array, den: Array) -> Array:
+def clamped_log_ratio(num: Array, den: Array) -> Array:
+  """num − den clamped to ±``MAX_LOG_RATIO`` (finite ``exp`` and gradients)."""
   return jnp.clip(num - den, -MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 
-def _ratio_metrics(log_ratio: Array, mask: Array, prefix: str = "") -> Metrics:
+def ratio_metrics(log_ratio: Array, mask: Array, prefix: str = "") -> Metrics:
   """Ratio mean/min/max and ½E[(log r)²] (k2 KL estimate) over action tokens."""
   r = jnp.exp(log_ratio)
   return {
@@ -106,42 +125,7 @@ def _ratio_metrics(log_ratio: Array, mask: Array, prefix: str = "") -> Metrics:
   }
 
 
-def _clipped_surrogate(ratio: Array, adv: Array, eps_low: float,
-                       eps_high: float):
-  """min(r·A, clip(r, 1−ε_l, 1+ε_h)·A) and where the clipped branch is active.
-
-  PPO (Schulman 2017, Eq. 7) with asymmetric ε (clip-higher, DAPO Yu 2025).
-  """
-  unclipped_obj = ratio * adv
-  clipped_obj = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-  return jnp.minimum(unclipped_obj, clipped_obj), clipped_obj < unclipped_obj
-
-
-def k3_kl(logp: Array, ref_logp: Array) -> Array:
-  """Per-token k3 estimator of KL(π_θ‖π_ref) = exp(ref−logp) − (ref−logp) − 1.
-
-  GRPO (DeepSeekMath 2024, Eq. 4); unbiased, non-negative. Log-ratio clamped to
-  ±20.
-  """
-  d = _log_ratio(ref_logp, logp)
-  return jnp.exp(d) - d - 1.0
-
-
-def _with_kl(loss: Array, metrics: Metrics, logp: Array, ref_logp, mask: Array,
-             kl_coef, aggregation: str, constant) -> Array:
-  """Adds kl_coef · aggregate(k3) when a reference policy is given."""
-  if ref_logp is None or kl_coef is None:
-    return loss
-  if isinstance(kl_coef, (int, float)) and kl_coef == 0:
-    return loss
-  _, (ref_logp,) = _prepare(mask, ref_logp)
-  kl = aggregate(k3_kl(logp, ref_logp), mask, aggregation, constant=constant)
-  metrics["kl_ref_k3"] = kl
-  metrics["pg_loss"] = loss
-  return loss + kl_coef * kl
-
-
-# --- SAO: direct double-sided importance sampling ---
+# --- SAO: direct double-sided importance sampling (Eqs. 1-3) ---
 
 
 def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
@@ -172,8 +156,8 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
     (loss, metrics) with accept/reject_low/reject_high fractions, ratio
     mean/min/max and kl_k2 = ½E[(log r)²].
   """
-  m, (logp, rollout_logp, adv) = _prepare(mask, logp, rollout_logp, advantages)
-  log_ratio = jax.lax.stop_gradient(_log_ratio(logp, rollout_logp))
+  m, (logp, rollout_logp, adv) = prepare(mask, logp, rollout_logp, advantages)
+  log_ratio = jax.lax.stop_gradient(clamped_log_ratio(logp, rollout_logp))
   ratio = jnp.exp(log_ratio)
   below = ratio <= 1.0 - eps_low
   above = ratio >= 1.0 + eps_high
@@ -184,229 +168,98 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
       "accept_frac": rl_metrics.masked_mean(accept.astype(jnp.float32), m),
       "reject_low_frac": rl_metrics.masked_mean(below.astype(jnp.float32), m),
       "reject_high_frac": rl_metrics.masked_mean(above.astype(jnp.float32), m),
-      **_ratio_metrics(log_ratio, m),
+      **ratio_metrics(log_ratio, m),
   }
   return loss, metrics
 
 
-# --- PPO family ---
+# --- Critic: skip-observation and decoupled GAE (Eqs. 4-5), value loss ---
 
 
-def ppo_clip_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array,
-                  *, eps_low: float = 0.2, eps_high: float = 0.2,
-                  dual_clip: Optional[float] = None,
-                  aggregation: str = "token_mean",
-                  constant: Optional[float] = None,
-                  ref_logp: Optional[Array] = None,
-                  kl_coef: float = 0.0) -> tuple[Array, Metrics]:
-  """PPO clipped surrogate (Schulman 2017, Eq. 7), optional dual clip and k3 KL.
+def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
+        lam: Scalar = 1.0) -> tuple[Array, Array]:
+  """Skip-observation GAE (SAO arXiv 2607.07508, Eqs. 4–5).
 
-  r = exp(logp − old_logp); L = −agg(min(r·A, clip(r, 1−ε_l, 1+ε_h)·A)). Only
-  (A>0, r>1+ε_h) and (A<0, r<1−ε_l) are clipped: unlike DIS, a token with A>0
-  and r<1−ε_l (or A<0 and r>1+ε_h) still gets gradient −r·A/N.
+  The recursion runs over action tokens only, jumping observation gaps: for
+  action token t with next action token n(t) (the first action token after t,
+  across any observation tokens),
+    δ_t = r̃_t + γ V(n(t)) − V(t),   Â_t = δ_t + γλ Â(n(t)),
+  and the last action token of a row bootstraps with V = Â = 0 (the episode
+  ends). Gaps cost no discount. With an all-action mask this is ordinary GAE
+  (Schulman 2016).
 
-  With ``dual_clip=c`` (> 1; Ye et al. 2020, "Mastering Complex Control in MOBA
-  Games"), tokens with A<0 use max(min(r·A, clip(r)·A), c·A): r > c gets no
-  gradient. With ``ref_logp`` and ``kl_coef`` > 0, adds kl_coef·agg(k3 KL)
-  (GRPO-style). The registry's dual-clip PPO, GRPO, Dr. GRPO, DAPO, VAPO and
-  REINFORCE++ are this function with their settings.
+  Rewards on non-action tokens: a reward on an observation/padding token is
+  credited to the closest *preceding* action token (r̃_t = r_t + Σ rewards on
+  the non-action tokens between t and n(t)); rewards before a row's first action
+  token (on the prompt) are ignored. Values on non-action tokens are never read.
+
+  Args:
+    rewards: [B, T] per-token rewards (a terminal reward on the last action
+      token).
+    values: [B, T] critic values V(t).
+    mask: [B, T] 1 on action tokens.
+    gamma: discount γ, scalar or per-row [B].
+    lam: λ, scalar or per-row [B] (e.g. ``length_adaptive_lambda``).
 
   Returns:
-    (loss, metrics): clip_frac (clipped branch active), dual_clip_frac, ratio
-    mean/min/max, kl_k2.
+    (advantages, returns), [B, T] float32, with returns = Â + V on action
+    tokens; both are 0 on non-action tokens.
   """
-  m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
-  log_ratio = _log_ratio(logp, jax.lax.stop_gradient(old_logp))
-  adv = jax.lax.stop_gradient(adv)
-  ratio = jnp.exp(log_ratio)
-  surr, is_clipped = _clipped_surrogate(ratio, adv, eps_low, eps_high)
-  metrics: Metrics = {}
-  if dual_clip is not None:
-    if isinstance(dual_clip, (int, float)) and dual_clip <= 1.0:
-      raise ValueError(f"dual_clip must be > 1 (got {dual_clip}); e.g. 3.0.")
-    lower = dual_clip * adv
-    dual_active = (adv < 0) & (lower > surr)
-    surr = jnp.where(adv < 0, jnp.maximum(surr, lower), surr)
-    metrics["dual_clip_frac"] = rl_metrics.masked_mean(
-        dual_active.astype(jnp.float32), m)
-  loss = -aggregate(surr, m, aggregation, constant=constant)
-  metrics["clip_frac"] = rl_metrics.masked_mean(
-      is_clipped.astype(jnp.float32), m)
-  metrics.update(_ratio_metrics(jax.lax.stop_gradient(log_ratio), m))
-  loss = _with_kl(loss, metrics, logp, ref_logp, m, kl_coef, aggregation,
-                  constant)
-  return loss, metrics
+  m = rl_metrics.as_mask(mask) > 0
+  rewards = jnp.asarray(rewards, jnp.float32)
+  values = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
+  batch = rewards.shape[0]
+  gamma = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), (batch,))
+  lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (batch,))
+
+  def step(carry, xs):
+    next_v, next_adv, pending = carry
+    r, v, is_action = xs
+    delta = r + pending + gamma * next_v - v
+    adv = delta + gamma * lam * next_adv
+    carry = (jnp.where(is_action, v, next_v),
+             jnp.where(is_action, adv, next_adv),
+             jnp.where(is_action, 0.0, pending + r))
+    return carry, jnp.where(is_action, adv, 0.0)
+
+  zeros = jnp.zeros((batch,), jnp.float32)
+  _, adv_t = jax.lax.scan(step, (zeros, zeros, zeros),
+                          (rewards.T, values.T, m.T), reverse=True)
+  advantages = adv_t.T
+  returns = jnp.where(m, advantages + values, 0.0)
+  return advantages, returns
 
 
-def gspo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
-              eps_low: float = 3e-4, eps_high: float = 4e-4
-              ) -> tuple[Array, Metrics]:
-  """GSPO (Zheng et al. 2025): sequence-level geometric-mean ratio and clip.
+def length_adaptive_lambda(num_action_tokens: Array,
+                           alpha: float = SAO_ALPHA) -> Array:
+  """λ_policy = 1 − 1/(α·l), clipped to [0, 1] (VAPO Yue 2025; SAO §3.2, α=1.5).
 
-  s_i = exp(1/|y_i| Σ_t mask·(logp − old_logp)), the length-normalised sequence
-  importance ratio. Implemented as the paper's GSPO-token variant: s_{i,t} =
-  sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)), whose value is s_i and whose gradient is
-  s_i·∇logp_t, aggregated 1/G Σ_i 1/|y_i| Σ_t min(s_{i,t}A_t, clip(s_{i,t})A_t).
-  With a per-sequence advantage this is exactly GSPO; it also accepts
-  token-level advantages. Defaults ε 3e-4/4e-4 as in the paper.
+  ``l`` = a trajectory's number of action tokens; rows with l=0 get 0 (they have
+  no action tokens, so λ is never used).
+  """
+  l = jnp.asarray(num_action_tokens, jnp.float32)
+  safe = jnp.where(l > 0, l, 1.0)
+  lam = jnp.clip(1.0 - 1.0 / (alpha * safe), 0.0, 1.0)
+  return jnp.where(l > 0, lam, 0.0)
+
+
+def decoupled_gae(rewards: Array, values: Array, mask: Array, *,
+                  gamma: Scalar = 1.0, alpha: float = SAO_ALPHA,
+                  lam_critic: Scalar = 1.0) -> tuple[Array, Array]:
+  """Decoupled GAE (VAPO Yue 2025; SAO §3.2): policy and critic use different λ.
+
+  Policy advantages use λ_policy = ``length_adaptive_lambda(l, alpha)`` per row
+  (SAO α=1.5, VAPO α=0.05); value targets use λ_critic (default 1: Monte-Carlo
+  returns, unbiased). Both use skip-observation ``gae`` (Eqs. 4–5).
 
   Returns:
-    (loss, metrics): clip_frac (token fraction on the clipped branch),
-    seq_out_of_band_frac (fraction of non-empty sequences with s_i outside the
-    band), sequence ratio mean/min/max, token kl_k2.
+    (policy_advantages, value_targets), [B, T].
   """
-  m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
-  adv = jax.lax.stop_gradient(adv)
-  tok_log_ratio = logp - jax.lax.stop_gradient(old_logp)
-  n = jnp.sum(m, axis=-1)
-  seq_log_ratio = jnp.sum(tok_log_ratio * m, axis=-1) / jnp.maximum(n, 1.0)
-  seq_log_ratio = jnp.clip(seq_log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-  s = jnp.exp(jax.lax.stop_gradient(seq_log_ratio))  # [B]
-  s_tok = s[:, None] * jnp.exp(logp - jax.lax.stop_gradient(logp))
-  surr, is_clipped = _clipped_surrogate(s_tok, adv, eps_low, eps_high)
-  loss = -aggregate(surr, m, "seq_mean_token_mean")
-  nonempty = (n > 0).astype(jnp.float32)
-  seq_clipped = ((s < 1.0 - eps_low) | (s > 1.0 + eps_high)).astype(jnp.float32)
-  metrics = {
-      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
-      "seq_out_of_band_frac": rl_metrics.masked_mean(seq_clipped, nonempty),
-      "seq_ratio_mean": rl_metrics.masked_mean(s, nonempty),
-      "seq_ratio_min": rl_metrics.masked_min(s, nonempty),
-      "seq_ratio_max": rl_metrics.masked_max(s, nonempty),
-      "kl_k2": 0.5 * rl_metrics.masked_mean(
-          jnp.square(jax.lax.stop_gradient(tok_log_ratio)), m),
-  }
-  return loss, metrics
-
-
-def cispo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
-               eps_low: float = 1.0, eps_high: float = 0.28
-               ) -> tuple[Array, Metrics]:
-  """CISPO (MiniMax-M1, 2025): −Σ mask·sg(clip(r))·A·logp / Σ mask.
-
-  Clips the importance-sampling *weight*, not the update: every token keeps a
-  gradient −clip(r)·A/N (contrast DIS, which zeroes out-of-band tokens).
-  MiniMax-M1 imposes no lower bound (ε_l large; the default 1.0 clips at 0) and
-  tunes ε_h; the default 0.28 here borrows DAPO's clip-higher.
-  """
-  m, (logp, old_logp, adv) = _prepare(mask, logp, old_logp, advantages)
-  log_ratio = jax.lax.stop_gradient(_log_ratio(logp, old_logp))
-  ratio = jnp.exp(log_ratio)
-  weight = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-  is_clipped = weight != ratio
-  loss = -aggregate(jax.lax.stop_gradient(weight * adv) * logp, m, "token_mean")
-  metrics = {
-      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
-      **_ratio_metrics(log_ratio, m),
-  }
-  return loss, metrics
-
-
-def areal_loss(logp: Array, prox_logp: Array, rollout_logp: Array,
-               advantages: Array, mask: Array, *, eps_low: float = 0.2,
-               eps_high: float = 0.2, behav_weight_cap: Optional[float] = None
-               ) -> tuple[Array, Metrics]:
-  """AReaL decoupled PPO (Fu et al. 2025): behaviour vs proximal policy.
-
-  L = −agg_token_mean( w · min(u·A, clip(u, 1−ε_l, 1+ε_h)·A) ) with
-  w = sg(π_prox/π_behav) = exp(prox_logp − rollout_logp) (optionally capped at
-  ``behav_weight_cap``; tokens above the cap are dropped, w=0, as AReaL does)
-  and u = π_θ/π_prox. The trust region is centred on the recent proximal policy,
-  while the off-policy correction goes back to the (stale) behaviour policy.
-  """
-  m, (logp, prox_logp, rollout_logp, adv) = _prepare(
-      mask, logp, prox_logp, rollout_logp, advantages)
-  adv = jax.lax.stop_gradient(adv)
-  prox_logp = jax.lax.stop_gradient(prox_logp)
-  behav_log_w = _log_ratio(prox_logp, jax.lax.stop_gradient(rollout_logp))
-  w = jnp.exp(behav_log_w)
-  metrics: Metrics = {}
-  if behav_weight_cap is not None:
-    over = w > behav_weight_cap
-    w = jnp.where(over, 0.0, w)
-    metrics["behav_weight_capped_frac"] = rl_metrics.masked_mean(
-        over.astype(jnp.float32), m)
-  log_u = _log_ratio(logp, prox_logp)
-  u = jnp.exp(log_u)
-  surr, is_clipped = _clipped_surrogate(u, adv, eps_low, eps_high)
-  loss = -aggregate(w * surr, m, "token_mean")
-  metrics.update({
-      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
-      "behav_weight_mean": rl_metrics.masked_mean(w, m),
-      **_ratio_metrics(jax.lax.stop_gradient(log_u), m),
-  })
-  return loss, metrics
-
-
-def _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
-                  eps_high, weight_fn):
-  """PPO clip against π_old times a per-token train/inference mismatch."""
-  m, (logp, rollout_logp, adv) = _prepare(mask, logp, rollout_logp, advantages)
-  if old_logp is None:
-    old_logp = jax.lax.stop_gradient(logp)
-  else:
-    _, (old_logp,) = _prepare(m, old_logp)
-  old_logp = jax.lax.stop_gradient(old_logp)
-  adv = jax.lax.stop_gradient(adv)
-  mismatch_log = _log_ratio(old_logp, jax.lax.stop_gradient(rollout_logp))
-  k = jnp.exp(mismatch_log)
-  w, w_metrics = weight_fn(k, m)
-  w = jax.lax.stop_gradient(w)
-  log_ratio = _log_ratio(logp, old_logp)
-  surr, is_clipped = _clipped_surrogate(jnp.exp(log_ratio), adv, eps_low,
-                                        eps_high)
-  loss = -aggregate(w * surr, m, "token_mean")
-  metrics = {
-      "clip_frac": rl_metrics.masked_mean(is_clipped.astype(jnp.float32), m),
-      **_ratio_metrics(jax.lax.stop_gradient(log_ratio), m),
-      **_ratio_metrics(mismatch_log, m, prefix="mismatch_"),
-      **w_metrics,
-  }
-  return loss, metrics
-
-
-def tis_loss(logp: Array, rollout_logp: Array, advantages: Array, mask: Array,
-             *, old_logp: Optional[Array] = None, eps_low: float = 0.2,
-             eps_high: float = 0.2, cap: float = 2.0) -> tuple[Array, Metrics]:
-  """Truncated importance sampling for train/inference mismatch (Yao 2025).
-
-  PPO clip against π_old (trainer-side; ``old_logp``, or sg(logp) when absent,
-  i.e. one on-policy step) times w = sg(min(π_old/π_rollout, C)), C=``cap``
-  (paper: 2).
-  """
-
-  def weight_fn(k, m):
-    return jnp.minimum(k, cap), {"tis_truncated_frac": rl_metrics.masked_mean(
-        (k > cap).astype(jnp.float32), m)}
-
-  return _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
-                       eps_high, weight_fn)
-
-
-def icepop_loss(logp: Array, rollout_logp: Array, advantages: Array,
-                mask: Array, *, old_logp: Optional[Array] = None,
-                eps_low: float = 0.2, eps_high: float = 0.28,
-                mismatch_low: float = 0.5, mismatch_high: float = 5.0
-                ) -> tuple[Array, Metrics]:
-  """IcePop (Ling team 2025, Ring-1T): masked train/inference mismatch fix.
-
-  k = π_old/π_rollout; M(k) = k if α ≤ k ≤ β else 0 (α=0.5, β=5); L =
-  −agg_token_mean( sg(M(k)) · min(r·A, clip(r)·A)) with r = π_θ/π_old (π_old =
-  sg(π_θ) when ``old_logp`` is absent). Tokens with too much mismatch get no
-  gradient.
-  """
-
-  def weight_fn(k, m):
-    keep = (k >= mismatch_low) & (k <= mismatch_high)
-    return jnp.where(keep, k, 0.0), {
-        "icepop_masked_frac": rl_metrics.masked_mean(
-            jnp.logical_not(keep).astype(jnp.float32), m)}
-
-  return _mismatch_ppo(logp, old_logp, rollout_logp, advantages, mask, eps_low,
-                       eps_high, weight_fn)
-
-
-# --- Critic ---
+  num = rl_metrics.masked_count(mask, axis=-1)
+  lam_policy = length_adaptive_lambda(num, alpha)
+  advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy)
+  _, returns = gae(rewards, values, mask, gamma=gamma, lam=lam_critic)
+  return advantages, returns
 
 
 def value_loss(values: Array, returns: Array, mask: Array, *,
@@ -423,7 +276,7 @@ def value_loss(values: Array, returns: Array, mask: Array, *,
     (loss, metrics): value_loss, value_mean, return_mean, explained_variance,
     value_clip_frac (clipped variant only).
   """
-  m, (values, returns) = _prepare(mask, values, returns)
+  m, (values, returns) = prepare(mask, values, returns)
   returns = jax.lax.stop_gradient(returns)
   per_tok = jnp.square(values - returns)
   metrics: Metrics = {}
@@ -431,7 +284,7 @@ def value_loss(values: Array, returns: Array, mask: Array, *,
     if old_values is None:
       raise ValueError("value_loss(clip=...) needs old_values (the critic's "
                        "values at rollout time); pass them or set clip=None.")
-    _, (old_values,) = _prepare(m, old_values)
+    _, (old_values,) = prepare(m, old_values)
     old_values = jax.lax.stop_gradient(old_values)
     v_clipped = old_values + jnp.clip(values - old_values, -clip, clip)
     clipped_tok = jnp.square(v_clipped - returns)

@@ -8,7 +8,8 @@ calls the loss function itself. Elsewhere (tests, tools)::
   loss_fn = registry.get_loss_fn(config.rl.loss, config.rl)
   loss, metrics = loss_fn(logp, registry.PolicyBatch(rollout_logp=..., ...))
 
-Each entry is a ``LossSpec``: a function of ``sao_jax.rl.losses``, the
+Each entry is a ``LossSpec``: a function of ``sao_jax.rl.losses`` (SAO's
+DIS) or ``sao_jax.rl.baselines`` (the methods it is compared with), the
 ``PolicyBatch`` fields it reads, the settings that make the algorithm (e.g.
 GRPO is ``ppo_clip_loss`` with clip-higher and a per-sequence token mean), the
 tunable hyper-parameters and the advantage estimator it pairs with. A
@@ -28,6 +29,7 @@ import flax.struct
 import jax
 
 from sao_jax.rl import advantages
+from sao_jax.rl import baselines
 from sao_jax.rl import losses
 
 Array = jax.Array
@@ -122,7 +124,7 @@ class LossSpec:
 
 
 _DIS = functools.partial(LossSpec, losses.dis_policy_loss, ("rollout_logp",))
-_PPO = functools.partial(LossSpec, losses.ppo_clip_loss, ("old_logp",))
+_PPO = functools.partial(LossSpec, baselines.ppo_clip_loss, ("old_logp",))
 _CLIP_HIGHER = {"eps_high": 0.28}  # DAPO's ε_h (ε_l stays 0.2).
 _KL = {"hparams": ("eps_low", "eps_high", "kl_coef"),
        "batch_kwargs": ("ref_logp",)}
@@ -150,18 +152,18 @@ _REGISTRY: dict[str, LossSpec] = {
     "dapo": _PPO("group_zscore",
                  "DAPO (Yu 2025): clip-higher (§3.1), token-level mean (§3.3)",
                  overrides=_CLIP_HIGHER),
-    "gspo": LossSpec(losses.gspo_loss, ("old_logp",), "group_zscore",
+    "gspo": LossSpec(baselines.gspo_loss, ("old_logp",), "group_zscore",
                      "GSPO (Zheng 2025) sequence ratio"),
-    "cispo": LossSpec(losses.cispo_loss, ("old_logp",), "group_zscore",
+    "cispo": LossSpec(baselines.cispo_loss, ("old_logp",), "group_zscore",
                       "CISPO (MiniMax-M1 2025)"),
-    "areal": LossSpec(losses.areal_loss, ("prox_logp", "rollout_logp"), "gae",
+    "areal": LossSpec(baselines.areal_loss, ("prox_logp", "rollout_logp"), "gae",
                       "AReaL decoupled PPO (Fu 2025)",
                       hparams=("eps_low", "eps_high", "behav_weight_cap")),
-    "tis": LossSpec(losses.tis_loss, ("rollout_logp",), "group_zscore",
+    "tis": LossSpec(baselines.tis_loss, ("rollout_logp",), "group_zscore",
                     "PPO + truncated IS mismatch factor (Yao 2025)",
                     hparams=("eps_low", "eps_high", "cap"),
                     batch_kwargs=("old_logp",)),
-    "icepop": LossSpec(losses.icepop_loss, ("rollout_logp",), "group_zscore",
+    "icepop": LossSpec(baselines.icepop_loss, ("rollout_logp",), "group_zscore",
                        "PPO + IcePop masked mismatch factor (Ling 2025)",
                        hparams=("eps_low", "eps_high", "mismatch_low",
                                 "mismatch_high"),

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sao_jax import tokenizer as tok_lib
+from sao_jax.data.trajectory import EpisodeRecord
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import StalenessPolicy
 from sao_jax.data.trajectory import Trajectory
@@ -133,7 +134,7 @@ class _Slot:
   """One row of the decode batch and the episode it holds."""
 
   episode: int = -1  # -1: free.
-  record: rollout.EpisodeRecord | None = None
+  record: EpisodeRecord | None = None
   turns: int = 0
   turn_left: int = 0  # Tokens the current action may still take.
   action: list[int] = dataclasses.field(default_factory=list)
@@ -261,7 +262,7 @@ class SlotEngine:
 
   def _start(self, i: int, episode: int) -> None:
     slot, env = self._slots[i], self.envs[i]
-    slot.episode, slot.record, slot.turns = episode, rollout.EpisodeRecord(), 0
+    slot.episode, slot.record, slot.turns = episode, EpisodeRecord(), 0
     slot.action, slot.future = [], None
     task = self.task_of(episode // self.opts.n_rollouts)
     try:

@@ -34,6 +34,7 @@ from sao_jax.sampler.generate import MIN_BUCKET
 from sao_jax.sampler.generate import Generator
 from sao_jax.sampler.generate import Segment
 from sao_jax.sampler.sampling import SamplingParams
+from sao_jax.data.trajectory import EpisodeRecord
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import NO_VERSION
 from sao_jax.data.trajectory import Trajectory
@@ -187,38 +188,6 @@ def data_wait_s(config: Any) -> tuple[float, str]:
 def default_stop_ids(tokenizer: tok_lib.Tokenizer) -> tuple[int, ...]:
   """End of turn, end of tool call, eos."""
   return tuple(tokenizer.stop_ids)
-
-
-@dataclasses.dataclass
-class EpisodeRecord:
-  """One episode's tokens so far and how it ended (``trajectory`` builds the
-  record the ring carries; the one place a `Trajectory` is made from an
-  episode)."""
-
-  tokens: list[int] = dataclasses.field(default_factory=list)
-  mask: list[int] = dataclasses.field(default_factory=list)
-  logp: list[float] = dataclasses.field(default_factory=list)
-  version: list[int] = dataclasses.field(default_factory=list)
-  rewards: list[float] = dataclasses.field(default_factory=list)
-  finish: FinishReason | None = None
-  error: str = ""
-
-  def add(self, toks, mask, logp=None, version=NO_VERSION):
-    n = len(toks)
-    self.tokens += [int(t) for t in toks]
-    self.mask += [mask] * n
-    self.logp += [0.0] * n if logp is None else [float(x) for x in logp]
-    self.version += [version] * n
-    self.rewards += [0.0] * n
-
-  def trajectory(self, env: Environment) -> Trajectory:
-    return Trajectory(
-        prompt_id=env.prompt_id, tokens=self.tokens, action_mask=self.mask,
-        rollout_logp=self.logp, policy_version=self.version,
-        rewards=self.rewards, task=env.name,
-        finish_reason=(FinishReason.TURNS if self.finish is None
-                       else self.finish),
-        error=self.error)
 
 
 def call_with_timeout(fn: Callable[[], Any], timeout_s: float,

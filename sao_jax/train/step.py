@@ -10,7 +10,8 @@ Per batch of single-rollout trajectories ``[B, T]``:
    registered with (``LossSpec.advantage``) unless the config names another
    (``rl.advantage``, e.g. the DIS-only ablation's plain GAE); SAO's is
    decoupled skip-observation GAE (λ_critic for targets, λ_policy = 1 − 1/(α·l)
-   for advantages, Eqs. 4–5), computed once from the pre-update critic.
+   for advantages, Eqs. 4–5; ``rl/losses.py``, the others ``rl/advantages.py``),
+   computed once from the pre-update critic.
 3. ``critic_updates_per_step`` critic steps on the value loss ("faster value
    update", paper §3.2), optionally with attention frozen (masked updates).
 4. Unless still in critic warm-up, one policy step on the registered loss
@@ -99,7 +100,7 @@ class StepConfig:
   advantage: str | None = None
   gamma: float = 1.0
   lam_critic: float = 1.0
-  lam_policy_alpha: float = adv_lib.SAO_ALPHA
+  lam_policy_alpha: float = loss_lib.SAO_ALPHA
   critic_updates_per_step: int = 2
   temperature: float = 1.0
   value_clip: float | None = None
@@ -127,14 +128,15 @@ class StepConfig:
 
   @property
   def uses_critic(self) -> bool:
-    return self.estimator in adv_lib.CRITIC_ESTIMATORS
+    return self.estimator in loss_lib.CRITIC_ESTIMATORS
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLoss:
   """The registered loss, resolved once when the step is built.
 
-  ``fn`` is the ``rl/losses.py`` function with the algorithm's settings and
+  ``fn`` is the loss function (``rl/losses.py`` for SAO, ``rl/baselines.py``
+  for the methods it is compared with) with the algorithm's settings and
   hyper-parameters bound (``LossSpec.bind``); ``inputs`` and ``keywords``
   name the arrays it takes between ``logp`` and ``advantages`` and by
   keyword. The step calls ``fn`` itself: the registry is not on the
@@ -187,19 +189,19 @@ def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
   mask = batch["action_mask"].astype(jnp.float32)
   rewards = batch["rewards"].astype(jnp.float32) * mask
   seq_reward = rewards.sum(-1)
-  _, returns = adv_lib.gae(rewards, values, mask, gamma=cfg.gamma,
+  _, returns = loss_lib.gae(rewards, values, mask, gamma=cfg.gamma,
                            lam=cfg.lam_critic)
   estimator = cfg.estimator
   if estimator == "decoupled_gae":
-    adv, returns = adv_lib.decoupled_gae(
+    adv, returns = loss_lib.decoupled_gae(
         rewards, values, mask, gamma=cfg.gamma, alpha=cfg.lam_policy_alpha,
         lam_critic=cfg.lam_critic)
   elif estimator == "vapo_gae":
-    adv, returns = adv_lib.decoupled_gae(
-        rewards, values, mask, gamma=cfg.gamma, alpha=adv_lib.VAPO_ALPHA,
+    adv, returns = loss_lib.decoupled_gae(
+        rewards, values, mask, gamma=cfg.gamma, alpha=loss_lib.VAPO_ALPHA,
         lam_critic=cfg.lam_critic)
   elif estimator == "gae":
-    adv, _ = adv_lib.gae(rewards, values, mask, gamma=cfg.gamma,
+    adv, _ = loss_lib.gae(rewards, values, mask, gamma=cfg.gamma,
                          lam=cfg.lam_critic)
   elif estimator in adv_lib.GROUP_ESTIMATORS:
     fn = getattr(adv_lib, estimator)

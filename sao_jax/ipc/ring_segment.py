@@ -1,34 +1,36 @@
-"""What both sides of the trajectory ring share (docs/DESIGN.md §1).
+"""The trajectory ring's segment: layout, lifetime, producers, counters.
 
-The segment layout, the record header and its MAC, the ring's errors, typed
-views of a segment, and the two primitives of its fault model: producer
-liveness from ``/proc`` and the polling backoff. ``sao_jax.ipc.ring`` holds
-the protocol (``RingReader``, ``RingWriter``) and its fault model.
+Everything of the ring that no record passes through (docs/DESIGN.md §1,
+§7): the segment layout and its typed views, creating and attaching it, a
+producer claiming its lane and waiting for space, the reader's bookkeeping
+(producer liveness from ``/proc``, waits on an empty ring, the counters
+``stats`` reports), the ring's errors and the polling backoff. The records
+themselves (header, checksum or MAC, the copies in and out) are
+``sao_jax.ipc.ring``.
 
     [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1]...
 
 Each lane is a byte ring with monotonic 64-bit ``head`` (written only by its
 producer) and ``tail`` (written only by the consumer) counters; offsets are
-``counter % lane_bytes``. A record is a 32-byte header (magic, length,
-sequence number, XXH3-64 of the payload, 0 in a keyed ring) followed by the
-payload and, in a keyed ring (``G_KEYED``), its 16-byte MAC, padded to 64
-bytes and never split: when it does not fit before the end of the lane the
-producer writes a *wrap* marker and continues at offset 0.
+``counter % lane_bytes``, and records are padded to ``ALIGN`` bytes. The
+part of the ring's fault model that lives here:
+
+* Producer death (pid and start time in ``/proc``, zombies dead): committed
+  records are still read, then the lane is skipped; the lane is reported in
+  ``RingReader.dead_producers()``.
+* Backpressure: ``RingFullError`` / ``RingEmptyError`` after ``timeout``;
+  waits are counted in ``stats()``.
 """
 
 from __future__ import annotations
 
-import functools
+import abc
 import os
-import struct
 import time
-from typing import Callable, NamedTuple
+from typing import Self
 
 from absl import logging
-import numpy as np
-import xxhash
 
-from sao_jax.ipc import mac
 from sao_jax.ipc import segment
 
 MAGIC = 0x5A0_12196  # Segment layout magic.
@@ -49,24 +51,6 @@ TAIL, RECORDS_READ = 16, 17
 # Lane states (written by the producer).
 FREE, ACTIVE, CLOSED = 0, 1, 2
 STATE_NAMES = {FREE: "free", ACTIVE: "active", CLOSED: "closed"}
-
-REC_MAGIC = 0x53414F52  # "SAOR"
-WRAP_MAGIC = 0x53414F57  # "SAOW"
-HDR = struct.Struct("<IIQQQ")  # magic, reserved, length, seq, checksum.
-HEADER_BYTES = 32
-assert HDR.size == HEADER_BYTES
-checksum = xxhash.xxh3_64_intdigest  # Of one buffer.
-TAG_BYTES = mac.TAG_BYTES  # The MAC trailer of a record in a keyed ring.
-
-
-def checksum_parts(parts) -> int:
-  """The checksum of the concatenation of ``parts`` (bytes-like)."""
-  if len(parts) == 1:
-    return checksum(parts[0])
-  h = xxhash.xxh3_64()
-  for p in parts:
-    h.update(p)
-  return h.intdigest()
 
 
 class RingError(RuntimeError):
@@ -91,18 +75,6 @@ class RingClosedError(RingError):
 
 class CorruptRecordError(RingError):
   """A committed record failed its magic/sequence/checksum check."""
-
-
-class Record(NamedTuple):
-  """One record as returned by ``RingReader.read``."""
-
-  lane: int
-  seq: int
-  data: np.ndarray  # uint8[n], a private copy (safe to keep).
-
-
-# Record(lane, seq, data) without the Python-level NamedTuple.__new__.
-new_record = functools.partial(tuple.__new__, Record)
 
 
 def proc_stat(pid: int) -> list[bytes] | None:
@@ -159,23 +131,6 @@ class Backoff:
       time.sleep(min(self._max, 5e-5 * 2 ** min(self._n - self._SPINS, 10)))
 
 
-def recopied(out: np.ndarray, src: memoryview, good: Callable[..., bool],
-             tries: int) -> tuple[bool, int]:
-  """(Whether ``good(out)``, re-copies made).
-
-  While it is not, re-copies ``src`` into ``out`` 1 ms apart, up to ``tries``
-  times: a record read before its producer's stores were visible (weakly
-  ordered CPUs) turns good; a corrupted or forged one does not.
-  """
-  ok, n = good(out), 0
-  while not ok and n < tries:
-    n += 1
-    time.sleep(1e-3)
-    out[:] = src
-    ok = good(out)
-  return ok, n
-
-
 def data_offset(num_lanes: int) -> int:
   return (GLOBAL_BYTES + num_lanes * CTL_BYTES + 4095) // 4096 * 4096
 
@@ -186,7 +141,15 @@ class Segment:
   @classmethod
   def create(cls, num_lanes: int, lane_bytes: int,
              keyed: bool = False) -> Segment:
-    """A new segment (owned: unlinked on close) of an empty ring."""
+    """A new segment (owned: unlinked on close) of an empty ring.
+
+    Args:
+      num_lanes: Number of producers (one process each).
+      lane_bytes: Bytes per lane, a multiple of ``ALIGN``; a record needs its
+        payload + 32 bytes (+ 16 keyed), rounded up to ``ALIGN``. Larger
+        records are rejected.
+      keyed: Records carry a MAC (``G_KEYED``).
+    """
     if num_lanes < 1:
       raise ValueError(f"num_lanes must be >= 1, got {num_lanes}.")
     if lane_bytes < 4 * ALIGN or lane_bytes % ALIGN:
@@ -200,10 +163,18 @@ class Segment:
       glob[G_KEYED] = int(keyed)
       glob[G_VERSION], glob[G_MAGIC] = LAYOUT_VERSION, MAGIC
       glob.release()
-      return cls(shm, owner=True)
+      seg = cls(shm, owner=True)
     except BaseException:
       segment.release(shm, unlink=True)
       raise
+    logging.info("Created ring %s: %d lanes x %d bytes%s.", seg.name,
+                 num_lanes, lane_bytes, ", authenticated" * keyed)
+    return seg
+
+  @classmethod
+  def attach(cls, name: str) -> Segment:
+    """The existing segment ``name`` (not owned)."""
+    return cls(segment.attach(name), owner=False)
 
   def __init__(self, shm, owner: bool):
     self.shm, self.name, self.owner = shm, shm.name, owner
@@ -235,8 +206,16 @@ class Segment:
     """Makes this process ``lane``'s producer; returns its control words.
 
     The lane must be unused (lanes are never reused) and ``keyed`` must say
-    whether the writer holds the key of an authenticated ring.
+    whether the writer holds the key of an authenticated ring; if not, the
+    segment is closed and the error raised.
     """
+    try:
+      return self._claim(lane, keyed)
+    except BaseException:
+      self.close()
+      raise
+
+  def _claim(self, lane: int, keyed: bool):
     if not 0 <= lane < self.num_lanes:
       raise ValueError(f"lane {lane} out of range: ring {self.name} has "
                        f"{self.num_lanes} lanes.")
@@ -258,18 +237,36 @@ class Segment:
     ctl[STATE] = ACTIVE
     return ctl
 
-  def find_dead(self, dead: dict[int, int]) -> None:
-    """Adds to ``dead`` ({lane: pid}) the active lanes whose producer died."""
-    for lane, ctl in enumerate(self.ctl):
-      if ctl[STATE] != ACTIVE or lane in dead:
-        continue
-      pid = ctl[PID]
-      if not pid_alive(pid, ctl[PID_START]):
-        dead[lane] = pid
-        logging.warning(
-            "Ring %s: producer pid %d of lane %d died; %d committed records "
-            "left to read, then the lane is skipped.", self.name, pid, lane,
-            ctl[RECORDS_WRITTEN] - ctl[RECORDS_READ])
+  def wait_space(self, lane: int, head: int, want: int,
+                 timeout: float | None) -> int:
+    """Waits until ``lane`` (its producer at ``head``) has ``want`` free
+    bytes, counting the wait; returns the consumer's ``tail``.
+
+    Raises:
+      RingClosedError: the consumer closed the ring.
+      RingFullError: no space within ``timeout`` (None: waits forever).
+    """
+    ctl, cap, glob = self.ctl[lane], self.lane_bytes, self.glob
+    t0 = time.monotonic_ns()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    backoff = Backoff()
+    try:
+      while cap - (head - ctl[TAIL]) < want:
+        if glob[G_CLOSED]:
+          raise RingClosedError(
+              f"Ring {self.name} was closed by its consumer; stop producing.")
+        if deadline is not None and time.monotonic() >= deadline:
+          raise RingFullError(
+              f"Lane {lane} of ring {self.name} stayed full for "
+              f"{timeout:.3g} s ({head - ctl[TAIL]}/{cap} bytes used, "
+              f"need {want}); the consumer is not reading. Check the trainer "
+              "or raise lane_bytes/timeout.")
+        ctl[HEARTBEAT_NS] = time.time_ns()
+        backoff.wait()
+      return ctl[TAIL]
+    finally:
+      ctl[FULL_WAITS] += 1
+      ctl[FULL_WAIT_NS] += time.monotonic_ns() - t0
 
   def stats(self, dead: dict[int, int]) -> dict:
     """Every lane's counters (``dead`` lanes so marked) and their totals."""
@@ -315,14 +312,108 @@ class Segment:
       self.close()
 
 
-def byte_view(buf) -> memoryview:
-  """A flat byte view of a bytes-like object or array (copied only if it is
-  not C-contiguous or has no native format)."""
-  m = memoryview(buf)
-  if m.format == "B" and m.ndim == 1 and m.c_contiguous:
-    return m
-  try:
-    return m.cast("B")  # Any C-contiguous buffer of a native format.
-  except TypeError:  # Non-contiguous, or e.g. a big-endian NumPy dtype.
-    arr = np.ascontiguousarray(buf)
-    return memoryview(arr.reshape(-1).view(np.uint8))
+class ReaderBook:
+  """The reader's bookkeeping, apart from its records: which producers died
+  (pid and start time in ``/proc``, zombies dead; checked at most every
+  ``interval_s``), whether the ring is drained, its waits on an empty ring
+  and its counters (``stats``)."""
+
+  def __init__(self, seg: Segment, interval_s: float):
+    self._seg, self._interval = seg, interval_s
+    self.next_check = 0.0  # time.monotonic() of the next liveness check.
+    self.dead: dict[int, int] = {}  # {lane: pid} of producers that died.
+    self.empty_waits = self.empty_wait_ns = 0
+    self.bytes_read = self.checksum_retries = self.rejected = 0
+
+  def poll(self) -> bool:
+    """Checks liveness if ``interval_s`` has passed; whether it did."""
+    if time.monotonic() < self.next_check:
+      return False
+    self.check()
+    return True
+
+  def check(self) -> None:
+    """Adds the active lanes whose producer died to ``dead``."""
+    self.next_check = time.monotonic() + self._interval
+    for lane, ctl in enumerate(self._seg.ctl):
+      if ctl[STATE] != ACTIVE or lane in self.dead:
+        continue
+      pid = ctl[PID]
+      if not pid_alive(pid, ctl[PID_START]):
+        self.dead[lane] = pid
+        logging.warning(
+            "Ring %s: producer pid %d of lane %d died; %d committed records "
+            "left to read, then the lane is skipped.", self._seg.name, pid,
+            lane, ctl[RECORDS_WRITTEN] - ctl[RECORDS_READ])
+
+  def idle(self, deadline: float | None, timeout: float | None,
+           backoff: Backoff) -> None:
+    """One wait of a reader that found every lane empty.
+
+    Raises:
+      RingDrained: every producer closed or died and its lane is empty.
+      RingEmptyError: ``deadline`` (``timeout`` from the first wait) passed.
+    """
+    seg = self._seg
+    if self.poll() and all(
+        (c[STATE] == CLOSED or lane in self.dead) and c[HEAD] == c[TAIL]
+        for lane, c in enumerate(seg.ctl)):
+      raise RingDrained(
+          f"Ring {seg.name}: all {seg.num_lanes} producers closed or died "
+          f"(dead lanes: {sorted(self.dead)}); nothing left.")
+    if deadline is not None and time.monotonic() >= deadline:
+      states = [l["state"] for l in seg.stats(self.dead)["lanes"]]
+      raise RingEmptyError(
+          f"Ring {seg.name}: no record for {timeout:.3g} s from any of "
+          f"{seg.num_lanes} lanes (states {states}); are the producers "
+          "running? Increase the timeout for slow samplers.")
+    backoff.wait()
+
+  def reject(self, lane: int, tail: int, seq: int, nbytes: int,
+             why: str) -> None:
+    """Counts and logs a record of a keyed ring that failed its MAC or
+    replayed an older sequence number (skipped by the reader)."""
+    self.rejected += 1
+    logging.warning(
+        "Ring %s lane %d: skipped the record at counter %d (seq %d, %d bytes),"
+        " %s (%d rejected so far): another process wrote the ring.",
+        self._seg.name, lane, tail, seq, nbytes, why, self.rejected)
+
+  def stats(self) -> dict:
+    """Counters: per-lane occupancy and waits, consumer waits, deaths."""
+    return {
+        **self._seg.stats(self.dead), "bytes_read": self.bytes_read,
+        "empty_waits": self.empty_waits,
+        "empty_wait_s": self.empty_wait_ns / 1e9,
+        "checksum_retries": self.checksum_retries,
+        "rejected_records": self.rejected,
+    }
+
+
+class RingEnd(abc.ABC):
+  """A ring's reader or writer: its segment's name and sizes, and ``close``
+  on leaving a ``with`` block."""
+
+  _seg: Segment
+
+  @property
+  def name(self) -> str:
+    return self._seg.name
+
+  @property
+  def num_lanes(self) -> int:
+    return self._seg.num_lanes
+
+  @property
+  def lane_bytes(self) -> int:
+    return self._seg.lane_bytes
+
+  @abc.abstractmethod
+  def close(self) -> None:
+    """Detaches from the segment (the reader also closes the ring)."""
+
+  def __enter__(self) -> Self:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
