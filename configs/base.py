@@ -129,6 +129,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.n_rollouts = 1  # SAO: one rollout per prompt (>1: groups).
   # CPU cores / local devices the sampler process uses ('' = JAX default).
   config.sampler.devices = ""
+  # JAX's persistent compilation cache for the sampler process ('' = off):
+  # its decode shapes compile once per machine instead of once per run.
+  config.sampler.compilation_cache_dir = ""
 
   # ------------------------------------------------------------------- rl ---
   config.rl = ml_collections.ConfigDict()

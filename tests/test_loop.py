@@ -53,8 +53,13 @@ def test_async_run_writes_every_required_metric(tmp_path):
   before = _our_segments()
   config = tiny_config(**{"train.mode": "async", "train.num_steps": 4,
                           "train.max_staleness": 1,
-                          "train.checkpoint_every": 0})
+                          "train.checkpoint_every": 0,
+                          "sampler.compilation_cache_dir": str(
+                              tmp_path / "jax_cache")})
   summary = loop.train_and_evaluate(config, str(tmp_path))
+  # The sampler process compiled its decode loop into the persistent cache.
+  assert any(n.startswith("jit_decode") for n in os.listdir(
+      tmp_path / "jax_cache"))
   # Every trajectory came through the sampler process and the ring.
   assert summary["trajectories_read_from_ring"] >= 5 * 8
   assert summary["trajectories_trained"] == 5 * 8

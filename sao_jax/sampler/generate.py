@@ -164,12 +164,14 @@ class Generator:
           jnp.asarray(mask))
 
   def _pick(self, rows: list[int]) -> list[int] | None:
-    """``rows`` padded with other rows to a power of two, or None when that
-    is over half the batch (then the whole batch runs)."""
-    k = bucket_length(len(rows), 1)
-    if 2 * k > self.batch_size:
+    """``rows`` padded with other rows to an eighth, a quarter or half of
+    the batch (three shapes to compile), or None when they are more than
+    half (then the whole batch runs)."""
+    b = self.batch_size
+    k = next((k for k in (b // 8, b // 4, b // 2) if k >= len(rows)), b)
+    if k == b:
       return None
-    return rows + sorted(set(range(self.batch_size)) - set(rows))[:k - len(rows)]
+    return rows + sorted(set(range(b)) - set(rows))[:k - len(rows)]
 
   def append(self, chunks: Sequence[Sequence[int]]) -> None:
     """Appends per-row token chunks (prompt / observations; may be empty).

@@ -331,6 +331,11 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   from sao_jax.sampler.sampling import SamplingParams  # pylint: disable=g-import-not-at-top
 
   cfg = spec.config
+  if cfg.sampler.compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir",
+                      str(cfg.sampler.compilation_cache_dir))
+    # Decode shapes compile in well under a second on CPU: cache them all.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   tokenizer = text_tokenizer.from_serialized(spec.tokenizer_proto)
   train_tasks, _ = env_build.build_tasks(cfg.env)
   options = engine_lib.EngineOptions.from_config(cfg)
