@@ -15,7 +15,7 @@ ring + trainer) on the same config and the same number of trajectories:
 (the random-init policy rarely stops early). ``--workload=longtail``
 (configs/longtail.py): the long tail of agentic work: 0..4 tool calls per
 episode, geometric (half none, one in eight four), each answered after
-``--tool_latency_s`` (default the config's 0.5 s), and actions of 8 or 16
+``--tool_latency_s`` (default the config's 1 s), and actions of 8 or 16
 tokens.
 
 The sampler is pinned to one core and the trainer to the other. The figure
