@@ -2,14 +2,14 @@ r"""The long-tail workload: the quickstart with agentic episode lengths.
 
 The quickstart's model and tool-use task (sao_jax/envs/longtail.py), where
 task ``t`` makes ``k`` tool calls before its answer, ``k`` geometric over
-0..4 (half none, one in eight four), each answered after
+0..4 (half none, one in sixteen four), each answered after
 ``env.longtail_tool_latency_s`` (1 s: a code sandbox's round trip), and caps
 each action at 8 or 16 tokens (``8 * 2**j``, ``j`` geometric over 0..1).
 Actions end at their length, so the tail holds for a policy that never stops
 (the random-init policy of experiments/bench/async_vs_sync.py
 ``--workload=longtail``): one episode takes one 8-token action and no tool
-time, another five 16-token actions and four tool round trips (4 s). The continuous-batching sampler
-(sao_jax/sampler/engine.py) is for that. Run:
+time, another five 16-token actions and four tool round trips (4 s). The
+continuous-batching sampler (sao_jax/sampler/engine.py) is for that. Run:
 
   python -m sao_jax.main --config=configs/longtail.py --workdir=/tmp/sao_longtail
 """

@@ -14,7 +14,7 @@ ring + trainer) on the same config and the same number of trajectories:
 ``--workload=balanced`` (default): every episode takes ``--max_new_tokens``
 (the random-init policy rarely stops early). ``--workload=longtail``
 (configs/longtail.py): the long tail of agentic work: 0..4 tool calls per
-episode, geometric (half none, one in eight four), each answered after
+episode, geometric (half none, one in sixteen four), each answered after
 ``--tool_latency_s`` (default the config's 1 s), and actions of 8 or 16
 tokens.
 
