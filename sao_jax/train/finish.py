@@ -47,11 +47,14 @@ def final_summary(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict, *,
                   start_step: int, version: int,
                   evaluate: Callable[[int, float], dict[str, float]],
                   stream_counters: dict[str, Any], sampler_stats: Any,
-                  clock: metrics_lib.RunClock) -> dict[str, float]:
+                  clock: metrics_lib.RunClock, episodes: Any = None,
+                  unread_at_stop: int | None = None) -> dict[str, float]:
   """Saves the final step, evaluates it and returns the run's summary.
 
   ``evaluate(step, generated_tokens)`` is the held-out evaluation;
-  ``sampler_stats`` is None in a replay (no sampler figures).
+  ``sampler_stats`` is None in a replay (no sampler figures), as is
+  ``unread_at_stop`` (records left in the ring); ``episodes`` this host's
+  ``consumed.ConsumedEpisodes``.
   """
   final_step = int(state.step)
   if final_step > start_step or ckpt.latest_step() != final_step:
@@ -60,4 +63,5 @@ def final_summary(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict, *,
   final_eval = evaluate(final_step, float(generated))
   return metrics_lib.run_summary(
       meta["eval_before"], final_eval, final_step, version, stream_counters,
-      jax.process_count(), sampler_stats, clock)
+      jax.process_count(), sampler_stats, clock, episodes=episodes,
+      unread_at_stop=unread_at_stop)
