@@ -22,8 +22,9 @@ def save_on_exit(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict,
   """Checkpoints ``state`` if it is a completed step newer than the last save.
 
   ``meta_step`` is the step of the state ``meta`` goes with (the loop records
-  a batch's consumption before its step runs, so a stop inside the step
-  loses at most that batch); a state at another step is not saved. Never
+  a batch's consumption with its step's new state, so a stop before the step
+  leaves the batch out of the checkpoint, to be generated again); a state at
+  another step is not saved. Never
   raises (the run is already failing); never a NaN state
   (``Checkpointer.save`` refuses those).
   """

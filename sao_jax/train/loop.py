@@ -61,20 +61,24 @@ class _Trainer:
     self.meta_step = self.start_step  # The step of the state run.meta is for.
     self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
-  def record_episodes(self, collective: bool) -> None:
-    """Puts every host's consumed episodes in ``run.meta``. Multi-host that
-    is a collective, done only where all hosts save (``collective``)."""
+  def episodes_meta(self, collective: bool) -> dict[str, Any]:
+    """Every host's consumed episodes, for ``run.meta``. Multi-host that is a
+    collective, done only where all hosts save (``collective``); {} else."""
     if collective or jax.process_count() == 1:
-      self.run.meta[consumed_lib.META_KEY] = consumed_lib.all_hosts(
-          self.episodes)
+      return {consumed_lib.META_KEY: consumed_lib.all_hosts(self.episodes)}
+    return {}
 
   def policy_version(self) -> int:
     """The version staleness is measured against (docs/DESIGN.md §4)."""
     return self._version
 
-  def step(self, step: int, batch: dict[str, jax.Array]
-           ) -> tuple[dict[str, Any], bool]:
-    """One jitted step on the global batch: (its metrics, whether skipped)."""
+  def step(self, step: int, batch: dict[str, jax.Array],
+           consumption: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """One jitted step on the global batch: (its metrics, whether skipped).
+
+    ``consumption`` (what the batch consumed) enters ``run.meta`` with the
+    step's new state, so a checkpoint never counts a batch it did not train.
+    """
     run = self.run
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
     # The step donates the old state: a SIGTERM between the call and the
@@ -83,6 +87,7 @@ class _Trainer:
     # result, so a SIGTERM during that wait still saves it (finish.py).
     with sharding.mesh_rules(run.mesh, run.rules), segment.sigterm_deferred():
       self.state, metrics = train_step(self.state, batch)
+      run.meta.update(consumption)
       self.meta_step = step + 1
     # One host sync per step, as before: the version and the skip flag.
     version, skipped = jax.device_get(
@@ -156,12 +161,11 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (counters.records_read - read_before
                          ) * jax.process_count()
-    # What the batch consumed, recorded before its step runs (a stop inside
-    # the step loses at most that batch: docs/DESIGN.md §1).
-    run.meta.update(episodes_consumed=trainer.consumed,
-                    stream=counters.as_dict())
-    trainer.record_episodes(collective=False)
-    metrics, skipped = trainer.step(step, batch)
+    # What the batch consumed: recorded with its step's state (a stop before
+    # the step regenerates the batch: docs/DESIGN.md §1).
+    metrics, skipped = trainer.step(step, batch, dict(
+        episodes_consumed=trainer.consumed, stream=counters.as_dict(),
+        **trainer.episodes_meta(collective=False)))
     done = step + 1
     trainer.skips.observe(done, skipped, metrics)
     last = done == source.stop_step
@@ -181,7 +185,7 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
     if int(t.checkpoint_every) and done % int(t.checkpoint_every) == 0 and more:
-      trainer.record_episodes(collective=True)
+      run.meta.update(trainer.episodes_meta(collective=True))
       run.ckpt.save(done, trainer.state, run.meta)
     if stop:
       logging.info("Step %d: %s.", done, stop)
@@ -221,7 +225,7 @@ def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
       raise
     source.stop_sampler()  # Its final counts go into the summary.
     source.close_recorder()  # Before the final checkpoint covers its steps.
-    trainer.record_episodes(collective=True)
+    run.meta.update(trainer.episodes_meta(collective=True))
     return finish_lib.final_summary(
         run.ckpt, trainer.state, run.meta, start_step=start_step,
         version=trainer.policy_version(), evaluate=trainer.evaluate,
