@@ -282,4 +282,10 @@ def test_two_process_run_trains_one_global_model_and_resumes(tmp_path):
       str(workdir / "tb"))["policy/loss"]] == [2, 3, 4, 5, 6]
   assert sorted(int(d) for d in os.listdir(workdir / "checkpoints")
                 if d.isdigit()) == [2, 4, 6]
+  # Each host's consumed episodes (its own numbers), gathered into the
+  # checkpoint: 4 rows of each of the 6 steps at least.
+  with open(workdir / "checkpoints" / "6" / "meta" / "metadata") as f:
+    hosts = json.load(f)[consumed.META_KEY]
+  assert len(hosts) == 2
+  assert all(h["watermark"] + len(h["above"]) >= 4 * 6 for h in hosts)
   assert _our_segments() <= before
