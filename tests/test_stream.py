@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from sao_jax.data import consumed
 from sao_jax.data import prompts
 from sao_jax.data import stream
 from sao_jax.data import trajectory
@@ -80,6 +81,26 @@ def test_batches_padding_staleness_filter_and_counters():
     np.testing.assert_array_equal(x["rewards"][:n], t.rewards)
     assert x["attention_mask"].sum() == n == x["length"]
     assert x["staleness"] == t.staleness(10)
+
+
+def test_every_record_read_is_a_consumed_episode_batch_by_batch():
+  # Episodes reach the ring out of order; two are dropped stale (consumed
+  # all the same); a batch reads only up to its last row.
+  trajs = [_traj(i, 5, 2 if i % 3 == 0 else 9) for i in range(6)]
+  for t, episode in zip(trajs, (1, 0, 3, 5, 2, 4)):
+    t.group_id = episode
+  seen = consumed.ConsumedEpisodes()
+  with ring.RingReader.create(num_lanes=1, lane_bytes=1 << 16) as r:
+    _fill(r.name, trajs)
+    s = stream.TrajectoryStream(
+        r, batch_size=2, seq_len=6, trainer_version=lambda: 10,
+        staleness=StalenessPolicy(3), read_timeout=5.0, consumed=seen)
+    batches = iter(s.dataset)
+    next(batches)
+    assert (seen.watermark, seen.above) == (2, {3})
+    next(batches)
+  assert (seen.watermark, seen.above, seen.duplicates) == (6, set(), 0)
+  assert s.counters.dropped_stale == 2
 
 
 def test_batch_schema_carries_group_id_to_a_dense_group_index():

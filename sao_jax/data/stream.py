@@ -22,7 +22,8 @@ the cut tail onto the last kept action token so the return is preserved. Both
 are counted in ``StreamCounters``.
 
 The ring cannot rewind, so iterator state is the counters only: restoring a
-checkpoint continues with whatever the sampler publishes next.
+checkpoint continues with whatever the sampler publishes next (a sampler
+resumed after the episodes the stream had consumed, ``consumed``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import grain
 import jax
 import numpy as np
 
+from sao_jax.data import consumed as consumed_lib
 from sao_jax.data import trajectory as traj_lib
 from sao_jax.data.trajectory import Trajectory
 from sao_jax.ipc import ring as ring_lib
@@ -95,26 +97,29 @@ class RingDataset(grain.IterDataset):
       counters: StreamCounters,
       read_timeout: float | None = None,
       check_producers: Callable[[], None] | None = None,
+      on_read: Callable[[Trajectory], None] | None = None,
   ):
     super().__init__()
     self._reader = reader
     self._counters = counters
     self._timeout = read_timeout
     self._check = check_producers
+    self._on_read = on_read
 
   def __iter__(self) -> grain.DatasetIterator:
     return _RingIterator(self._reader, self._counters, self._timeout,
-                         self._check)
+                         self._check, self._on_read)
 
 
 class _RingIterator(grain.DatasetIterator):
 
-  def __init__(self, reader, counters, timeout, check=None):
+  def __init__(self, reader, counters, timeout, check=None, on_read=None):
     super().__init__()
     self._reader = reader
     self._counters = counters
     self._timeout = timeout
     self._check = check
+    self._on_read = on_read
 
   def _read(self):
     """Reads one record; while waiting, polls ``check`` once a second.
@@ -145,6 +150,8 @@ class _RingIterator(grain.DatasetIterator):
       self._counters.read_wait_s += time.perf_counter() - t0
     traj = traj_lib.decode(rec.data)
     self._counters.count_read(traj)
+    if self._on_read is not None:
+      self._on_read(traj)
     return traj
 
   def get_state(self) -> dict:
@@ -388,6 +395,7 @@ class TrajectoryStream:
       recorder: StreamRecorderLike | None = None,
       trusted_versions: bool = False,
       batch_sharding: Any = None,
+      consumed: consumed_lib.ConsumedEpisodes | None = None,
   ):
     """See the module docstring for the pipeline.
 
@@ -417,9 +425,12 @@ class TrajectoryStream:
       batch_sharding: The mesh's batch sharding (``sharding.batch_sharding``):
         batches are then global ``jax.Array``s, ready for the train step;
         None keeps them process-local NumPy arrays.
+      consumed: Told of every record read (``consumed.ConsumedEpisodes``:
+        which episode numbers were consumed, for an exact resume).
     """
     self.counters = StreamCounters()
-    ds = RingDataset(reader, self.counters, read_timeout, check_producers)
+    ds = RingDataset(reader, self.counters, read_timeout, check_producers,
+                     on_read=consumed and consumed.add)
     ds = StalenessFilter(ds, trainer_version, staleness, self.counters,
                          on_read=recorder and recorder.add,
                          trusted_versions=trusted_versions)

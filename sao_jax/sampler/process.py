@@ -119,6 +119,9 @@ class SamplerSpec:
   # the child through the spawn pipe, never shared memory or disk.
   ring_key: bytes | None = None
   weights_key: bytes | None = None
+  # Episodes above ``start_episode`` the trainer consumed before a resume:
+  # not started again (``consumed.ConsumedEpisodes.resume_plan``).
+  skip_episodes: tuple[int, ...] = ()
 
 
 def parse_cores(spec: str) -> tuple[int, ...]:
@@ -387,13 +390,15 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       process_count=spec.process_count)
   stats.alive = 1
   stats.enter(PHASES[1])
-  logging.info("sampler: starting at episode %d, %d slots (refill %s), "
-               "admission bound %d, prompt shard %d of %d.",
-               spec.start_episode, options.num_slots, options.refill,
+  logging.info("sampler: starting at episode %d (skipping %d consumed above "
+               "it), %d slots (refill %s), admission bound %d, prompt shard "
+               "%d of %d.", spec.start_episode, len(spec.skip_episodes),
+               options.num_slots, options.refill,
                spec.staleness.admission_bound, spec.process_index,
                spec.process_count)
   try:
-    engine.run(int(spec.start_episode), should_stop)
+    engine.run(int(spec.start_episode), should_stop,
+               skip=frozenset(spec.skip_episodes))
   finally:
     writer.close()
     slot.close()

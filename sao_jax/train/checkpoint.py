@@ -3,8 +3,12 @@
 One checkpoint holds: the array state (``TrainState``: policy and value params,
 both optimizer states, the step and policy-version counters, the running-mean
 table) as an orbax ``StandardSave`` item, and a JSON item with what else a
-resume needs (``episodes_consumed``, which tells the sampler where its prompt
-order continues, the stream's counters and the held-out accuracy before RL).
+resume needs: ``episodes_consumed`` (how many trajectories all hosts read),
+``episodes`` (per host, which episode numbers it read: a watermark and the
+set above it, ``data/consumed.py``; the resumed sampler starts at the
+watermark and skips the set, so no episode is consumed twice or never; a
+checkpoint without it resumes at ``episodes_consumed / process_count``), the
+stream's counters and the held-out accuracy before RL.
 No RNG key is saved: the sampler derives each batch's key from the seed and
 the batch index. Saves are atomic (orbax writes to a temporary
 directory and renames), so a trainer killed mid-save leaves the previous

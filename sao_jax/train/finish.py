@@ -22,8 +22,9 @@ def save_on_exit(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict,
   """Checkpoints ``state`` if it is a completed step newer than the last save.
 
   ``meta_step`` is the step of the state ``meta`` goes with (the loop records
-  a batch's consumption before its step runs, so a stop inside the step
-  loses at most that batch); a state at another step is not saved. Never
+  a batch's consumption with its step's new state, so a stop before the step
+  leaves the batch out of the checkpoint, to be generated again); a state at
+  another step is not saved. Never
   raises (the run is already failing); never a NaN state
   (``Checkpointer.save`` refuses those).
   """
@@ -47,11 +48,14 @@ def final_summary(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict, *,
                   start_step: int, version: int,
                   evaluate: Callable[[int, float], dict[str, float]],
                   stream_counters: dict[str, Any], sampler_stats: Any,
-                  clock: metrics_lib.RunClock) -> dict[str, float]:
+                  clock: metrics_lib.RunClock, episodes: Any = None,
+                  unread_at_stop: int | None = None) -> dict[str, float]:
   """Saves the final step, evaluates it and returns the run's summary.
 
   ``evaluate(step, generated_tokens)`` is the held-out evaluation;
-  ``sampler_stats`` is None in a replay (no sampler figures).
+  ``sampler_stats`` is None in a replay (no sampler figures), as is
+  ``unread_at_stop`` (records left in the ring); ``episodes`` this host's
+  ``consumed.ConsumedEpisodes``.
   """
   final_step = int(state.step)
   if final_step > start_step or ckpt.latest_step() != final_step:
@@ -60,4 +64,5 @@ def final_summary(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict, *,
   final_eval = evaluate(final_step, float(generated))
   return metrics_lib.run_summary(
       meta["eval_before"], final_eval, final_step, version, stream_counters,
-      jax.process_count(), sampler_stats, clock)
+      jax.process_count(), sampler_stats, clock, episodes=episodes,
+      unread_at_stop=unread_at_stop)

@@ -21,6 +21,7 @@ from absl import logging
 import jax
 
 from sao_jax import sharding
+from sao_jax.data import consumed as consumed_lib
 from sao_jax.data import record as record_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.data import trajectory as traj_lib
@@ -44,6 +45,9 @@ class Source:
     sampler, ring, publish: The live run's sampler process, trajectory ring
       and weight publisher.
     recorder: ``train.record_stream``'s recorder.
+    unread_at_stop: Records the sampler had written that were still in the
+      ring when it stopped (never read; a resumed run generates them again);
+      None until ``stop_sampler``.
   """
 
   config: Any
@@ -53,6 +57,7 @@ class Source:
   ring: ring_lib.RingReader | None = None
   publish: publish_lib.Publisher | None = None
   recorder: record_lib.StreamRecorder | None = None
+  unread_at_stop: int | None = None
 
   def batches(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
     """The global batches of steps ``start_step, ...``; where there is none,
@@ -88,6 +93,28 @@ class Source:
     if self.sampler is not None:
       self.sampler.set_trainer_step(done)
 
+  def stop_sampler(self) -> None:
+    """Stops the sampler, then counts the records left unread in the ring
+    (``unread_at_stop``); once."""
+    if self.sampler is None or self.unread_at_stop is not None:
+      return
+    self.sampler.stop()
+    self.unread_at_stop = 0
+    while True:
+      try:
+        self.ring.read(timeout=0.0)
+      except (ring_lib.RingEmptyError, ring_lib.RingDrained):
+        break
+      except ring_lib.RingError as e:  # Counting must not mask the exit.
+        logging.warning("Counting the unread records stopped at %d: %s",
+                        self.unread_at_stop, e)
+        break
+      self.unread_at_stop += 1
+    if self.unread_at_stop:
+      logging.info("%d trajectories were left unread in the ring at the "
+                   "stop; a resumed run generates them again.",
+                   self.unread_at_stop)
+
   def close_recorder(self) -> None:
     """Closes the recording (before the final checkpoint covers its steps)."""
     if self.recorder is not None:
@@ -108,16 +135,18 @@ def _recorder(config: Any, workdir: str,
 
 @contextlib.contextmanager
 def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
-         version: Any, episodes_consumed: int,
+         version: Any, consumed: consumed_lib.ConsumedEpisodes,
          stop_step: int) -> Iterator[Source]:
   """Ring, weight slot, sampler and stream (see the module docstring).
 
   ``params`` are the policy's first published weights, ``version()`` the
   trainer's policy version (read as each record is consumed) and
-  ``episodes_consumed`` where the sampler resumes its prompts.
+  ``consumed`` this host's consumed episodes: the sampler resumes at its
+  watermark, skipping those above it, and the stream adds what it reads.
   """
   config = run.config
   staleness = traj_lib.StalenessPolicy.from_config(config)
+  start_episode, skip = consumed.resume_plan()
   # Both authenticated: only the sampler, given the keys, writes to them.
   ring = ring_lib.RingReader.create(
       num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
@@ -134,7 +163,7 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
         tokenizer_proto=run.tokenizer.serialized_proto(),
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),
-        start_episode=episodes_consumed // jax.process_count(),
+        start_episode=start_episode, skip_episodes=tuple(sorted(skip)),
         staleness=staleness,
         cores=sampler_lib.parse_cores(str(config.sampler.devices)),
         process_index=jax.process_index(),
@@ -150,14 +179,13 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
         check_producers=source.sampler.check,
         process_index=jax.process_index(),
         max_error_frac=float(config.train.max_error_frac),
-        recorder=source.recorder, trusted_versions=True,
+        recorder=source.recorder, trusted_versions=True, consumed=consumed,
         batch_sharding=sharding.batch_sharding(run.mesh, run.rules))
     source.stream.counters.load(run.meta.get("stream", {}))
     yield source
   finally:
     source.close_recorder()
-    if source.sampler is not None:
-      source.sampler.stop()
+    source.stop_sampler()
     ring.close()
     slot.close()
 

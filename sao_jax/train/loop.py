@@ -30,6 +30,7 @@ import jax
 from absl import logging
 
 from sao_jax import sharding
+from sao_jax.data import consumed as consumed_lib
 from sao_jax.ipc import segment
 from sao_jax.train import evaluate as eval_lib
 from sao_jax.train import finish as finish_lib
@@ -47,6 +48,11 @@ class _Trainer:
     self.state = run.state
     self.clock = metrics_lib.RunClock()
     self.consumed = int(run.meta["episodes_consumed"])
+    # Which of this host's episodes were consumed (the sampler resumes after
+    # exactly those: docs/DESIGN.md §1).
+    self.episodes = consumed_lib.from_meta(
+        run.meta, jax.process_index(), jax.process_count(),
+        int(run.config.sampler.n_rollouts))
     self.warmup = int(run.config.rl.critic_warmup_steps)
     self.total_steps = self.warmup + int(run.config.train.num_steps)
     self._last_log = (time.perf_counter(), 0.0)  # (time, sampler tokens)
@@ -55,13 +61,24 @@ class _Trainer:
     self.meta_step = self.start_step  # The step of the state run.meta is for.
     self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
+  def episodes_meta(self, collective: bool) -> dict[str, Any]:
+    """Every host's consumed episodes, for ``run.meta``. Multi-host that is a
+    collective, done only where all hosts save (``collective``); {} else."""
+    if collective or jax.process_count() == 1:
+      return {consumed_lib.META_KEY: consumed_lib.all_hosts(self.episodes)}
+    return {}
+
   def policy_version(self) -> int:
     """The version staleness is measured against (docs/DESIGN.md §4)."""
     return self._version
 
-  def step(self, step: int, batch: dict[str, jax.Array]
-           ) -> tuple[dict[str, Any], bool]:
-    """One jitted step on the global batch: (its metrics, whether skipped)."""
+  def step(self, step: int, batch: dict[str, jax.Array],
+           consumption: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """One jitted step on the global batch: (its metrics, whether skipped).
+
+    ``consumption`` (what the batch consumed) enters ``run.meta`` with the
+    step's new state, so a checkpoint never counts a batch it did not train.
+    """
     run = self.run
     train_step = run.full_step if step >= self.warmup else run.critic_only_step
     # The step donates the old state: a SIGTERM between the call and the
@@ -70,6 +87,7 @@ class _Trainer:
     # result, so a SIGTERM during that wait still saves it (finish.py).
     with sharding.mesh_rules(run.mesh, run.rules), segment.sigterm_deferred():
       self.state, metrics = train_step(self.state, batch)
+      run.meta.update(consumption)
       self.meta_step = step + 1
     # One host sync per step, as before: the version and the skip flag.
     version, skipped = jax.device_get(
@@ -143,11 +161,11 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (counters.records_read - read_before
                          ) * jax.process_count()
-    # What the batch consumed, recorded before its step runs (a stop inside
-    # the step loses at most that batch: docs/DESIGN.md §1).
-    run.meta.update(episodes_consumed=trainer.consumed,
-                    stream=counters.as_dict())
-    metrics, skipped = trainer.step(step, batch)
+    # What the batch consumed: recorded with its step's state (a stop before
+    # the step regenerates the batch: docs/DESIGN.md §1).
+    metrics, skipped = trainer.step(step, batch, dict(
+        episodes_consumed=trainer.consumed, stream=counters.as_dict(),
+        **trainer.episodes_meta(collective=False)))
     done = step + 1
     trainer.skips.observe(done, skipped, metrics)
     last = done == source.stop_step
@@ -167,6 +185,7 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
     if int(t.checkpoint_every) and done % int(t.checkpoint_every) == 0 and more:
+      run.meta.update(trainer.episodes_meta(collective=True))
       run.ckpt.save(done, trainer.state, run.meta)
     if stop:
       logging.info("Step %d: %s.", done, stop)
@@ -195,7 +214,7 @@ def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
     inputs = inputs_lib.live(
         run, workdir, params=trainer.state.policy_params,
         start_step=start_step, version=trainer.policy_version,
-        episodes_consumed=trainer.consumed, stop_step=trainer.total_steps)
+        consumed=trainer.episodes, stop_step=trainer.total_steps)
   with inputs as source:
     trainer.total_steps = source.stop_step
     try:
@@ -204,13 +223,16 @@ def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
       finish_lib.save_on_exit(run.ckpt, trainer.state, run.meta,
                               trainer.meta_step, trainer.start_step)
       raise
+    source.stop_sampler()  # Its final counts go into the summary.
     source.close_recorder()  # Before the final checkpoint covers its steps.
+    run.meta.update(trainer.episodes_meta(collective=True))
     return finish_lib.final_summary(
         run.ckpt, trainer.state, run.meta, start_step=start_step,
         version=trainer.policy_version(), evaluate=trainer.evaluate,
         stream_counters=source.stream.counters.as_dict(),
         sampler_stats=source.sampler and source.sampler.stats,
-        clock=trainer.clock)
+        clock=trainer.clock, episodes=trainer.episodes,
+        unread_at_stop=source.unread_at_stop)
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:

@@ -212,13 +212,20 @@ def step_scalars(step_metrics: Mapping[str, float],
 def run_summary(eval_before: Mapping[str, float],
                 eval_after: Mapping[str, float], steps: int,
                 policy_version: int, stream_counters: Mapping[str, float],
-                process_count: int, sampler_stats, clock) -> dict[str, float]:
+                process_count: int, sampler_stats, clock, *,
+                episodes=None,
+                unread_at_stop: int | None = None) -> dict[str, float]:
   """The run's closing figures (``summary.json`` and ``summary/*`` scalars).
 
   ``sampler_stats`` is the sampler's ``SamplerStats`` (None in a replay: no
   sampler figures); ``clock`` the loop's wall clock (``elapsed``,
   ``trainer_wait`` and the steady-state span, from the 2nd step after the
-  critic warm-up (or the resume) on: compilation excluded).
+  critic warm-up (or the resume) on: compilation excluded). ``episodes``
+  (``consumed.ConsumedEpisodes``) and ``unread_at_stop`` (records left in the
+  ring) account for every episode this segment started: ``sampler_episodes
+  + sampler_episodes_aborted`` started = read by this segment's stream +
+  ``ring_unread_at_stop`` + aborted; the unread and aborted ones are
+  generated again by a resumed run.
   """
   c = stream_counters
   elapsed = clock.elapsed
@@ -244,7 +251,15 @@ def run_summary(eval_before: Mapping[str, float],
         sampler_episodes=float(sampler_stats.episodes),
         sampler_tokens_per_s=sampler_stats.action_tokens / max(1e-9, elapsed),
         sampler_idle_frac=sampler_stats.idle_frac(),
-        sampler_decode_occupancy=sampler_stats.decode_occupancy())
+        sampler_decode_occupancy=sampler_stats.decode_occupancy(),
+        sampler_episodes_aborted=float(sampler_stats.episodes_aborted))
+  if unread_at_stop is not None:
+    summary["ring_unread_at_stop"] = float(unread_at_stop)
+  if episodes is not None:
+    summary.update(episodes_watermark=float(episodes.watermark),
+                   episodes_above_watermark=float(len(episodes.above)),
+                   episodes_consumed_twice=float(episodes.duplicates),
+                   episodes_lost_in_partial_groups=float(episodes.lost))
   return summary
 
 
