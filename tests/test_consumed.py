@@ -51,13 +51,17 @@ def test_meta_round_trip_and_old_checkpoints():
   c = consumed.ConsumedEpisodes(7, [9, 12], process_count=2)
   meta = {"episodes_consumed": 20, consumed.META_KEY: [
       {"watermark": 1, "above": []}, c.to_meta()]}
-  back = consumed.from_meta(meta, 1, 2, 1)
+  back = consumed.from_meta(meta, n_rollouts=1, process_index=1,
+                             process_count=2)
   assert (back.watermark, back.above) == (7, {9, 12})
   # A checkpoint from before the record: this host's share of the count.
-  old = consumed.from_meta({"episodes_consumed": 20}, 1, 2, 1)
+  old = consumed.from_meta({"episodes_consumed": 20}, n_rollouts=1,
+                            process_index=1, process_count=2)
   assert (old.watermark, old.above) == (10, set())
-  assert consumed.from_meta({"episodes_consumed": 0}, 0, 1, 1).count == 0
+  assert consumed.from_meta({"episodes_consumed": 0}, n_rollouts=1,
+                            process_index=0, process_count=1).count == 0
   with pytest.raises(ValueError, match="same number of processes"):
-    consumed.from_meta(meta, 0, 4, 1)
+    consumed.from_meta(meta, n_rollouts=1, process_index=0,
+                       process_count=4)
   assert consumed.all_hosts(consumed.ConsumedEpisodes(3, [5])) == [
       {"watermark": 3, "above": [5]}]

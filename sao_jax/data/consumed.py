@@ -20,6 +20,7 @@ import collections
 from typing import Any, Sequence
 
 from absl import logging
+import jax
 import numpy as np
 
 from sao_jax.data.trajectory import Trajectory
@@ -105,14 +106,18 @@ class ConsumedEpisodes:
     return self.watermark, frozenset(self.above)
 
 
-def from_meta(meta: dict[str, Any], process_index: int, process_count: int,
-              n_rollouts: int) -> ConsumedEpisodes:
-  """This host's tracker from a checkpoint's meta (empty for a fresh run).
+def from_meta(meta: dict[str, Any], n_rollouts: int,
+              process_index: int | None = None,
+              process_count: int | None = None) -> ConsumedEpisodes:
+  """This host's tracker from a checkpoint's meta (empty for a fresh run);
+  the process index and count default to JAX's.
 
   A checkpoint written before the tracker existed holds only the count
   ``episodes_consumed``: the watermark is then this host's share of it (as
   that run's sampler resumed) and nothing above it.
   """
+  if process_index is None or process_count is None:
+    process_index, process_count = jax.process_index(), jax.process_count()
   hosts = meta.get(META_KEY)
   if not hosts:
     return ConsumedEpisodes(
@@ -126,6 +131,14 @@ def from_meta(meta: dict[str, Any], process_index: int, process_count: int,
   own = hosts[process_index]
   return ConsumedEpisodes(own["watermark"], own["above"],
                           n_rollouts=n_rollouts, process_count=process_count)
+
+
+def meta(tracker: ConsumedEpisodes, collective: bool) -> dict[str, Any]:
+  """``{META_KEY: all_hosts(tracker)}`` for ``run.meta``. Multi-host that is a
+  collective, done only where all hosts save (``collective``); {} else."""
+  if collective or tracker.process_count == 1:
+    return {META_KEY: all_hosts(tracker)}
+  return {}
 
 
 def all_hosts(tracker: ConsumedEpisodes) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""A run's health checks: non-finite steps and non-finite states.
+"""A run's health checks: non-finite steps and states, and its budgets.
 
 The jitted step (``sao_jax.train.step``) skips an update whose losses,
 gradient norms or parameters are not finite and reports ``health/skipped``.
@@ -6,7 +6,8 @@ gradient norms or parameters are not finite and reports ``health/skipped``.
 fetches every step, and stops the run after ``train.max_skipped_steps``
 consecutive ones, naming the step and the first non-finite metric.
 ``nonfinite_leaves`` keeps a checkpoint with a NaN/Inf leaf from being
-written.
+written. ``budget_spent`` says when the generated-token or time budget ends
+the run before ``num_steps``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 from absl import logging
+
+from sao_jax import sharding
 
 
 class NonFiniteError(RuntimeError):
@@ -80,3 +83,16 @@ def nonfinite_leaves(tree: Any) -> list[str]:
             if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
   flags = jax.device_get(_leaf_flags([x for _, x in leaves]))
   return [path for (path, _), ok in zip(leaves, flags) if not ok]
+
+
+def budget_spent(t: Any, generated: int, elapsed: float) -> str:
+  """Why the run stops before ``num_steps`` ('' while it goes on); ``t`` is
+  ``config.train``. The time budget is process 0's clock on every host."""
+  tokens, seconds = int(t.max_generated_tokens), float(t.max_train_s)
+  if tokens and generated >= tokens:
+    return (f"generated-token budget reached: {generated} >= "
+            f"train.max_generated_tokens={tokens}")
+  if seconds and sharding.agreed(elapsed >= seconds):
+    return (f"time budget reached: {elapsed:.0f} s >= "
+            f"train.max_train_s={seconds:g}")
+  return ""

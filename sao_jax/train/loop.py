@@ -48,11 +48,8 @@ class _Trainer:
     self.state = run.state
     self.clock = metrics_lib.RunClock()
     self.consumed = int(run.meta["episodes_consumed"])
-    # Which of this host's episodes were consumed (the sampler resumes after
-    # exactly those: docs/DESIGN.md §1).
-    self.episodes = consumed_lib.from_meta(
-        run.meta, jax.process_index(), jax.process_count(),
-        int(run.config.sampler.n_rollouts))
+    self.episodes = consumed_lib.from_meta(  # Where the sampler resumes.
+        run.meta, int(run.config.sampler.n_rollouts))
     self.warmup = int(run.config.rl.critic_warmup_steps)
     self.total_steps = self.warmup + int(run.config.train.num_steps)
     self._last_log = (time.perf_counter(), 0.0)  # (time, sampler tokens)
@@ -60,13 +57,6 @@ class _Trainer:
     self.start_step = int(self.state.step)
     self.meta_step = self.start_step  # The step of the state run.meta is for.
     self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
-
-  def episodes_meta(self, collective: bool) -> dict[str, Any]:
-    """Every host's consumed episodes, for ``run.meta``. Multi-host that is a
-    collective, done only where all hosts save (``collective``); {} else."""
-    if collective or jax.process_count() == 1:
-      return {consumed_lib.META_KEY: consumed_lib.all_hosts(self.episodes)}
-    return {}
 
   def policy_version(self) -> int:
     """The version staleness is measured against (docs/DESIGN.md §4)."""
@@ -144,7 +134,7 @@ class _Trainer:
 
   @staticmethod
   def generated(stream: Any) -> int:
-    """Action tokens the trainers of all hosts have read from their rings."""
+    """Action tokens all hosts' trainers have read from their rings."""
     return stream.counters.action_tokens_read * jax.process_count()
 
 
@@ -161,11 +151,10 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (counters.records_read - read_before
                          ) * jax.process_count()
-    # What the batch consumed: recorded with its step's state (a stop before
-    # the step regenerates the batch: docs/DESIGN.md §1).
+    # Recorded with the step's state (docs/DESIGN.md §1).
     metrics, skipped = trainer.step(step, batch, dict(
         episodes_consumed=trainer.consumed, stream=counters.as_dict(),
-        **trainer.episodes_meta(collective=False)))
+        **consumed_lib.meta(trainer.episodes, collective=False)))
     done = step + 1
     trainer.skips.observe(done, skipped, metrics)
     last = done == source.stop_step
@@ -173,7 +162,7 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
                      trainer.policy_version(),
                      publish=done % int(t.publish_every) == 0 or last)
     generated = trainer.generated(source.stream)
-    stop = _budget_spent(t, generated, clock.elapsed)
+    stop = health.budget_spent(t, generated, clock.elapsed)
     # The first policy update compiles a second step: count from after it.
     clock.step_done(done, max(start_step, trainer.warmup))
     if done % int(t.log_every) == 0 or last or stop:
@@ -185,23 +174,11 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
     if int(t.checkpoint_every) and done % int(t.checkpoint_every) == 0 and more:
-      run.meta.update(trainer.episodes_meta(collective=True))
+      run.meta.update(consumed_lib.meta(trainer.episodes, collective=True))
       run.ckpt.save(done, trainer.state, run.meta)
     if stop:
       logging.info("Step %d: %s.", done, stop)
       break
-
-
-def _budget_spent(t: Any, generated: int, elapsed: float) -> str:
-  """Why the run stops before ``num_steps`` ('' while it goes on)."""
-  tokens, seconds = int(t.max_generated_tokens), float(t.max_train_s)
-  if tokens and generated >= tokens:
-    return (f"generated-token budget reached: {generated} >= "
-            f"train.max_generated_tokens={tokens}")
-  if seconds and sharding.agreed(elapsed >= seconds):
-    return (f"time budget reached: {elapsed:.0f} s >= "
-            f"train.max_train_s={seconds:g}")
-  return ""
 
 
 def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
@@ -225,7 +202,7 @@ def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
       raise
     source.stop_sampler()  # Its final counts go into the summary.
     source.close_recorder()  # Before the final checkpoint covers its steps.
-    run.meta.update(trainer.episodes_meta(collective=True))
+    run.meta.update(consumed_lib.meta(trainer.episodes, collective=True))
     return finish_lib.final_summary(
         run.ckpt, trainer.state, run.meta, start_step=start_step,
         version=trainer.policy_version(), evaluate=trainer.evaluate,
@@ -245,8 +222,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   os.makedirs(workdir, exist_ok=True)
   workdir = os.path.abspath(workdir)
   setup_lib.local_batch_size(config)  # Fail before any compute.
-  # One event file and one summary.json per run: process 0 writes them (the
-  # losses are global; ring, sampler and staleness figures are its host's).
+  # Process 0 writes the event file and summary.json (the losses are global;
+  # ring, sampler and staleness figures are its host's).
   primary = jax.process_index() == 0
   writer = metrics_lib.MetricWriter(os.path.join(workdir, "tb"),
                                     active=primary)
