@@ -607,6 +607,9 @@ class _FakeSlot:
     del timeout
     return self.version, {"w": self.version}
 
+  def latest_version(self):
+    return self.version
+
 
 def test_sampler_ignores_weight_versions_the_trainer_cannot_have_made():
   """Row 9: version 777 at trainer step 62, or one going backwards, is

@@ -85,9 +85,10 @@ def nonfinite_leaves(tree: Any) -> list[str]:
   return [path for (path, _), ok in zip(leaves, flags) if not ok]
 
 
-def budget_spent(t: Any, generated: int, elapsed: float) -> str:
-  """Why the run stops before ``num_steps`` ('' while it goes on); ``t`` is
-  ``config.train``. The time budget is process 0's clock on every host."""
+def budget_spent(config: Any, generated: int, elapsed: float) -> str:
+  """Why the run stops before ``num_steps`` ('' while it goes on). The time
+  budget is process 0's clock on every host."""
+  t = config.train
   tokens, seconds = int(t.max_generated_tokens), float(t.max_train_s)
   if tokens and generated >= tokens:
     return (f"generated-token budget reached: {generated} >= "

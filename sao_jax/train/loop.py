@@ -162,7 +162,7 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
                      trainer.policy_version(),
                      publish=done % int(t.publish_every) == 0 or last)
     generated = trainer.generated(source.stream)
-    stop = health.budget_spent(t, generated, clock.elapsed)
+    stop = health.budget_spent(run.config, generated, clock.elapsed)
     # The first policy update compiles a second step: count from after it.
     clock.step_done(done, max(start_step, trainer.warmup))
     if done % int(t.log_every) == 0 or last or stop:
