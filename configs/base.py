@@ -120,6 +120,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.num_slots = 0
   config.sampler.refill = True
   config.sampler.decode_chunk = 16  # Tokens per jitted decode call.
+  # Only the rows with work run the model (padded to 1/8, 1/4 or 1/2 of the
+  # slots: more shapes to compile); False: every call runs all slots, masked
+  # (cheaper overall when a full-batch forward is cheap, as for tiny models).
+  config.sampler.row_subsets = True
   # Adopt newer weights every this many decoded tokens, in flight (0: only
   # with no episode in flight); the KV cache of in-flight episodes is 'keep'
   # (PipelineRL) or 'recompute' (AReaL) at a swap.

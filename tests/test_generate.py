@@ -148,15 +148,18 @@ def test_sampling_is_reproducible(params):
   assert any(not np.array_equal(x.tokens, z.tokens) for x, z in zip(a, c))
 
 
-def test_rows_fed_alone_match_full_forward_and_keep_the_others(params):
+@pytest.mark.parametrize("row_subsets", [True, False])
+def test_rows_fed_alone_match_full_forward_and_keep_the_others(
+    params, row_subsets):
   """Appending to or decoding some rows runs only those rows (`append_rows`,
-  `decode_rows`); every row's log-probs still equal the full forward of its
-  own history, a refilled row holds only its new episode, and the rows not
-  run are left unchanged."""
+  `decode_rows`), or the whole batch masked (``row_subsets=False``); every
+  row's log-probs still equal the full forward of its own history, a
+  refilled row holds only its new episode, and the rows not fed are left
+  unchanged."""
   rng = np.random.default_rng(8)
   g = gen_lib.Generator(_CFG, params, 5, max_len=64,
                         sampling=sampling.SamplingParams(temperature=0.7),
-                        rng=jax.random.PRNGKey(9))
+                        rng=jax.random.PRNGKey(9), row_subsets=row_subsets)
   prompts = _prompts(rng, [4, 9, 2, 6, 5])
   g.append(prompts)
   masks = [[0] * len(p) for p in prompts]

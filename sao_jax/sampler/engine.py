@@ -74,6 +74,7 @@ class EngineOptions:
   kv_on_swap: str = "keep"
   env_threads: int = 4
   n_rollouts: int = 1
+  row_subsets: bool = True
 
   def __post_init__(self):
     if self.kv_on_swap not in KV_ON_SWAP:
@@ -96,7 +97,8 @@ class EngineOptions:
                decode_chunk=int(s.decode_chunk),
                weight_poll_tokens=int(s.weight_poll_tokens),
                refill=bool(s.refill), kv_on_swap=str(s.kv_on_swap),
-               env_threads=int(s.env_threads), n_rollouts=int(s.n_rollouts))
+               env_threads=int(s.env_threads), n_rollouts=int(s.n_rollouts),
+               row_subsets=bool(s.row_subsets))
 
 
 class Outbox:
@@ -219,7 +221,8 @@ class SlotEngine:
     if self._gen is None:
       self._gen = Generator(self._model_config, params, self.opts.num_slots,
                             self.limits.cache_len(), self._sampling,
-                            self._rng, self.limits.min_prompt_bucket)
+                            self._rng, self.limits.min_prompt_bucket,
+                            self.opts.row_subsets)
     else:
       keep = self.opts.kv_on_swap == "keep"
       if keep:

@@ -85,7 +85,8 @@ class Generator:
 
   def __init__(self, config: ModelConfig, params: Any, batch_size: int,
                max_len: int, sampling: SamplingParams = SamplingParams(),
-               rng: Array | None = None, min_bucket: int = MIN_BUCKET):
+               rng: Array | None = None, min_bucket: int = MIN_BUCKET,
+               row_subsets: bool = True):
     """Args:
       config: model config.
       params: `Transformer` params (plain, boxed or `{'params': ...}`).
@@ -96,12 +97,18 @@ class Generator:
       rng: PRNG key (default PRNGKey(0)).
       min_bucket: prompts and chunks are padded to powers of two of at least
         this length (``config.sampler.min_prompt_bucket``).
+      row_subsets: run only the rows with work (padded to an eighth, a
+        quarter or half of the batch: three more shapes per chunk length to
+        compile); False: every call runs the whole batch, masked
+        (``config.sampler.row_subsets``; pays for itself only when a
+        forward over the full batch costs more than compiling those shapes).
     """
     self.config = config
     self.batch_size = batch_size
     self.max_len = int(max_len)
     self.sampling = sampling
     self.min_bucket = int(min_bucket)
+    self.row_subsets = bool(row_subsets)
     self._params = unwrap_params(params)
     self._rng = jax.random.PRNGKey(0) if rng is None else rng
     self._history: list[list[int]] = [[] for _ in range(batch_size)]
@@ -168,6 +175,8 @@ class Generator:
     the batch (three shapes to compile), or None when they are more than
     half (then the whole batch runs)."""
     b = self.batch_size
+    if not self.row_subsets:
+      return None
     k = next((k for k in (b // 8, b // 4, b // 2) if k >= len(rows)), b)
     if k == b:
       return None

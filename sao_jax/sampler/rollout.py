@@ -68,7 +68,8 @@ class ModelPolicy(Policy):
 
   def __init__(self, config: ModelConfig, params_provider: ParamsProvider,
                max_len: int, sampling: SamplingParams = SamplingParams(),
-               rng: jax.Array | None = None, min_bucket: int = MIN_BUCKET):
+               rng: jax.Array | None = None, min_bucket: int = MIN_BUCKET,
+               row_subsets: bool = True):
     """Args:
       config: model config.
       params_provider: returns (params, version); called before every turn.
@@ -76,12 +77,14 @@ class ModelPolicy(Policy):
       sampling: sampling parameters (the trainer must use the same temperature).
       rng: PRNG key.
       min_bucket: shortest prompt/chunk padding (`Generator`).
+      row_subsets: run only the rows with work (`Generator`).
     """
     self.config = config
     self.params_provider = params_provider
     self.max_len = max_len
     self.sampling = sampling
     self.min_bucket = min_bucket
+    self.row_subsets = row_subsets
     self._rng = jax.random.PRNGKey(0) if rng is None else rng
     self._gen: Generator | None = None
     self.version = NO_VERSION
@@ -90,7 +93,8 @@ class ModelPolicy(Policy):
     params, self.version = self.params_provider()
     self._rng, key = jax.random.split(self._rng)
     self._gen = Generator(self.config, params, len(prompts), self.max_len,
-                          self.sampling, key, self.min_bucket)
+                          self.sampling, key, self.min_bucket,
+                          self.row_subsets)
     self._gen.append(prompts)
 
   def observe(self, chunks):
