@@ -137,8 +137,8 @@ class _AnswerBook(rollout.Policy):
   seen_sampling: list[SamplingParams] = []
 
   def __init__(self, config, params_provider, max_len, sampling, rng=None,
-               min_bucket=8):
-    del config, params_provider, max_len, rng, min_bucket
+               min_bucket=8, row_subsets=True):
+    del config, params_provider, max_len, rng, min_bucket, row_subsets
     _AnswerBook.seen_sampling.append(sampling)
     self._tok = None
     self._scripts: list[list[int]] = []
