@@ -173,7 +173,7 @@ class Generator:
   def _pick(self, rows: list[int]) -> list[int] | None:
     """``rows`` padded with other rows to an eighth, a quarter or half of
     the batch (three shapes to compile), or None when they are more than
-    half (then the whole batch runs)."""
+    half or ``row_subsets`` is off (then the whole batch runs)."""
     b = self.batch_size
     if not self.row_subsets:
       return None
