@@ -21,7 +21,7 @@ import pytest
 _REPO = pathlib.Path(__file__).absolute().parents[1]
 _FIRST_PARTY = {"sao_jax", "configs", "experiments"}
 # Files whose imports must all be installed by `pip install -e .`.
-_RUNTIME_GLOBS = ("sao_jax/**/*.py", "configs/**/*.py", "experiments/sweep.py",
+_RUNTIME_GLOBS = ("sao_jax/**/*.py", "configs/**/*.py", "experiments/sweep*.py",
                   "experiments/report*.py")
 # (file, top-level module) -> extra of setup.py that provides it, for imports
 # that sit on an optional path (e.g. a converter that needs transformers).

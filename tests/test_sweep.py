@@ -1,4 +1,5 @@
-"""Tests for experiments/sweep.py and the `--overrides` flag of sao_jax.main."""
+"""Tests for experiments/sweep.py, experiments/sweep_plan.py and the
+`--overrides` flag of sao_jax.main."""
 
 import importlib.util
 import json
@@ -20,6 +21,8 @@ _BASE = str(_REPO / "configs" / "base.py")
 
 
 def _load_sweep_module():
+  if str(_REPO / "experiments") not in sys.path:  # For its `import sweep_plan`.
+    sys.path.insert(0, str(_REPO / "experiments"))
   spec = importlib.util.spec_from_file_location(
       "experiments_sweep", _REPO / "experiments" / "sweep.py")
   module = importlib.util.module_from_spec(spec)
@@ -29,6 +32,7 @@ def _load_sweep_module():
 
 
 sweep = _load_sweep_module()
+import sweep_plan  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _has_cache_key() -> bool:
@@ -62,57 +66,59 @@ def _write_config(path: pathlib.Path, points: list[dict] | None) -> str:
     ({}, "run"),
 ])
 def test_point_name(overrides, name):
-  assert sweep.point_name(overrides) == name
+  assert sweep_plan.point_name(overrides) == name
 
 
 def test_long_names_are_bounded_and_distinct():
-  a = sweep.point_name({"env.instruction": "x" * 300 + "a"})
-  b = sweep.point_name({"env.instruction": "x" * 300 + "b"})
+  a = sweep_plan.point_name({"env.instruction": "x" * 300 + "a"})
+  b = sweep_plan.point_name({"env.instruction": "x" * 300 + "b"})
   assert len(a) == len(b) == 100 and a != b
   assert a.startswith("instruction=xxx")
 
 
 @pytest.mark.parametrize("bad", ["", "...", 3])
 def test_bad_explicit_name(bad):
-  with pytest.raises(sweep.SweepError, match='"_name" must be a non-empty'):
-    sweep.point_name({"_name": bad})
+  with pytest.raises(sweep_plan.SweepError,
+                     match='"_name" must be a non-empty'):
+    sweep_plan.point_name({"_name": bad})
 
 
 def test_duplicate_names_are_refused(tmp_path):
   config = _write_config(tmp_path / "c.py",
                          [{"train.seed": 1}, {"train.seed": 2},
                           {"_name": "seed=1", "train.seed": 5}])
-  with pytest.raises(sweep.SweepError) as info:
-    sweep.load_points(config)
+  with pytest.raises(sweep_plan.SweepError) as info:
+    sweep_plan.load_points(config)
   assert str(info.value) == (
       f"--config={config}: sweep points 0 and 2 are both named 'seed=1'; "
       'give them distinct "_name" values')
 
 
 def test_load_points(tmp_path):
-  assert sweep.load_points(_BASE) == [sweep.Point("run", {})]
+  assert sweep_plan.load_points(_BASE) == [sweep_plan.Point("run", {})]
   config = _write_config(tmp_path / "c.py", [
       {"_name": "sao", "rl.loss": "sao"},
       {"rl.loss": "grpo", "train.max_staleness": 4}])
-  assert sweep.load_points(config) == [
-      sweep.Point("sao", {"rl.loss": "sao"}),
-      sweep.Point("loss=grpo,max_staleness=4",
+  assert sweep_plan.load_points(config) == [
+      sweep_plan.Point("sao", {"rl.loss": "sao"}),
+      sweep_plan.Point("loss=grpo,max_staleness=4",
                   {"rl.loss": "grpo", "train.max_staleness": 4})]
-  with pytest.raises(sweep.SweepError, match="non-empty list of dicts"):
-    sweep.load_points(_write_config(tmp_path / "empty.py", []))
-  with pytest.raises(sweep.SweepError, match=r"get_sweep\(\)\[1\] must be a "):
-    sweep.load_points(_write_config(tmp_path / "bad.py",
+  with pytest.raises(sweep_plan.SweepError, match="non-empty list of dicts"):
+    sweep_plan.load_points(_write_config(tmp_path / "empty.py", []))
+  with pytest.raises(sweep_plan.SweepError,
+                     match=r"get_sweep\(\)\[1\] must be a "):
+    sweep_plan.load_points(_write_config(tmp_path / "bad.py",
                                     [{"train.seed": 1}, ["train.seed"]]))
 
 
 def test_only_selects_names_with_commas():
-  points = [sweep.Point("a=1", {}), sweep.Point("a=1,b=2", {}),
-            sweep.Point("c=3", {})]
-  assert [p.name for p in sweep._select(points, "a=1,b=2,c=3")] == [
+  points = [sweep_plan.Point("a=1", {}), sweep_plan.Point("a=1,b=2", {}),
+            sweep_plan.Point("c=3", {})]
+  assert [p.name for p in sweep_plan.select(points, "a=1,b=2,c=3")] == [
       "a=1,b=2", "c=3"]
-  assert [p.name for p in sweep._select(points, "a=1")] == ["a=1"]
-  with pytest.raises(sweep.SweepError, match="no sweep point named 'x=9'"):
-    sweep._select(points, "a=1,x=9")
+  assert [p.name for p in sweep_plan.select(points, "a=1")] == ["a=1"]
+  with pytest.raises(sweep_plan.SweepError, match="no sweep point named 'x=9'"):
+    sweep_plan.select(points, "a=1,x=9")
 
 
 # -------------------------------------------------------------- overrides ---
@@ -350,9 +356,9 @@ def _rewrite_unchanged_stat(path: pathlib.Path, points: list[dict]) -> None:
 def test_config_edit_is_seen_at_same_size_and_mtime(tmp_path):
   path = tmp_path / "c.py"
   _write_config(path, [{"train.seed": 1}])
-  assert sweep._load_module(path).get_sweep() == [{"train.seed": 1}]
+  assert sweep_plan.load_module(path).get_sweep() == [{"train.seed": 1}]
   _rewrite_unchanged_stat(path, [{"train.seed": 7}])
-  assert sweep._load_module(path).get_sweep() == [{"train.seed": 7}]
+  assert sweep_plan.load_module(path).get_sweep() == [{"train.seed": 7}]
 
 
 def test_changed_point_is_refused(tmp_path):
@@ -360,7 +366,7 @@ def test_changed_point_is_refused(tmp_path):
   config = _write_config(tmp_path / "c.py", [{"_name": "a", "train.seed": 0}])
   sweep.run_sweep(config, workdir, command_fn=_fake())
   _rewrite_unchanged_stat(tmp_path / "c.py", [{"_name": "a", "train.seed": 5}])
-  with pytest.raises(sweep.SweepError) as info:
+  with pytest.raises(sweep_plan.SweepError) as info:
     sweep.run_sweep(config, workdir, command_fn=_fake())
   message = str(info.value)
   assert message.startswith(f"sweep point 'a': {workdir / 'a'} holds a run "
@@ -374,7 +380,7 @@ def test_other_config_in_same_workdir_is_refused(tmp_path, seeds_config):
   workdir = tmp_path / "sweep"
   sweep.run_sweep(seeds_config, workdir, only="seed=0", command_fn=_fake())
   other = _write_config(tmp_path / "other.py", [{"train.seed": 0}])
-  with pytest.raises(sweep.SweepError,
+  with pytest.raises(sweep_plan.SweepError,
                      match="holds a sweep of config .*seeds.py.*; use a new "
                      "--workdir$"):
     sweep.run_sweep(other, workdir, command_fn=_fake())
@@ -383,7 +389,7 @@ def test_other_config_in_same_workdir_is_refused(tmp_path, seeds_config):
 def test_invalid_point_is_refused_before_running(tmp_path):
   config = _write_config(tmp_path / "c.py",
                          [{"train.seed": 0}, {"train.sede": 1}])
-  with pytest.raises(sweep.SweepError) as info:
+  with pytest.raises(sweep_plan.SweepError) as info:
     sweep.run_sweep(config, tmp_path / "sweep", command_fn=_fake())
   assert str(info.value) == (
       "sweep point 'sede=1': config.train.sede: unknown key; did you mean "
