@@ -63,17 +63,19 @@ _LATENCY = flags.DEFINE_float(
 _ARMS = flags.DEFINE_list("arms", ["sync", "batch-async", "async"],
                           "Arms to run (the ratios need all three).")
 
-# Arm -> (train.mode, sampler.refill, sampler.weight_poll_tokens).
-ARMS = {"sync": ("sync", False, 0), "batch-async": ("async", False, 0),
-        "async": ("async", True, 32)}
+# Arm -> its config overrides.
+ARMS = {
+    "sync": {"train.mode": "sync", **loop_setup.BATCH_SAMPLER},
+    "batch-async": {"train.mode": "async", **loop_setup.BATCH_SAMPLER},
+    "async": {"train.mode": "async", "sampler.refill": True,
+              "sampler.weight_poll_tokens": 32},
+}
 
 
 def bench_config(arm: str):
   """The workload's model and task (``loop_setup.loop_config``) in ``arm``."""
-  mode, refill, poll = ARMS[arm]
   overrides = {
-      "train.mode": mode, "sampler.refill": refill,
-      "sampler.weight_poll_tokens": poll,
+      **ARMS[arm],
       "train.max_staleness": _STALENESS.value, "train.log_every": 10,
       "rl.critic_updates_per_step": _CRITIC_UPDATES.value,
       "sampler.devices": str(_SAMPLER_CORE.value)}

@@ -15,6 +15,11 @@ from typing import Any
 import ml_collections
 
 
+# The batch-synchronous sampler: a batch leaves when its last episode ends,
+# weights change only between batches (the benchmarks' baseline arm).
+BATCH_SAMPLER = {"sampler.refill": False, "sampler.weight_poll_tokens": 0}
+
+
 def loop_config(num_steps: int,
                 overrides: dict[str, Any] | None = None,
                 base: str = "quickstart") -> ml_collections.ConfigDict:

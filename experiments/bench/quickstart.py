@@ -51,7 +51,7 @@ _CONFIG = flags.DEFINE_string("config", "configs/quickstart.py",
 
 ARMS = {
     "continuous": {},
-    "batch": {"sampler.refill": False, "sampler.weight_poll_tokens": 0},
+    "batch": loop_setup.BATCH_SAMPLER,
     "row_subsets": {"sampler.row_subsets": True},
 }
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
