@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sao_jax.models import transformer as tm
+from sao_jax.models.layers import rope
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
 
@@ -107,19 +108,19 @@ def test_rope_depends_only_on_relative_position():
   k = jax.random.normal(jax.random.key(1), (1, 1, 1, 16))
 
   def score(pq, pk):
-    rq = tm.apply_rope(q, jnp.array([[pq]]), 10000.0)
-    rk = tm.apply_rope(k, jnp.array([[pk]]), 10000.0)
+    rq = rope.apply_rope(q, jnp.array([[pq]]), 10000.0)
+    rk = rope.apply_rope(k, jnp.array([[pk]]), 10000.0)
     return float(jnp.sum(rq * rk))
 
   assert score(5, 2) == pytest.approx(score(13, 10), abs=1e-5)
   assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)
   # Position 0 is the identity; HF rotate_half: x*cos + concat(-x2, x1)*sin.
-  np.testing.assert_allclose(tm.apply_rope(q, jnp.array([[0]]), 1e4), q)
+  np.testing.assert_allclose(rope.apply_rope(q, jnp.array([[0]]), 1e4), q)
   x = np.asarray(q[0, 0, 0])
   ang = 3 * 10000.0 ** (-np.arange(0, 16, 2) / 16)
   cos, sin = np.cos(np.tile(ang, 2)), np.sin(np.tile(ang, 2))
   want = x * cos + np.concatenate([-x[8:], x[:8]]) * sin
-  np.testing.assert_allclose(tm.apply_rope(q, jnp.array([[3]]), 1e4)[0, 0, 0],
+  np.testing.assert_allclose(rope.apply_rope(q, jnp.array([[3]]), 1e4)[0, 0, 0],
                              want, atol=1e-5)
 
 

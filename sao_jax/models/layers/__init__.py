@@ -1,0 +1,1 @@
+"""Shared layers of the model families (norms, rotary, attention, MLPs, KV cache)."""

@@ -1,0 +1,66 @@
+"""The sampler's KV cache: keys/values of every layer, per-row write ends."""
+
+from __future__ import annotations
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from sao_jax.models.config import ModelConfig
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys/values of every layer for generation.
+
+  Attributes:
+    k: [L, B, S, Hkv, Dh] rotated keys per slot.
+    v: [L, B, S, Hkv, Dh] values per slot.
+    valid: bool[B, S] slot holds a real (non-padding) token.
+    end: int32, where the next tokens are written: a scalar shared by every
+      row, or int32[B], one per row (the sampler's slots: each row is written
+      and refilled on its own; `init_cache(per_row=True)`).
+  """
+
+  k: Array
+  v: Array
+  valid: Array
+  end: Array
+
+  @property
+  def max_len(self) -> int:
+    return self.k.shape[2]
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_len: int,
+               per_row: bool = False) -> KVCache:
+  """An empty cache with `max_len` slots per row (one write end per row if
+  ``per_row``)."""
+  shape = (config.num_layers, batch_size, max_len, config.num_kv_heads,
+           config.head_dim)
+  return KVCache(
+      k=jnp.zeros(shape, config.compute_dtype),
+      v=jnp.zeros(shape, config.compute_dtype),
+      valid=jnp.zeros((batch_size, max_len), jnp.bool_),
+      end=jnp.zeros((batch_size,) if per_row else (), jnp.int32),
+  )
+
+
+def write(buf: Array, new: Array, end: Array, lead: tuple = ()) -> Array:
+  """Writes new [B, T, ...] into buf[*lead, B, S, ...] at slots end + [0, T).
+
+  A scalar ``end`` is one slice for every row; a per-row ``end`` [B] is a
+  scatter, whose writes past the last slot are dropped (padding after a
+  row's real tokens may overhang; the caller keeps real tokens in range).
+  """
+  new = new.astype(buf.dtype)
+  if end.ndim == 0:
+    start = (*lead, 0, end) + (0,) * (new.ndim - 2)
+    return jax.lax.dynamic_update_slice(buf, new.reshape(
+        (1,) * len(lead) + new.shape), start)
+  b, t = new.shape[:2]
+  rows = jnp.arange(b)[:, None]
+  slots = end[:, None] + jnp.arange(t)[None, :]
+  return buf.at[(*lead, rows, slots)].set(new, mode="drop")

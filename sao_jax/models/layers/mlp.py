@@ -1,0 +1,31 @@
+"""Gated MLPs."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.layers.base import INIT_STD
+from sao_jax.models.layers.base import param
+
+Array = jax.Array
+
+
+class MLP(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    init = nn.initializers.normal(INIT_STD)
+    shape_in, shape_out = (cfg.hidden_size, cfg.intermediate_size), (
+        cfg.intermediate_size, cfg.hidden_size)
+    gate = param(self, "gate_proj", init, shape_in, ("embed", "mlp"))
+    up = param(self, "up_proj", init, shape_in, ("embed", "mlp"))
+    down = param(self, "down_proj", init, shape_out, ("mlp", "embed"))
+    hdn = jax.nn.silu(x @ gate.astype(x.dtype)) * (x @ up.astype(x.dtype))
+    hdn = nn.with_logical_constraint(hdn, ("batch", "length", "mlp"))
+    return hdn @ down.astype(x.dtype)

@@ -1,0 +1,27 @@
+"""Normalisation layers."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.layers.base import param
+
+Array = jax.Array
+
+
+class RMSNorm(nn.Module):
+  """y = x / sqrt(mean(x^2) + eps) * scale, in float32 (HF LlamaRMSNorm)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = param(self, "scale", nn.initializers.ones,
+                   (self.config.hidden_size,), ("embed",))
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(
+        jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.rms_norm_eps)
+    return (scale.astype(jnp.float32) * x32).astype(self.config.compute_dtype)
