@@ -10,6 +10,8 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers.base import INIT_STD
 from sao_jax.models.layers.base import param
 from sao_jax.models.layers.kv_cache import write
+from sao_jax.models.layers.masks import dense_mask
+from sao_jax.models.layers.masks import MaskSpec
 from sao_jax.models.layers.rope import apply_rope
 
 Array = jax.Array
@@ -24,8 +26,9 @@ class Attention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None):
-    """x: [B,T,D]; mask: bool[B,T,S]; kv: (k_all, v_all, layer, end) or None.
+  def __call__(self, x, positions, spec: MaskSpec, kv=None):
+    """x: [B,T,D]; spec: which keys each query sees (layers/masks.py);
+    kv: (k_all, v_all, layer, end) or None.
 
     Returns (out [B,T,D], updated (k_all, v_all) or None).
     """
@@ -61,6 +64,7 @@ class Attention(nn.Module):
     logits = jnp.einsum("btkgd,bskd->bkgts", q, k,
                         preferred_element_type=jnp.float32) / jnp.sqrt(
                             jnp.float32(dh))
+    mask = dense_mask(spec)
     logits = jnp.where(mask[:, None, None], logits, _MASK_VALUE)
     probs = jax.nn.softmax(logits, axis=-1).astype(x.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, dh)
