@@ -198,10 +198,11 @@ def test_cached_chunks_through_blockwise_equal_the_dense_full_forward():
 
 def test_choose_per_backend_and_refusals():
   f32, bf16 = _cfg("auto"), _cfg("auto", dtype="bfloat16")
-  # CPU: dense while [T, S] is one block, blockwise beyond.
+  # CPU: dense while [T, S] is no larger than one block, blockwise beyond.
   assert attention.choose(f32, 512, 512, False, "cpu") == "dense"
   assert attention.choose(f32, 513, 513, False, "cpu") == "blockwise"
-  assert attention.choose(f32, 8, 4096, True, "cpu") == "blockwise"
+  assert attention.choose(f32, 8, 4096, True, "cpu") == "dense"
+  assert attention.choose(f32, 512, 4096, True, "cpu") == "blockwise"
   assert attention.choose(f32, 1, 4096, True, "cpu") == "dense"  # Decode.
   assert attention.choose(bf16, 4096, 4096, False, "gpu") == "cudnn"
   assert attention.choose(f32, 4096, 4096, False, "gpu") == "blockwise"
