@@ -348,7 +348,7 @@ def _tpu_device():
 def test_model_with_auto_attention_compiles_splash_for_tpu():
   """Ahead-of-time: the policy loss + gradients for a TPU, with 'auto'."""
   device = _tpu_device()
-  cfg = ModelConfig.tiny(vocab_size=256, head_dim=128, dtype="bfloat16")
+  cfg = ModelConfig.tiny(vocab_size=256, head_dim=64, dtype="bfloat16")
   b, t = 2, 384
   sharding = jax.sharding.SingleDeviceSharding(device)
   sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)

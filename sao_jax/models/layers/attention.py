@@ -40,7 +40,8 @@ _TARGET = contextvars.ContextVar("attention_target_backend", default=None)
 @contextlib.contextmanager
 def lowering_for(backend: str) -> Iterator[None]:
   """Choose attention for `backend` ('cpu', 'gpu', 'tpu') while tracing here:
-  ahead-of-time lowering for a device this host does not have."""
+  ahead-of-time lowering for a device this host does not have. The choice is
+  made at trace time, so lower a jitted function not yet traced elsewhere."""
   token = _TARGET.set(backend)
   try:
     yield
