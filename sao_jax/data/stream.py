@@ -9,6 +9,8 @@ Pipeline (docs/DESIGN.md §1, §4)::
                            records dropped or truncated (counted)
     -> .batch(B)           dict of NumPy arrays [B, T] / [B]
     -> .map(group index)   ``group_index`` [B] from the rows' ``group_id``
+       (with ``pack``: ``packing.PackedBatches`` instead of these two, rows
+       holding several trajectories; ``sao_jax.data.packing``)
     -> .map(global batch)  with ``batch_sharding``: global ``jax.Array``s on
                            the mesh, every host's rows (``make_global_batch``)
 
@@ -40,6 +42,7 @@ import jax
 import numpy as np
 
 from sao_jax.data import consumed as consumed_lib
+from sao_jax.data import packing
 from sao_jax.data import trajectory as traj_lib
 from sao_jax.data.trajectory import Trajectory
 from sao_jax.ipc import ring as ring_lib
@@ -61,11 +64,28 @@ class StreamCounters:
   error_rows: int = 0  # ERROR trajectories (kept as rows with no action).
   dropped_future: int = 0  # Versions newer than the trainer's: not ours.
   read_wait_s: float = 0.0
+  batch_tokens: int = 0  # Real (non-padding) tokens of the batches emitted.
+  batch_slots: int = 0  # B * T of the batches emitted.
+  pack_held: int = 0  # Admitted, held by the packer for the next batch.
 
   def as_dict(self) -> dict:
     d = dataclasses.asdict(self)
     d["staleness_mean"] = self.staleness_sum / max(1, self.admitted)
+    d["padding_frac"] = 1.0 - self.batch_tokens / max(1, self.batch_slots)
     return d
+
+  def count_batch(self, batch: dict) -> dict:
+    """Counts an emitted batch's real tokens and slots (padding fraction)."""
+    mask = np.asarray(batch["attention_mask"])
+    self.batch_tokens += int(mask.sum())
+    self.batch_slots += int(mask.size)
+    return batch
+
+  def count_restale(self, staleness: int) -> None:
+    """A held trajectory (admitted at ``staleness``) went stale: dropped."""
+    self.admitted -= 1
+    self.staleness_sum -= staleness
+    self.dropped_stale += 1
 
   def count_read(self, traj: Trajectory) -> None:
     self.records_read += 1
@@ -257,12 +277,14 @@ class PadToLength(grain.transforms.Map):
 
   def __init__(self, seq_len: int, counters: StreamCounters, *,
                overlong: str = "drop", pad_id: int = 0,
-               max_error_frac: float = 1.0, error_window: int = 64):
+               max_error_frac: float = 1.0, error_window: int = 64,
+               trim: bool = False):
     if overlong not in ("drop", "truncate"):
       raise ValueError(
           f"overlong must be 'drop' or 'truncate', got {overlong!r}."
       )
     self._t = seq_len
+    self._trim = trim  # Rows of min(length, T) tokens, unpadded (packing).
     self._counters = counters
     self._overlong = overlong
     self._pad_id = pad_id
@@ -290,7 +312,8 @@ class PadToLength(grain.transforms.Map):
     if traj.length > self._t:
       self._counters.truncated += 1
     self._check_errors(traj)
-    row = traj_lib.pad_row(traj, staleness, self._t, self._pad_id)
+    t = min(traj.length, self._t) if self._trim else self._t
+    row = traj_lib.pad_row(traj, staleness, t, self._pad_id)
     if traj.finish_reason == traj_lib.FinishReason.ERROR:
       row["action_mask"][:] = 0
       row["rewards"][:] = 0.0
@@ -338,17 +361,36 @@ def to_batches(ds: grain.IterDataset, counters: StreamCounters, *,
                pad_id: int = 0, drop_remainder: bool = True,
                process_index: int = 0, max_error_frac: float = 1.0,
                on_batch: Callable[[dict], dict] | None = None,
-               batch_sharding: Any = None) -> grain.IterDataset:
+               batch_sharding: Any = None, pack_segments: int = 0,
+               restale: Callable[[Trajectory], int | None] | None = None,
+               consumed: consumed_lib.ConsumedEpisodes | None = None
+               ) -> grain.IterDataset:
   """(trajectory, staleness) elements -> ``[B, T]`` batches (the pipeline's
   tail, shared by the live stream and a replay); ``on_batch`` sees each host
-  batch; with ``batch_sharding`` they become global (``make_global_batch``)."""
+  batch; with ``batch_sharding`` they become global (``make_global_batch``).
+
+  ``pack_segments`` > 0 packs up to that many trajectories into a row
+  (``packing.PackedBatches``, with ``restale`` and ``consumed``); 0 keeps one
+  trajectory per row.
+  """
   if overlong == "drop":
     ds = ds.filter(_OverlongFilter(seq_len, counters))
-  ds = ds.map(PadToLength(seq_len, counters, overlong=overlong, pad_id=pad_id,
-                          max_error_frac=max_error_frac,
-                          error_window=4 * batch_size))
-  ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
-      lambda batch: traj_lib.with_group_index(batch, process_index))
+  pad = PadToLength(seq_len, counters, overlong=overlong, pad_id=pad_id,
+                    max_error_frac=max_error_frac,
+                    error_window=4 * batch_size, trim=pack_segments > 0)
+  if pack_segments > 0:
+    if restale is None:
+      raise ValueError("Packing needs restale (the staleness of a held "
+                       "trajectory at the next batch, or None to drop it).")
+    ds = packing.PackedBatches(
+        ds, batch_size=batch_size, seq_len=seq_len,
+        max_segments=pack_segments, to_row=pad.map, counters=counters,
+        restale=restale, consumed=consumed, pad_id=pad_id,
+        drop_remainder=drop_remainder, process_index=process_index)
+  else:
+    ds = ds.map(pad).batch(batch_size, drop_remainder=drop_remainder).map(
+        lambda batch: traj_lib.with_group_index(batch, process_index))
+  ds = ds.map(counters.count_batch)
   if on_batch is not None:
     ds = ds.map(on_batch)
   if batch_sharding is not None:
@@ -396,6 +438,7 @@ class TrajectoryStream:
       trusted_versions: bool = False,
       batch_sharding: Any = None,
       consumed: consumed_lib.ConsumedEpisodes | None = None,
+      pack_segments: int = 0,
   ):
     """See the module docstring for the pipeline.
 
@@ -427,6 +470,8 @@ class TrajectoryStream:
         None keeps them process-local NumPy arrays.
       consumed: Told of every record read (``consumed.ConsumedEpisodes``:
         which episode numbers were consumed, for an exact resume).
+      pack_segments: Pack up to this many trajectories into a row
+        (``sao_jax.data.packing``; ``train.pack``); 0: one per row.
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers,
@@ -439,4 +484,13 @@ class TrajectoryStream:
         overlong=overlong, pad_id=pad_id, drop_remainder=drop_remainder,
         process_index=process_index, max_error_frac=max_error_frac,
         on_batch=recorder and recorder.batch_done,
-        batch_sharding=batch_sharding)
+        batch_sharding=batch_sharding, pack_segments=pack_segments,
+        restale=functools.partial(_restale, trainer_version, staleness),
+        consumed=consumed)
+
+
+def _restale(trainer_version: Callable[[], int],
+             policy: traj_lib.StalenessPolicy, traj: Trajectory) -> int | None:
+  """A held trajectory's staleness now, or None if ``policy`` drops it."""
+  staleness = traj.staleness(int(trainer_version()))
+  return staleness if policy.keeps(staleness) else None
