@@ -42,6 +42,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
   config.model.remat = False  # Recompute block activations in backward.
+  # Attention core: 'auto' (cuDNN on GPU, splash on TPU, blockwise or, for one
+  # block, dense on CPU), 'dense' (reference), 'blockwise', 'cudnn', 'splash'.
+  config.model.attention = "auto"
+  config.model.attention_block_q = 512  # Query block (blockwise, splash).
+  config.model.attention_block_kv = 512  # Key/value block (blockwise).
 
   # ------------------------------------------------------------ tokenizer ---
   config.tokenizer = ml_collections.ConfigDict()

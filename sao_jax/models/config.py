@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 # HF `architectures` entries we can read and write.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+# `ModelConfig.attention` values (layers/attention.choose).
+ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 
 
 class UnsupportedConfigError(ValueError):
@@ -37,6 +39,11 @@ class ModelConfig:
     param_dtype: Storage dtype of parameters.
     remat: Recompute each decoder block's activations in the backward pass
       (`nn.remat`): less activation memory for one more forward.
+    attention: Attention core: 'auto' (per backend), 'dense' (reference),
+      'blockwise' (plain JAX, no [T, S] array), 'cudnn' (GPU), 'splash'
+      (TPU); layers/attention.choose, docs/DESIGN.md §5 "Attention".
+    attention_block_q: Query block of the blockwise and splash paths.
+    attention_block_kv: Key/value block of the blockwise path.
   """
 
   vocab_size: int
@@ -53,6 +60,9 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  attention: str = "auto"
+  attention_block_q: int = 512
+  attention_block_kv: int = 512
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -61,6 +71,13 @@ class ModelConfig:
           f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
       )
     jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)  # Fail early on typos.
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"attention={self.attention!r}; expected one of "
+                       f"{ATTENTION_IMPLEMENTATIONS}.")
+    if min(self.attention_block_q, self.attention_block_kv) < 1:
+      raise ValueError(
+          f"attention_block_q={self.attention_block_q} and attention_block_kv="
+          f"{self.attention_block_kv} must be positive.")
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -71,8 +88,10 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   def same_architecture(self, other: ModelConfig) -> bool:
-    """Equal up to the run settings dtype, param_dtype and remat."""
-    run = dict(dtype="float32", param_dtype="float32", remat=False)
+    """Equal up to the run settings dtype, param_dtype, remat, attention."""
+    run = dict(dtype="float32", param_dtype="float32", remat=False,
+               attention="auto", attention_block_q=512,
+               attention_block_kv=512)
     return (dataclasses.replace(self, **run) ==
             dataclasses.replace(other, **run))
 
