@@ -12,13 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import packing_inputs as pi
 from sao_jax.data import consumed
-from sao_jax.data import packing
 from sao_jax.data import stream
 from sao_jax.data import trajectory
-from sao_jax.data.trajectory import NO_VERSION
 from sao_jax.data.trajectory import StalenessPolicy
-from sao_jax.data.trajectory import Trajectory
 from sao_jax.ipc import ring
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import losses
@@ -26,104 +24,15 @@ from sao_jax.rl import segments
 from sao_jax.train import metrics as metrics_lib
 from sao_jax.train import step as step_lib
 
-TOL = 1e-5
-
-
-def _traj(rng, i: int, length: int, version: int = 5, group: int = -1):
-  """Prompt of 3, then two actions with an observation between (multi-turn
-  action mask), per-token versions, a mid and a terminal reward."""
-  mask = np.zeros(length, np.uint8)
-  cut = 3 + max(1, (length - 3) // 2)
-  mask[3:cut] = 1
-  mask[min(cut + 2, length - 1):] = 1  # Observation: 2 tokens after cut.
-  versions = np.where(mask > 0, version + rng.integers(0, 2, length),
-                      NO_VERSION)
-  rewards = np.zeros(length, np.float32)
-  acts = np.flatnonzero(mask)
-  rewards[acts[-1]] = rng.normal()
-  rewards[acts[0]] = 0.25 * rng.normal()
-  rewards[cut] = 0.5  # On the observation: credited to the action before.
-  return Trajectory(
-      prompt_id=i, tokens=rng.integers(1, 30, length),
-      action_mask=mask, rollout_logp=np.where(mask > 0, -rng.random(length),
-                                              0.0),
-      policy_version=versions, rewards=rewards, task="t",
-      group_id=i if group < 0 else group)
-
-
-def _trajs(seed=0, n=11, lo=6, hi=15, groups=None):
-  rng = np.random.default_rng(seed)
-  return [_traj(rng, i, int(rng.integers(lo, hi + 1)),
-                group=-1 if groups is None else i % groups)
-          for i in range(n)]
-
-
-def _unpacked(trajs, seq_len):
-  rows = [trajectory.pad_row(t, 1, seq_len) for t in trajs]
-  batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-  return trajectory.with_group_index(batch)
-
-
-def _packed(trajs, batch_size, seq_len, max_segments, **kw):
-  """Every packed batch of ``trajs`` (list source, staleness 1)."""
-  import grain  # pylint: disable=g-import-not-at-top
-  counters = stream.StreamCounters()
-  ds = grain.MapDataset.source([(t, 1) for t in trajs]).to_iter_dataset()
-  ds = stream.to_batches(ds, counters, batch_size=batch_size,
-                         seq_len=seq_len, overlong="truncate",
-                         pack_segments=max_segments,
-                         restale=kw.pop("restale", lambda t: 1),
-                         drop_remainder=False, **kw)
-  return list(ds), counters
-
-
-def _by_trajectory(x, batch):
-  """{prompt_id: x's values on that trajectory's tokens} (packed or not)."""
-  x = np.asarray(x)
-  out = {}
-  if packing.is_packed(batch):
-    seg = np.asarray(batch["segment_ids"])
-    for b in range(seg.shape[0]):
-      for s in range(batch["length"].shape[1]):
-        if batch["length"][b, s] > 0:
-          out[int(batch["prompt_id"][b, s])] = x[b][seg[b] == s + 1]
-  else:
-    for b in range(x.shape[0]):
-      n = min(int(batch["length"][b]), x.shape[1])
-      out[int(batch["prompt_id"][b])] = x[b, :n]
-  return out
-
-
-def _same_per_trajectory(a, batch_a, b, batch_b, tol=TOL):
-  da, db = _by_trajectory(a, batch_a), _by_trajectory(b, batch_b)
-  assert sorted(da) == sorted(db)
-  for k in da:
-    np.testing.assert_allclose(da[k], db[k], atol=tol, rtol=tol,
-                               err_msg=f"trajectory {k}")
-
-
-def _token_values(batch, seed=3):
-  """Critic values that depend only on (trajectory, position): the same in
-  the packed and the unpacked layout."""
-  pid = np.asarray(batch["prompt_id"])
-  if packing.is_packed(batch):
-    seg = np.asarray(batch["segment_ids"])
-    slot = np.maximum(seg - 1, 0)
-    pid = np.take_along_axis(pid, slot, axis=1)
-    pos = np.asarray(batch["positions"])
-  else:
-    pid = np.broadcast_to(pid[:, None], batch["tokens"].shape)
-    pos = np.broadcast_to(np.arange(batch["tokens"].shape[1]),
-                          batch["tokens"].shape)
-  return np.sin(seed * pid + 0.37 * pos).astype(np.float32)
+TOL = pi.TOL
 
 
 # ------------------------------------------------------------- the stream ---
 
 
 def test_packed_rows_hold_every_trajectory_once_with_restarting_positions():
-  trajs = _trajs(n=23)
-  batches, counters = _packed(trajs, batch_size=3, seq_len=32,
+  trajs = pi.trajs(n=23)
+  batches, counters = pi.packed(trajs, batch_size=3, seq_len=32,
                               max_segments=4)
   seen = []
   for batch in batches:
@@ -155,7 +64,7 @@ def test_packed_rows_hold_every_trajectory_once_with_restarting_positions():
 
 
 def test_slot_group_index_is_dense_over_filled_slots():
-  batches, _ = _packed(_trajs(n=9, groups=3), batch_size=2, seq_len=40,
+  batches, _ = pi.packed(pi.trajs(n=9, groups=3), batch_size=2, seq_len=40,
                        max_segments=5, process_index=1)
   for batch in batches:
     filled = batch["length"] > 0
@@ -169,9 +78,9 @@ def test_slot_group_index_is_dense_over_filled_slots():
 
 
 def test_held_trajectory_is_rechecked_for_staleness_and_dropped():
-  trajs = _trajs(n=8, lo=14, hi=14)  # Two fit a row of 30: the rest wait.
+  trajs = pi.trajs(n=8, lo=14, hi=14)  # Two fit a row of 30: the rest wait.
   # Rows: [0 1] (2 held), [2 3] (4 held, then dropped), [5 6] (7 held), [7].
-  batches, counters = _packed(
+  batches, counters = pi.packed(
       trajs, batch_size=1, seq_len=30, max_segments=4,
       restale=lambda t: None if t.prompt_id == 4 else 2)
   staleness = {int(p): int(st) for b in batches for p, n, st in zip(
@@ -201,7 +110,7 @@ def test_consumed_meta_leaves_held_episodes_unread():
 def test_live_packed_stream_accounts_every_episode():
   """Through the ring: each batch's trajectories are exactly the episodes
   the tracker's meta counts consumed once the batch is out."""
-  trajs = _trajs(n=17, lo=6, hi=12)
+  trajs = pi.trajs(n=17, lo=6, hi=12)
   for e, t in enumerate(trajs):
     t.group_id = e  # One rollout per draw: episode e.
   tracker = consumed.ConsumedEpisodes()
@@ -223,9 +132,9 @@ def test_live_packed_stream_accounts_every_episode():
 
 
 def test_trajectory_metrics_skip_empty_slots_and_span_per_segment():
-  trajs = _trajs(n=5)
+  trajs = pi.trajs(n=5)
   trajs[1].policy_version[trajs[1].action_mask > 0] = 9  # Span 0 alone.
-  (batch,), _ = _packed(trajs, batch_size=1, seq_len=80, max_segments=8)
+  (batch,), _ = pi.packed(trajs, batch_size=1, seq_len=80, max_segments=8)
   st = metrics_lib.trajectory_values(batch, "staleness", np.asarray)
   np.testing.assert_array_equal(st, [1] * 5)
   span = metrics_lib.batch_version_span(batch, np.asarray)
@@ -241,9 +150,9 @@ def test_trajectory_metrics_skip_empty_slots_and_span_per_segment():
 
 
 def _both(seed=0, groups=None, n=11):
-  trajs = _trajs(seed, n=n, groups=groups)
-  unpacked = _unpacked(trajs, 16)
-  (packed,), _ = _packed(trajs, batch_size=3, seq_len=48, max_segments=6)
+  trajs = pi.trajs(seed, n=n, groups=groups)
+  unpacked = pi.unpacked(trajs, 16)
+  (packed,), _ = pi.packed(trajs, batch_size=3, seq_len=48, max_segments=6)
   assert packed["length"].min() == 0  # Empty slots are exercised too.
   return {k: jnp.asarray(v) for k, v in unpacked.items()}, {
       k: jnp.asarray(v) for k, v in packed.items()}
@@ -255,11 +164,11 @@ def test_token_estimators_packed_equal_unpacked(estimator):
   un, pk = _both()
   cfg = step_lib.StepConfig(advantage=estimator, gamma=0.97, lam_critic=0.9)
   au, ru, _ = step_lib.compute_advantages(cfg, un, jnp.asarray(
-      _token_values(un)), None)
+      pi.token_values(un)), None)
   ap, rp, _ = step_lib.compute_advantages(cfg, pk, jnp.asarray(
-      _token_values(pk)), None)
-  _same_per_trajectory(au, un, ap, pk)
-  _same_per_trajectory(ru, un, rp, pk)
+      pi.token_values(pk)), None)
+  pi.same_per_trajectory(au, un, ap, pk)
+  pi.same_per_trajectory(ru, un, rp, pk)
   assert float(jnp.abs(au).sum()) > 1.0  # Not all zero.
 
 
@@ -271,7 +180,7 @@ def test_group_estimators_packed_equal_unpacked(estimator):
       un["rewards"]), None)
   ap, _, _ = step_lib.compute_advantages(cfg, pk, jnp.zeros_like(
       pk["rewards"]), None)
-  _same_per_trajectory(au, un, ap, pk)
+  pi.same_per_trajectory(au, un, ap, pk)
   assert float(jnp.abs(au).sum()) > 1.0
 
 
@@ -284,7 +193,7 @@ def test_running_mean_packed_equal_unpacked_and_skips_empty_slots():
   zeros = jnp.zeros_like
   au, _, su = step_lib.compute_advantages(cfg, un, zeros(un["rewards"]), state)
   ap, _, sp = step_lib.compute_advantages(cfg, pk, zeros(pk["rewards"]), state)
-  _same_per_trajectory(au, un, ap, pk)
+  pi.same_per_trajectory(au, un, ap, pk)
   np.testing.assert_array_equal(su.count, sp.count)  # No entry for empties.
   np.testing.assert_allclose(su.buffer, sp.buffer, atol=TOL)
 
@@ -293,10 +202,10 @@ def test_dis_and_value_losses_and_gradients_packed_equal_unpacked():
   un, pk = _both(seed=1)
   out = {}
   for name, batch in (("un", un), ("pk", pk)):
-    values = jnp.asarray(_token_values(batch, seed=5))
+    values = jnp.asarray(pi.token_values(batch, seed=5))
     adv, returns, _ = step_lib.compute_advantages(
         step_lib.StepConfig(), batch, values, None)
-    logp = batch["rollout_logp"] + 0.3 * jnp.asarray(_token_values(batch, 2))
+    logp = batch["rollout_logp"] + 0.3 * jnp.asarray(pi.token_values(batch, 2))
     mask = batch["action_mask"]
 
     def total(lp, v, adv=adv, returns=returns, batch=batch, mask=mask):
@@ -310,7 +219,7 @@ def test_dis_and_value_losses_and_gradients_packed_equal_unpacked():
   np.testing.assert_allclose(out["un"][0], out["pk"][0], atol=TOL)
   np.testing.assert_allclose(out["un"][1], out["pk"][1], atol=TOL)
   for g_un, g_pk in zip(out["un"][2], out["pk"][2]):
-    _same_per_trajectory(g_un, un, g_pk, pk)
+    pi.same_per_trajectory(g_un, un, g_pk, pk)
     assert float(jnp.abs(g_un).sum()) > 0.0
 
 
@@ -324,7 +233,7 @@ def test_nothing_leaks_across_segments():
   changed = dict(pk)
   changed["rewards"] = jnp.where(victim, 7.0, pk["rewards"])
   changed["tokens"] = jnp.where(victim, 2, pk["tokens"])
-  v = jnp.asarray(_token_values(pk))
+  v = jnp.asarray(pi.token_values(pk))
   for est in ("decoupled_gae", "gae", "batch_whiten"):
     cfg = step_lib.StepConfig(advantage=est)
     a0, r0, _ = step_lib.compute_advantages(cfg, pk, v, None)
