@@ -35,6 +35,22 @@ import numpy as np
 from sao_jax.data import trajectory as traj_lib
 from sao_jax.data.trajectory import Trajectory
 
+# Losses that reduce per row (sequence means, a per-row normaliser, sequence
+# ratios): a packed row would mix trajectories in them (config_validation).
+PER_ROW_LOSSES = ("grpo", "dr_grpo", "gspo")
+
+
+def pack_segments(config: Any) -> int:
+  """Trajectories per row of ``config`` (``train.pack``); 0: unpacked."""
+  return int(config.train.pack_max_segments) if config.train.pack else 0
+
+
+def trajectories_per_step_bound(config: Any) -> int:
+  """The most trajectories one step's (global) batch can hold: the group
+  bound of the estimators and the sampler's admission unit."""
+  return int(config.train.batch_size) * max(1, pack_segments(config))
+
+
 # Per-trajectory fields of a packed batch, [B, S], and their empty-slot value.
 SLOT_FIELDS = {"prompt_id": 0, "group_id": -1, "staleness": -1, "length": 0,
                "group_index": -1}
