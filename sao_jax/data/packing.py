@@ -108,6 +108,13 @@ def with_slot_group_index(batch: dict[str, np.ndarray],
   return {**batch, "group_index": index}
 
 
+def restale(trainer_version: Callable[[], int],
+            policy: traj_lib.StalenessPolicy, traj: Trajectory) -> int | None:
+  """A held trajectory's staleness now, or None if ``policy`` drops it."""
+  staleness = traj.staleness(int(trainer_version()))
+  return staleness if policy.keeps(staleness) else None
+
+
 class PackedBatches(grain.IterDataset):
   """(trajectory, staleness) elements -> packed ``[B, T]`` batches.
 
