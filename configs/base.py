@@ -198,6 +198,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.num_steps = 200  # Policy optimizer steps.
   config.train.batch_size = 16  # Trajectories per step (global).
   config.train.max_seq_len = 256  # Padded length of a training row.
+  # Sequence packing (docs/DESIGN.md §3 "Packed rows"): each of the
+  # batch_size rows holds up to pack_max_segments trajectories back to back,
+  # so batch_size then counts rows, not trajectories ('async' mode only).
+  config.train.pack = False
+  config.train.pack_max_segments = 8
   config.train.max_staleness = 4  # eta: policy versions a trajectory may lag.
   config.train.publish_every = 1  # Publish weights to the sampler every n.
   # Weight-publication holdback (staleness studies): the sampler gets the

@@ -243,7 +243,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{f"train.{k}": _POS for k in (
         "num_steps", "batch_size", "publish_every",
         "log_every", "sft_batch_size", "max_skipped_steps",
-        "record_shard_steps")},
+        "record_shard_steps", "pack_max_segments")},
     "train.max_seq_len": _DERIVABLE, "train.sft_max_len": _DERIVABLE,
     **{f"train.{k}": _NONNEG for k in (
         "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
@@ -358,6 +358,7 @@ def _check_cross_fields(c: Any) -> None:
   _check(c, "train.max_seq_len",
          lambda v: not (v and s.max_total_tokens) or v >= s.max_total_tokens,
          f"int >= sampler.max_total_tokens={s.max_total_tokens}")
+  _check_packing(c)
   if t.mode == "group" and s.n_rollouts < 2:
     raise ConfigError(
         f"config.sampler.n_rollouts: expected >= 2 for train.mode='group', "
@@ -370,6 +371,24 @@ def _check_cross_fields(c: Any) -> None:
   if d.process_id is not None and d.num_processes is not None:
     _check(c, "distributed.process_id", lambda v: 0 <= v < d.num_processes,
            f"int in [0, distributed.num_processes={d.num_processes})")
+
+
+def _check_packing(c: Any) -> None:
+  """``train.pack`` needs the async stream and a per-token loss."""
+  if not c.train.pack:
+    return
+  _check(c, "train.mode", lambda v: v == "async",
+         "'async' with train.pack (sync/group alternate whole sampler "
+         "batches and a replay re-reads per-step counts; set train.pack="
+         "False)")
+  _check(c, "train.record_stream", lambda v: not v,
+         "False with train.pack (a replay of packed steps is not "
+         "supported; set train.pack=False to record)")
+  from sao_jax.data import packing  # pylint: disable=g-import-not-at-top
+  _check(c, "rl.loss", lambda v: v not in packing.PER_ROW_LOSSES,
+         "a loss that averages over tokens with train.pack (these reduce "
+         f"per row: {', '.join(packing.PER_ROW_LOSSES)}; set "
+         "train.pack=False)")
 
 
 def _check_mesh(c: Any) -> None:
