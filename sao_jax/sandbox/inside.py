@@ -173,27 +173,25 @@ def _child(code, cfg, out_w, err_w):
 
 
 def _kill_all_others(deadline_s=2.0):
-  """SIGKILLs and reaps every process this server may signal but itself
-  (the call's leftovers: the pid namespace or the sandbox's uid holds no
-  others); True when none is left."""
+  """SIGKILLs and reaps the call's leftovers; True when none is left.
+
+  Every process a call starts descends from this server, a child subreaper,
+  so its orphans are re-parented here: when waitpid finds no child, none is
+  left. kill(-1) reaches them all (the pid namespace, or the sandbox's own
+  uid, holds nothing else the server may signal), setsid ones included.
+  """
   end = time.monotonic() + deadline_s
   while time.monotonic() < end:
     try:
       os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
       pass
-    while True:
-      try:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
-      except ChildProcessError:
-        break
-      if pid == 0:
-        break
     try:
-      os.kill(-1, 0)
-    except ProcessLookupError:
+      while os.waitpid(-1, os.WNOHANG)[0]:
+        pass
+    except ChildProcessError:
       return True
-    time.sleep(0.001)
+    time.sleep(0.0005)
   return False
 
 
@@ -307,6 +305,7 @@ def _confine(cfg):
     _landlock(cfg["landlock"]["ro"], cfg["landlock"]["rw"])
   if cfg.get("seccomp_fd") is not None:
     _load_seccomp(cfg["seccomp_fd"])
+  sys.path.extend(cfg.get("sys_path", ()))
   preloaded = []
   for name in cfg.get("preload", ()):
     try:

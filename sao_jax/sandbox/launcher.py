@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import itertools
 import json
 import os
 import shutil
+import site
 import stat
 import subprocess
 import sys
@@ -35,7 +37,7 @@ from sao_jax.sandbox import cgroup as cgroup_lib
 from sao_jax.sandbox import seccomp_policy
 from sao_jax.sandbox.limits import Limits
 
-UID_BASE = 1_000_000_000  # Sandbox uids: UID_BASE + (pid << 6 | slot).
+UID_BASE = 1_000_000_000  # Sandbox uids: UID_BASE + (pid << 8 | slot).
 _INSIDE_SOURCE = None
 _SUBREAPER_LOCK = threading.Lock()
 _SUBREAPER = False
@@ -47,9 +49,17 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1"}
 
 
+_SLOTS = itertools.count()
+
+
+def new_slot() -> int:
+  """A slot number no other sandbox of this process has (mod 256)."""
+  return next(_SLOTS) & 0xFF
+
+
 def sandbox_uid(slot: int) -> int:
   """A uid of its own for sandbox `slot` of this process (root only)."""
-  return UID_BASE + (((os.getpid() & 0xFFFFFF) << 6) | (slot & 63))
+  return UID_BASE + (((os.getpid() & 0x3FFFFF) << 8) | slot)
 
 
 def _inside_source() -> str:
@@ -178,8 +188,10 @@ def launch(mechanism: str, limits: Limits, preload: Sequence[str],
   uid = sandbox_uid(slot) if root else None
   exe, prefixes = interpreter(mechanism)
   env = dict(_ENV)
+  venv = exe == sys.executable
   cfg = {"uid": uid, "limits": limits.as_dict(),
-         "preload": list(preload) if exe == sys.executable else []}
+         "preload": list(preload) if venv else [],
+         "sys_path": site.getsitepackages() if venv else []}
   seccomp_fd = seccomp_policy.program_fd(
       seccomp_policy.bpf_program(unix_sockets=mechanism == "bwrap"))
   scratch = None
@@ -207,7 +219,9 @@ def launch(mechanism: str, limits: Limits, preload: Sequence[str],
     else:
       raise ValueError(f"launch: mechanism {mechanism!r} is not a sandbox.")
     cfg["env"] = env
-    argv += ["-c", _inside_source(), json.dumps(cfg)]
+    # -S: no site (its .pth files cost start-up time); inside.py appends the
+    # site-packages directories itself.
+    argv += ["-S", "-c", _inside_source(), json.dumps(cfg)]
     procs_files = cgroup.procs_files
 
     def _join_cgroup():  # Before exec: all the sandbox's processes inherit.

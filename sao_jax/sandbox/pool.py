@@ -11,7 +11,6 @@ strict: a fresh sandbox per call, closed after it.
 from __future__ import annotations
 
 import collections
-import glob
 import json
 import os
 import queue
@@ -42,12 +41,13 @@ class Sandbox:
   """One sandboxed server process (bwrap or landlock); not thread-safe."""
 
   def __init__(self, mechanism: str, limits: Limits,
-               preload: tuple[str, ...] = (), slot: int = 0):
+               preload: tuple[str, ...] = (), slot: int | None = None):
     self.mechanism = mechanism
     self.limits = limits
     self.preload = preload
-    self.slot = slot
+    self.slot = launcher.new_slot() if slot is None else slot
     self.preloaded: list[str] = []
+    self.server_pid: int | None = None
     self._launched: launcher.Launched | None = None
 
   @property
@@ -70,6 +70,7 @@ class Sandbox:
           f"the {self.mechanism} sandbox did not start: "
           f"{(ready or {}).get('error', 'it exited (see probe.py)')}")
     self.preloaded = ready["preloaded"]
+    self.server_pid = self._find_server()
 
   def run(self, code: str) -> CallResult:
     """Runs `code` in a fresh child of the server."""
@@ -98,32 +99,19 @@ class Sandbox:
     body = _read_exact(fd, struct.unpack(">I", head)[0], deadline)
     return None if body is None else json.loads(body)
 
-  def processes(self) -> list[int]:
-    """Host pids of the processes of this sandbox (the server included; for
-    bwrap also its init), for tests and leak checks."""
+  def _find_server(self) -> int | None:
+    """The server's host pid (root only: the one process of its uid)."""
     launched = self._launched
-    if launched is None:
-      return []
-    if self.mechanism == "landlock" and launched.uid is not None:
-      return [p for p in _all_pids() if _uid(p) == launched.uid]
-    inner = _children(launched.proc.pid)
-    if not inner:
-      return []
-    try:
-      ns = os.readlink(f"/proc/{inner[0]}/ns/pid")
-    except OSError:
-      return []
-    out = []
-    for pid in _all_pids():
-      try:
-        if os.readlink(f"/proc/{pid}/ns/pid") == ns:
-          out.append(pid)
-      except OSError:
-        pass
-    return out
+    if launched.uid is None:
+      return None
+    if self.mechanism == "landlock":
+      return launched.proc.pid
+    pids = [p for p in _all_pids() if _uid(p) == launched.uid]
+    return pids[0] if len(pids) == 1 else None
 
   def close(self) -> None:
     launched, self._launched = self._launched, None
+    self.server_pid = None
     if launched is None:
       return
     proc = launched.proc
@@ -153,15 +141,17 @@ class PlainRunner:
 
   mechanism = "unsafe_subprocess"
 
-  def __init__(self, limits: Limits):
+  def __init__(self, limits: Limits, close_fds: bool = True):
     self.limits = limits
+    self.close_fds = close_fds  # False: as a runner that forks the host.
 
   def run(self, code: str) -> CallResult:
     t0 = time.monotonic()
     cap = self.limits.output_bytes
     try:
       proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                            timeout=self.limits.wall_s, check=False)
+                            timeout=self.limits.wall_s, check=False,
+                            close_fds=self.close_fds)
       out, err, rc, timed_out = proc.stdout, proc.stderr, proc.returncode, False
     except subprocess.TimeoutExpired as e:
       out, err, rc, timed_out = e.stdout or b"", e.stderr or b"", -9, True
@@ -218,12 +208,12 @@ class SandboxPool:
     self.stats = SandboxStats()
     self._idle: queue.Queue = queue.Queue()
     self._all = []
-    for slot in range(workers):
+    for _ in range(workers):
       if self.mechanism == "unsafe_subprocess":
         worker = PlainRunner(self.limits)
       else:
         worker = Sandbox(self.mechanism, self.limits,
-                         preload if mode == "warm" else (), slot)
+                         preload if mode == "warm" else ())
         if mode == "warm":
           worker.start()
       self._all.append(worker)
@@ -243,6 +233,15 @@ class SandboxPool:
   @property
   def workers(self) -> list:
     return list(self._all)
+
+  def leftovers(self) -> list[int] | None:
+    """Host pids of processes of this pool's sandboxes other than the warm
+    servers (None when not root: the sandboxes then share this uid)."""
+    if self.mechanism == "unsafe_subprocess" or os.getuid() != 0:
+      return None
+    uids = {launcher.sandbox_uid(w.slot) for w in self._all}
+    servers = {w.server_pid for w in self._all}
+    return [p for p in _all_pids() if _uid(p) in uids and p not in servers]
 
   def close(self) -> None:
     for worker in self._all:
@@ -270,17 +269,6 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
 
 def _all_pids() -> list[int]:
   return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _children(pid: int) -> list[int]:
-  out = []
-  for path in glob.glob(f"/proc/{pid}/task/*/children"):
-    try:
-      with open(path) as f:
-        out += [int(p) for p in f.read().split()]
-    except OSError:
-      pass
-  return out
 
 
 def _uid(pid: int) -> int | None:
