@@ -104,7 +104,7 @@ class Cgroup:
         except OSError:
           if time.monotonic() > end:
             break
-          time.sleep(0.01)
+          time.sleep(0.001)
     self.dirs = []
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import itertools
-import json
+import marshal
 import os
 import shutil
 import site
@@ -80,10 +80,20 @@ def ensure_subreaper() -> None:
       _SUBREAPER = True
 
 
-def reap_orphans(keep: Sequence[int] = ()) -> int:
+def reap_orphans(keep: Sequence[int] = (), wait_for: Sequence[int] = ()
+                 ) -> int:
   """Reaps adopted zombies that sandboxes left (bwrap's, or a sandbox
-  uid's), never another child of this process; returns how many."""
+  uid's), never another child of this process; returns how many.
+
+  `wait_for`: pids of a closed sandbox's inner processes, waited for first
+  (re-parented here, they die with their parent bwrap).
+  """
   reaped = 0
+  for pid in wait_for:
+    try:
+      reaped += os.waitpid(pid, 0)[0] == pid
+    except ChildProcessError:
+      pass
   for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
     try:
       with open(path) as f:
@@ -221,7 +231,7 @@ def launch(mechanism: str, limits: Limits, preload: Sequence[str],
     cfg["env"] = env
     # -S: no site (its .pth files cost start-up time); inside.py appends the
     # site-packages directories itself.
-    argv += ["-S", "-c", _inside_source(), json.dumps(cfg)]
+    argv += ["-S", "-c", _inside_source(), marshal.dumps(cfg).hex()]
     procs_files = cgroup.procs_files
 
     def _join_cgroup():  # Before exec: all the sandbox's processes inherit.

@@ -11,7 +11,9 @@ strict: a fresh sandbox per call, closed after it.
 from __future__ import annotations
 
 import collections
+import glob
 import json
+import marshal
 import os
 import queue
 import select
@@ -70,14 +72,13 @@ class Sandbox:
           f"the {self.mechanism} sandbox did not start: "
           f"{(ready or {}).get('error', 'it exited (see probe.py)')}")
     self.preloaded = ready["preloaded"]
-    self.server_pid = self._find_server()
 
   def run(self, code: str) -> CallResult:
     """Runs `code` in a fresh child of the server."""
     if self._launched is None:
       self.start()
     proc = self._launched.proc
-    data = json.dumps({"code": code}).encode()
+    data = marshal.dumps({"code": code})
     try:
       os.write(proc.stdin.fileno(), struct.pack(">I", len(data)) + data)
       reply = self._recv(time.monotonic() + self.limits.wall_s + _GRACE_S)
@@ -115,22 +116,23 @@ class Sandbox:
     if launched is None:
       return
     proc = launched.proc
+    inner = _children(proc.pid)  # bwrap's inner process: reaped below.
+    # The server keeps no state worth a graceful exit: kill bwrap (its
+    # inner processes die with it, --die-with-parent) or the fallback's
+    # server, whose call leftovers are already gone.
     try:
-      proc.stdin.close()
-      proc.wait(timeout=1.0)
-    except (OSError, subprocess.TimeoutExpired):
-      try:
-        os.killpg(proc.pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-      proc.wait()
+      os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    proc.wait()
+    proc.stdin.close()
     proc.stdout.close()
     if launched.uid is not None and self.mechanism == "landlock":
       _kill_uid(launched.uid)
     launched.cgroup.close()
     if launched.scratch:
       shutil.rmtree(launched.scratch, ignore_errors=True)
-    launcher.reap_orphans()
+    launcher.reap_orphans(wait_for=inner)
 
 
 class PlainRunner:
@@ -240,7 +242,12 @@ class SandboxPool:
     if self.mechanism == "unsafe_subprocess" or os.getuid() != 0:
       return None
     uids = {launcher.sandbox_uid(w.slot) for w in self._all}
-    servers = {w.server_pid for w in self._all}
+    servers = set()
+    for w in self._all:
+      if isinstance(w, Sandbox) and w._launched is not None:  # pylint: disable=protected-access
+        if w.server_pid is None:
+          w.server_pid = w._find_server()  # pylint: disable=protected-access
+        servers.add(w.server_pid)
     return [p for p in _all_pids() if _uid(p) in uids and p not in servers]
 
   def close(self) -> None:
@@ -269,6 +276,17 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
 
 def _all_pids() -> list[int]:
   return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _children(pid: int) -> list[int]:
+  out = []
+  for task in glob.glob(f"/proc/{pid}/task/*/children"):
+    try:
+      with open(task) as f:
+        out += [int(p) for p in f.read().split()]
+    except OSError:
+      pass
+  return out
 
 
 def _uid(pid: int) -> int | None:
