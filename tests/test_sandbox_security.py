@@ -11,6 +11,7 @@ shared machine never runs an unbounded payload. Leftover checks count only the
 processes of this test's own sandboxes (their uids) or its own pid files.
 """
 
+import dataclasses
 import os
 import secrets
 import signal
@@ -20,6 +21,7 @@ import time
 
 import pytest
 
+from sao_jax.sandbox import cgroup
 from sao_jax.sandbox import launcher
 from sao_jax.sandbox import probe
 from sao_jax.sandbox.limits import Limits
@@ -310,6 +312,38 @@ work()
 def test_10_gib_allocation_fails(runner):
   r = runner.run("b = bytearray(10 << 30)\nprint('allocated')")
   _expect(runner, "allocated" not in r.stdout and r.memory_error)
+
+
+@pytest.mark.parametrize("kind", ["bwrap_warm", "landlock_warm", "plain"])
+def test_total_memory_is_bounded(kind):
+  """RLIMIT_AS alone lets every process have its 512 MiB; the cgroup
+  (768 MiB for the sandbox) kills some of four that each touch 256 MiB."""
+  probe_cg = cgroup.Cgroup.create(LIMITS.total_memory_mb, LIMITS.processes)
+  probe_cg.close()
+  if probe_cg.kind == "none" and kind != "plain":
+    pytest.skip("no memory cgroup can be made here")
+  limits = dataclasses.replace(LIMITS, wall_s=20.0, cpu_s=20)  # Reclaim.
+  if kind == "plain":
+    runner = PlainRunner(limits)
+  else:
+    _make(kind).close()  # Skips where the mechanism is missing.
+    runner = SandboxPool(limits, mechanism=kind.split("_")[0])
+  try:
+    r = runner.run("""
+import os
+kids = []
+for _ in range(4):
+  pid = os.fork()
+  if pid == 0:
+    b = b"x" * (256 << 20)  # Filled: every page touched.
+    os._exit(0)
+  kids.append(pid)
+print(sum(os.waitpid(k, 0)[1] != 0 for k in kids))
+""")
+  finally:
+    runner.close()
+  assert not r.timed_out, r
+  _expect(runner, int(r.stdout) > 0 and r.memory_error)
 
 
 def _peak_rss_mb():

@@ -76,19 +76,17 @@ class Cgroup:
       return cls([], "none")
 
   def oom_kills(self) -> int:
-    """Kills (v2) or limit hits (v1 failcnt) so far; 0 without a cgroup."""
-    for d in self.dirs:
-      try:
-        if self.kind == "v2":
-          with open(os.path.join(d, "memory.events")) as f:
-            for line in f:
-              if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        elif os.path.exists(os.path.join(d, "memory.failcnt")):
-          with open(os.path.join(d, "memory.failcnt")) as f:
-            return int(f.read())
-      except (OSError, ValueError):
-        pass
+    """Processes the memory limit killed so far; 0 without a cgroup."""
+    if not self.dirs:
+      return 0
+    name = "memory.events" if self.kind == "v2" else "memory.oom_control"
+    try:
+      with open(os.path.join(self.dirs[0], name)) as f:
+        for line in f:
+          if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    except (OSError, ValueError):
+      pass
     return 0
 
   def close(self, timeout_s: float = 2.0) -> None:

@@ -11,6 +11,7 @@ strict: a fresh sandbox per call, closed after it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import json
 import marshal
@@ -78,6 +79,7 @@ class Sandbox:
     if self._launched is None:
       self.start()
     proc = self._launched.proc
+    ooms = self._launched.cgroup.oom_kills()
     data = marshal.dumps({"code": code})
     try:
       os.write(proc.stdin.fileno(), struct.pack(">I", len(data)) + data)
@@ -90,6 +92,8 @@ class Sandbox:
                         sandbox_error="the sandbox stopped answering; "
                         "restarted")
     result = CallResult.from_dict(reply)
+    if self._launched.cgroup.oom_kills() > ooms:  # The sum's bound hit.
+      result = dataclasses.replace(result, memory_error=True)
     return result
 
   def _recv(self, deadline: float) -> dict | None:
