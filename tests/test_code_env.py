@@ -144,3 +144,42 @@ def test_timeouts_refusals_and_metrics(sandboxed):
   stats = types.SimpleNamespace()
   build.publish_metrics(stats)
   assert {f: getattr(stats, f) for f in code_env.STAT_FIELDS} == after
+
+
+class _CharTokenizer:
+  """Just enough of a TextTokenizer for `demonstration`: one id per char."""
+
+  def __init__(self, template):
+    self.template = template
+
+  def encode(self, text):
+    return [ord(c) for c in text]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("template", [SAO_MARKUP, CHATML],
+                         ids=["sao_markup", "chatml"])
+def test_demonstration_observation_is_what_the_env_returns(sandboxed,
+                                                           template):
+  """SFT shows the policy exactly the observation RL will see."""
+  del sandboxed
+  from sao_jax.envs import demonstrations  # pylint: disable=g-import-not-at-top
+  cfg = _cfg()
+  tasks = ReasoningGymTasks(
+      "basic_arithmetic", {"min_terms": 3, "max_terms": 3, "min_digits": 3,
+                           "max_digits": 3, "operators": ("+", "-")},
+      seed=7, size=6)
+  env = build.make_envs(cfg.env, tasks, 1)[0]
+  env.set_template(template)
+  decode = lambda ids: "".join(map(chr, ids))
+  for i in range(len(tasks)):
+    segments = demonstrations.demonstration(
+        tasks.entry(i), i, _CharTokenizer(template), tool_every=1,
+        code_tool=True)
+    (prompt, _), (call, trained), (result, observed), (answer, _) = segments
+    assert trained and not observed
+    assert env.reset(i) == decode(prompt)
+    step = env.step(decode(call))
+    assert step.observation == decode(result)
+    assert step.info["tool_result"] == str(tasks.entry(i)["answer"])
+    assert env.step(decode(answer)).reward == 1.0

@@ -81,6 +81,13 @@ def parse_code(payload: str, json_calls: bool) -> str:
   return _unfence(code)
 
 
+def format_code_call(code: str, template: Any) -> str:
+  """The payload that calls the tool with `code` in `template`'s format."""
+  if template.call_open == SAO_CALL_OPEN:
+    return code
+  return json.dumps({"name": TOOL_NAME, "arguments": {"code": code}})
+
+
 def format_observation(r: CallResult, max_chars: int) -> str:
   """The tool result the policy sees: stdout, then marked extras."""
   lines = [r.stdout.rstrip("\n")] if r.stdout.strip() else []
