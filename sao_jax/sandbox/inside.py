@@ -216,7 +216,8 @@ def _kill_all_others(deadline_s=2.0):
   return False
 
 
-def _wipe(dirs):
+def _wipe(dirs, keep=()):
+  """Empties `dirs`, keeping the directories `keep` (themselves wiped)."""
   for d in dirs:
     try:
       entries = os.listdir(d)
@@ -224,6 +225,8 @@ def _wipe(dirs):
       continue
     for name in entries:
       path = os.path.join(d, name)
+      if path in keep:
+        continue
       if os.path.isdir(path) and not os.path.islink(path):
         import shutil  # pylint: disable=g-import-not-at-top
         shutil.rmtree(path, ignore_errors=True)
@@ -296,7 +299,7 @@ def _call(code, cfg):
     except OSError:
       pass
     os.close(fd)
-  _wipe(cfg["wipe"])
+  _wipe(cfg["wipe"], cfg["wipe"])
   sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
   exit_code = -sig if sig else os.WEXITSTATUS(status)
   if sig == signal.SIGXCPU:

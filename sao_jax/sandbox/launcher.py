@@ -222,8 +222,9 @@ def launch(mechanism: str, limits: Limits, preload: Sequence[str],
       env.update(HOME=scratch, TMPDIR=os.path.join(scratch, "tmp"))
       ro = ["/usr", "/bin", "/sbin", "/lib", "/lib64", *_ETC, *prefixes,
             os.path.dirname(os.path.realpath(exe))]
-      cfg.update(scratch=scratch, wipe=[scratch + "/tmp", scratch + "/shm",
-                                        scratch], seccomp_fd=seccomp_fd,
+      cfg.update(scratch=scratch, wipe=[os.path.join(scratch, "tmp"),
+                                        os.path.join(scratch, "shm"), scratch],
+                 seccomp_fd=seccomp_fd,
                  landlock={"ro": ro, "rw": [scratch, "/dev/null"]})
       argv = [exe, "-I"]
     else:
