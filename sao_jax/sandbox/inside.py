@@ -181,9 +181,10 @@ def _child(code, cfg, out_w, err_w):
                                                        else 1)
     except MemoryError:
       sys.stderr.write("MemoryError\n")
-    except BaseException:  # pylint: disable=broad-except
+    except BaseException as e:  # pylint: disable=broad-except
       import traceback  # pylint: disable=g-import-not-at-top
-      traceback.print_exc()
+      # The call's frames only (not this server's).
+      traceback.print_exception(type(e), e, e.__traceback__.tb_next)
     for stream in (sys.stdout, sys.stderr):
       try:
         stream.flush()
