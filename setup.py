@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
     "tokenizers>=0.20",  # A pretrained model's own tokenizer.json (hf_tokenizer.py).
     "jinja2>=3.1",  # Its chat template (hf_tokenizer.py).
     "xxhash>=3.4,<5",  # Ring record checksums (sao_jax/ipc/ring.py).
+    "pyseccomp>=0.1.2,<0.2",  # The code sandbox's seccomp filter (libseccomp).
     "cryptography>=42",  # AES-GMAC of shared-memory writes (ipc/mac.py).
     "rich>=13,<16",
     "matplotlib>=3.8,<4",

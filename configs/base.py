@@ -99,6 +99,19 @@ def get_config() -> ml_collections.ConfigDict:
   # Longest one env reset/step may take; longer ends the episode as an ERROR
   # row (counted, never trained on) while the other episodes go on.
   config.env.step_timeout_s = 60.0
+  # env.name='code' (sao_jax/envs/code_env.py): sandboxed Python calls.
+  # Mechanism: 'auto' (bwrap, else Landlock, else refuse), 'bwrap',
+  # 'landlock' or 'unsafe_subprocess' (no isolation; docs/DESIGN.md
+  # "Code sandbox").
+  config.env.code_sandbox = "auto"
+  config.env.code_mode = "warm"  # 'warm' (forked per call) or 'strict'.
+  config.env.code_workers = 2  # Sandboxes per process (concurrent calls).
+  config.env.code_preload = ()  # Modules warm sandboxes import once.
+  config.env.code_wall_s = 5.0  # Per call; + 3 s must fit step_timeout_s.
+  config.env.code_memory_mb = 512  # Per process (RLIMIT_AS).
+  config.env.code_total_memory_mb = 1024  # Per sandbox (cgroup; 0: none).
+  config.env.code_processes = 32  # Processes per sandbox.
+  config.env.code_observation_chars = 512  # Tool result cut here.
   # Reward = r_quality * r_style in {0, 1}; the evolving env switches the
   # required answer style at these policy versions (docs/DESIGN.md §2, online).
   # ('plain', 'boxed', 'answer_tag'; sao_jax.envs.evolving.STYLES).

@@ -208,6 +208,13 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.attention_block_q": _POS, "model.attention_block_kv": _POS,
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
+    "env.code_sandbox": _in(("auto", "bwrap", "landlock",
+                             "unsafe_subprocess")),
+    "env.code_mode": _in(("warm", "strict")), "env.code_workers": _POS,
+    "env.code_wall_s": _FINITE_GT0, "env.code_memory_mb": _POS,
+    "env.code_total_memory_mb": _NONNEG, "env.code_processes": _POS,
+    "env.code_observation_chars": ((lambda v: isinstance(v, int) and v >= 64),
+                                   "an int >= 64"),
     "sampler.temperature": _GT0,
     "sampler.top_p": ((lambda v: 0 < v <= 1), "float in (0, 1]"),
     "sampler.top_k": (_nonneg, "int >= 0 (0 disables top-k)"),
@@ -336,6 +343,9 @@ def _check_sampler_devices(c: Any) -> None:
 def _check_cross_fields(c: Any) -> None:
   """Keys that must agree with each other."""
   m, s, t = c.model, c.sampler, c.train
+  _check(c, "env.code_wall_s", lambda v: v + 3.0 < c.env.step_timeout_s,
+         f"a float < env.step_timeout_s - 3 = {c.env.step_timeout_s - 3:g} "
+         "(a call's bound plus the sandbox's clean-up grace)")
   if m.num_heads % m.num_kv_heads:
     raise ConfigError(
         f"config.model.num_heads: expected a multiple of model.num_kv_heads="

@@ -40,6 +40,8 @@ SECTION_FUNCTIONS = {
     ("sharding.py", "make_mesh"): "mesh",
     ("envs/build.py", "build_tasks"): "env",
     ("envs/build.py", "make_envs"): "env",
+    ("envs/code_env.py", "limits_from_config"): "env",
+    ("envs/code_env.py", "shared_pool"): "env",
 }
 
 

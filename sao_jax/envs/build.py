@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sao_jax.envs import code_env
 from sao_jax.envs import registry
 from sao_jax.envs.base import Environment
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
@@ -37,11 +38,14 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
   """
   name = env_cfg.name if name is None else name
   kwargs: dict[str, Any] = {"instruction": env_cfg.get("instruction", "")}
-  if name in ("reasoning_gym", "tool", "tool_longtail"):  # Evolving: binary quality already.
+  if name in ("reasoning_gym", "tool", "tool_longtail", "code"):  # Evolving: binary quality already.
     kwargs["answer"] = env_cfg.get("answer", "whole")
     kwargs["reward"] = reward or env_cfg.get("reward", "exact")
-  if name in ("tool", "tool_longtail"):
+  if name in ("tool", "tool_longtail", "code"):
     kwargs["max_tool_calls"] = env_cfg.max_tool_calls
+  if name == "code":
+    kwargs["pool"] = code_env.shared_pool(env_cfg)
+    kwargs["observation_chars"] = int(env_cfg.code_observation_chars)
   if name == "tool_longtail":
     kwargs["min_tokens"] = int(env_cfg.longtail_min_tokens)
     kwargs["levels"] = int(env_cfg.longtail_levels)
@@ -51,3 +55,9 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
     kwargs["styles"] = tuple(env_cfg.styles)
     kwargs["switch_at"] = tuple(env_cfg.style_change_steps)
   return [registry.make_env(name, tasks, **kwargs) for _ in range(n)]
+
+
+def publish_metrics(stats: Any) -> None:
+  """Copies this process's environment counters (the code tool's) into
+  `stats` (the sampler's shared counters, written to TensorBoard)."""
+  code_env.publish(stats)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from sao_jax.envs import code_env
 from sao_jax.envs import evolving
 from sao_jax.envs import tool_env
 
@@ -23,7 +24,7 @@ Segments = list[tuple[Sequence[int], bool]]
 
 def demonstration(entry: dict[str, Any], index: int, tokenizer: Any, *,
                   tool_every: int = 0, styles: tuple[str, ...] = (),
-                  instruction: str = "") -> Segments:
+                  instruction: str = "", code_tool: bool = False) -> Segments:
   """Segments of the demonstration of ``entry`` (task ``index``).
 
   Args:
@@ -35,15 +36,23 @@ def demonstration(entry: dict[str, Any], index: int, tokenizer: Any, *,
     styles: The evolving env's answer styles (task i uses
       ``styles[i % len(styles)]``); () = the plain answer.
     instruction: ``env.instruction``, appended to the question.
+    code_tool: the tool is the code tool (``env.name='code'``): the call is
+      ``print(EXPRESSION)`` in the template's call format
+      (``code_env.format_code_call``) and the result what it prints.
   """
   template = tokenizer.template
   segments: Segments = [(tokenizer.encode(
       template.format_prompt(entry["question"] + instruction)), False)]
   expr = entry.get("metadata", {}).get("expression")
   if tool_every and index % tool_every == 0 and expr is not None:
-    value = tool_env.format_number(tool_env.calculate(expr))
+    if code_tool:
+      call = code_env.format_code_call(f"print({expr})", template)
+      value = str(tool_env.calculate(expr))  # What print() writes.
+    else:
+      call = expr
+      value = tool_env.format_number(tool_env.calculate(expr))
     segments += [
-        (tokenizer.encode(template.format_tool_call(expr)), True),
+        (tokenizer.encode(template.format_tool_call(call)), True),
         (tokenizer.encode(template.format_tool_result(value)), False)]
   answer = str(entry["answer"])
   if styles:
@@ -64,4 +73,5 @@ def settings_from(config: Any) -> dict[str, Any]:
             else ())
   return {"tool_every": tool_every(float(config.train.sft_tool_frac)),
           "styles": styles,
-          "instruction": str(config.env.get("instruction", ""))}
+          "instruction": str(config.env.get("instruction", "")),
+          "code_tool": str(config.env.name) == "code"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from sao_jax.envs.base import Environment
+from sao_jax.envs.code_env import CodeEnv
 from sao_jax.envs.evolving import EvolvingEnv
 from sao_jax.envs.longtail import LongTailToolEnv
 from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
@@ -16,6 +17,7 @@ _REGISTRY: dict[str, EnvFactory] = {
     "tool": ToolEnv,
     "evolving": EvolvingEnv,
     "tool_longtail": LongTailToolEnv,
+    "code": CodeEnv,  # Sandboxed Python (envs/code_env.py).
 }
 
 

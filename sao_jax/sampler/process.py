@@ -61,6 +61,14 @@ class SamplerStats(ctypes.Structure):
       ("rejected_weights", ctypes.c_double),
       # Tasks skipped at selection: their prompt alone is over the budget.
       ("skipped_long_prompts", ctypes.c_double),
+      # The code tool's counters (envs/code_env.py STAT_FIELDS).
+      ("code_calls", ctypes.c_double), ("code_exec_s_p50", ctypes.c_double),
+      ("code_exec_s_p99", ctypes.c_double),
+      ("code_timeouts", ctypes.c_double),
+      ("code_memory_kills", ctypes.c_double),
+      ("code_truncations", ctypes.c_double),
+      ("code_refusals", ctypes.c_double),
+      ("code_sandbox_errors", ctypes.c_double),
       # 1 while the loop runs, 2 after a clean exit, -1 on crash.
       ("alive", ctypes.c_double),
       ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
@@ -367,6 +375,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
     """Prompt selection: over-long prompts are skipped here, and counted."""
     task = int(prompts[draw])
     stats.skipped_long_prompts = prompts.skipped
+    env_build.publish_metrics(stats)
     return task
 
   def should_stop() -> bool:

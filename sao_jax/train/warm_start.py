@@ -47,7 +47,8 @@ def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
                  max_len: int,
                  tool_frac: float = 0.0,
                  styles: tuple[str, ...] = (),
-                 instruction: str = "") -> list[sft_lib.Example]:
+                 instruction: str = "",
+                 code_tool: bool = False) -> list[sft_lib.Example]:
   """SFT demonstrations in the sampler's template, fitting ``max_len``.
 
   Longer ones are left out with a warning; if none fits, ValueError names
@@ -66,7 +67,7 @@ def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
   for i in range(min(n, len(tasks))):
     segments = demonstrations.demonstration(
         tasks.entry(i), i, tokenizer, tool_every=every, styles=styles,
-        instruction=instruction)
+        instruction=instruction, code_tool=code_tool)
     lengths.append(sum(len(seg) for seg, _ in segments))
     if lengths[-1] <= max_len:
       out.append(segments)
@@ -138,7 +139,8 @@ def _run_sft(config: Any, mcfg: ModelConfig,
   examples = sft_examples(tasks, tokenizer,
                           min(len(tasks), MAX_SFT_EXAMPLES), cfg.max_len,
                           float(config.train.sft_tool_frac), styles,
-                          str(config.env.get("instruction", "")))
+                          str(config.env.get("instruction", "")),
+                          code_tool=str(config.env.name) == "code")
   logging.info("SFT warm start: %d steps on %d examples.", cfg.steps,
                len(examples))
   params, _ = sft_lib.run_sft(

@@ -1,0 +1,255 @@
+"""Starts one sandboxed interpreter (`inside.py`) with the chosen mechanism
+(docs/DESIGN.md "Code sandbox").
+
+bwrap: new pid, net, ipc, uts and cgroup namespaces (and a user namespace
+when not root); the system's /usr and the interpreter's prefixes read-only,
+a minimal /etc (alternatives for numpy's BLAS, the loader cache), private
+size-limited tmpfs /scratch, /tmp and /dev/shm; capabilities dropped (as root
+only CAP_SETUID/SETGID stay, for the server to drop to its own uid); a fresh
+seccomp fd per launch. landlock: the same interpreter run directly, confining
+itself (inside.py) with Landlock to read-only system paths and a private
+scratch directory, the seccomp filter without sockets, and its own uid.
+
+Two host-side traps are handled here: bwrap's inner process outlives the
+outer one and is re-parented to init, which on some machines never reaps
+(zombies until `bwrap: Can't fork`), so this process becomes a child
+subreaper and `reap_orphans` reaps them; and RLIMIT_NPROC does not bind
+root, so as root every sandbox runs as its own unprivileged uid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import itertools
+import marshal
+import os
+import shutil
+import site
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Sequence
+
+from sao_jax.sandbox import cgroup as cgroup_lib
+from sao_jax.sandbox import seccomp_policy
+from sao_jax.sandbox.limits import Limits
+
+UID_BASE = 1_000_000_000  # Sandbox uids: UID_BASE + (pid << 8 | slot).
+_INSIDE_SOURCE = None
+_SUBREAPER_LOCK = threading.Lock()
+_SUBREAPER = False
+_ETC = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d", "/etc/localtime")
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+_SLOTS = itertools.count()
+
+
+def new_slot() -> int:
+  """A slot number no other sandbox of this process has (mod 256)."""
+  return next(_SLOTS) & 0xFF
+
+
+def sandbox_uid(slot: int) -> int:
+  """A uid of its own for sandbox `slot` of this process (root only)."""
+  return UID_BASE + (((os.getpid() & 0x3FFFFF) << 8) | slot)
+
+
+def _inside_source() -> str:
+  global _INSIDE_SOURCE
+  if _INSIDE_SOURCE is None:
+    with open(os.path.join(os.path.dirname(__file__), "inside.py")) as f:
+      _INSIDE_SOURCE = f.read()
+  return _INSIDE_SOURCE
+
+
+def ensure_subreaper() -> None:
+  """Makes this process the reaper of its descendants' orphans (once)."""
+  global _SUBREAPER
+  with _SUBREAPER_LOCK:
+    if not _SUBREAPER:
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+      _SUBREAPER = True
+
+
+def reap_orphans(keep: Sequence[int] = (), wait_for: Sequence[int] = ()
+                 ) -> int:
+  """Reaps adopted zombies that sandboxes left (bwrap's, or a sandbox
+  uid's), never another child of this process; returns how many.
+
+  `wait_for`: pids of a closed sandbox's inner processes, waited for first
+  (re-parented here, they die with their parent bwrap).
+  """
+  reaped = 0
+  for pid in wait_for:
+    try:
+      reaped += os.waitpid(pid, 0)[0] == pid
+    except ChildProcessError:
+      pass
+  for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+    try:
+      with open(path) as f:
+        pids = [int(p) for p in f.read().split()]
+    except OSError:
+      continue
+    for pid in pids:
+      if pid in keep or not _is_sandbox_zombie(pid):
+        continue
+      try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+          reaped += 1
+      except ChildProcessError:
+        pass
+  return reaped
+
+
+def _is_sandbox_zombie(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      fields = dict(line.split(":", 1) for line in f if ":" in line)
+  except OSError:
+    return False
+  uid = int(fields.get("Uid", "0").split()[0])
+  return fields.get("State", "").strip().startswith("Z") and (
+      fields.get("Name", "").strip() == "bwrap" or uid >= UID_BASE)
+
+
+def _accessible_to_others(path: str) -> bool:
+  path = os.path.realpath(path)
+  while path != "/":
+    mode = os.stat(path).st_mode
+    if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH):
+      return False
+    path = os.path.dirname(path)
+  return True
+
+
+def interpreter(mechanism: str) -> tuple[str, list[str]]:
+  """(python to run, directories it needs read-only besides /usr)."""
+  exe = sys.executable
+  if (mechanism == "landlock" and os.getuid() == 0 and
+      not _accessible_to_others(exe) and os.path.exists("/usr/bin/python3")):
+    return "/usr/bin/python3", []  # The sandbox uid cannot read the venv's.
+  dirs = {os.path.realpath(p) for p in (
+      sys.prefix, sys.base_prefix,
+      os.path.dirname(os.path.dirname(os.path.realpath(exe))))}
+  return exe, sorted(d for d in dirs if not d.startswith("/usr/"))
+
+
+def _bwrap_argv(limits: Limits, exe: str, prefixes: list[str],
+                seccomp_fd: int) -> list[str]:
+  root = os.getuid() == 0
+  size = str(limits.scratch_mb << 20)
+  argv = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net",
+          "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+          "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+  if not root:
+    argv.append("--unshare-user")
+  for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+    if os.path.islink(top):
+      argv += ["--symlink", os.readlink(top), top]
+    elif os.path.isdir(top):
+      argv += ["--ro-bind", top, top]
+  for path in _ETC:
+    argv += ["--ro-bind-try", path, path]
+  made = set()
+  for path in prefixes:  # Parents as 0755 dirs (bwrap's default is 0700).
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts)):
+      parent = "/" + "/".join(parts[:i])
+      if parent not in made:
+        made.add(parent)
+        argv += ["--perms", "0755", "--dir", parent]
+    argv += ["--ro-bind", path, path]
+  argv += ["--proc", "/proc", "--dev", "/dev"]
+  for path in ("/tmp", "/dev/shm", "/scratch"):
+    argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
+  argv += ["--chdir", "/scratch", "--cap-drop", "ALL"]
+  if root:
+    argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+  argv += ["--seccomp", str(seccomp_fd), "--", exe, "-I"]
+  return argv
+
+
+class Launched:
+  """A started server: its process, uid and host scratch (fallback)."""
+
+  def __init__(self, proc: subprocess.Popen, uid: int | None,
+               scratch: str | None, cgroup: cgroup_lib.Cgroup):
+    self.proc = proc
+    self.uid = uid
+    self.scratch = scratch
+    self.cgroup = cgroup
+
+
+def launch(mechanism: str, limits: Limits, preload: Sequence[str],
+           slot: int, cgroup: cgroup_lib.Cgroup) -> Launched:
+  """Starts `inside.py` under `mechanism` ('bwrap' or 'landlock')."""
+  ensure_subreaper()
+  root = os.getuid() == 0
+  uid = sandbox_uid(slot) if root else None
+  exe, prefixes = interpreter(mechanism)
+  env = dict(_ENV)
+  venv = exe == sys.executable
+  cfg = {"uid": uid, "limits": limits.as_dict(),
+         "preload": list(preload) if venv else [],
+         "sys_path": site.getsitepackages() if venv else []}
+  seccomp_fd = seccomp_policy.program_fd(
+      seccomp_policy.bpf_program(unix_sockets=mechanism == "bwrap"))
+  scratch = None
+  try:
+    if mechanism == "bwrap":
+      argv = _bwrap_argv(limits, exe, prefixes, seccomp_fd)
+      env.update(HOME="/scratch", TMPDIR="/tmp")
+      cfg.update(scratch="/scratch", wipe=["/scratch", "/tmp", "/dev/shm"],
+                 seccomp_fd=None, landlock=None)
+    elif mechanism == "landlock":
+      scratch = tempfile.mkdtemp(prefix="sao_sandbox_")
+      for sub in ("tmp", "shm"):
+        os.mkdir(os.path.join(scratch, sub))
+        if uid is not None:
+          os.chown(os.path.join(scratch, sub), uid, uid)
+      if uid is not None:
+        os.chown(scratch, uid, uid)
+      env.update(HOME=scratch, TMPDIR=os.path.join(scratch, "tmp"))
+      ro = ["/usr", "/bin", "/sbin", "/lib", "/lib64", *_ETC, *prefixes,
+            os.path.dirname(os.path.realpath(exe))]
+      cfg.update(scratch=scratch, wipe=[os.path.join(scratch, "tmp"),
+                                        os.path.join(scratch, "shm"), scratch],
+                 seccomp_fd=seccomp_fd,
+                 landlock={"ro": ro, "rw": [scratch, "/dev/null"]})
+      argv = [exe, "-I"]
+    else:
+      raise ValueError(f"launch: mechanism {mechanism!r} is not a sandbox.")
+    cfg["env"] = env
+    # -S: no site (its .pth files cost start-up time); inside.py appends the
+    # site-packages directories itself.
+    argv += ["-S", "-c", _inside_source(), marshal.dumps(cfg).hex()]
+    procs_files = cgroup.procs_files
+
+    def _join_cgroup():  # Before exec: all the sandbox's processes inherit.
+      for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        os.write(fd, b"0")
+        os.close(fd)
+
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=env, pass_fds=(seccomp_fd,),
+        cwd=scratch or "/", start_new_session=True,
+        preexec_fn=_join_cgroup if procs_files else None, bufsize=0)
+  except BaseException:
+    if scratch:
+      shutil.rmtree(scratch, ignore_errors=True)
+    raise
+  finally:
+    os.close(seccomp_fd)
+  return Launched(proc, uid, scratch, cgroup)

@@ -1,0 +1,310 @@
+"""Sandboxed interpreters for untrusted Python: warm pools and strict
+one-shot sandboxes (docs/DESIGN.md "Code sandbox").
+
+warm: `workers` sandboxes stay up (numpy/sympy optionally preloaded); each
+call forks a fresh child from the server, and everything the call made
+(processes, files in scratch, /tmp, /dev/shm) is gone before the next.
+strict: a fresh sandbox per call, closed after it.
+`PlainRunner` ('unsafe_subprocess') is the unconfined `python -c` baseline.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import json
+import marshal
+import os
+import queue
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from sao_jax.sandbox import cgroup as cgroup_lib
+from sao_jax.sandbox import launcher
+from sao_jax.sandbox.limits import CallResult
+from sao_jax.sandbox.limits import Limits
+from sao_jax.sandbox.probe import choose_mechanism
+
+_GRACE_S = 3.0  # Past the call's wall limit: the server's own clean-up.
+START_TIMEOUT_S = 30.0
+
+
+class SandboxError(RuntimeError):
+  """A sandbox failed to start."""
+
+
+class Sandbox:
+  """One sandboxed server process (bwrap or landlock); not thread-safe."""
+
+  def __init__(self, mechanism: str, limits: Limits,
+               preload: tuple[str, ...] = (), slot: int | None = None):
+    self.mechanism = mechanism
+    self.limits = limits
+    self.preload = preload
+    self.slot = launcher.new_slot() if slot is None else slot
+    self.preloaded: list[str] = []
+    self.server_pid: int | None = None
+    self._launched: launcher.Launched | None = None
+
+  @property
+  def uid(self) -> int | None:
+    return self._launched.uid if self._launched else None
+
+  def start(self) -> None:
+    cg = cgroup_lib.Cgroup.create(self.limits.total_memory_mb,
+                                  self.limits.processes)
+    try:
+      self._launched = launcher.launch(self.mechanism, self.limits,
+                                       self.preload, self.slot, cg)
+      ready = self._recv(time.monotonic() + START_TIMEOUT_S)
+    except BaseException:
+      self.close()
+      raise
+    if not ready or "error" in ready:
+      self.close()
+      raise SandboxError(
+          f"the {self.mechanism} sandbox did not start: "
+          f"{(ready or {}).get('error', 'it exited (see probe.py)')}")
+    self.preloaded = ready["preloaded"]
+
+  def run(self, code: str) -> CallResult:
+    """Runs `code` in a fresh child of the server."""
+    if self._launched is None:
+      self.start()
+    proc = self._launched.proc
+    ooms = self._launched.cgroup.oom_kills()
+    data = marshal.dumps({"code": code})
+    try:
+      os.write(proc.stdin.fileno(), struct.pack(">I", len(data)) + data)
+      reply = self._recv(time.monotonic() + self.limits.wall_s + _GRACE_S)
+    except OSError:
+      reply = None
+    if reply is None:
+      self.close()  # The next call starts a fresh one.
+      return CallResult("", "", -1, timed_out=True,
+                        sandbox_error="the sandbox stopped answering; "
+                        "restarted")
+    result = CallResult.from_dict(reply)
+    if self._launched.cgroup.oom_kills() > ooms:  # The sum's bound hit.
+      result = dataclasses.replace(result, memory_error=True)
+    return result
+
+  def _recv(self, deadline: float) -> dict | None:
+    fd = self._launched.proc.stdout.fileno()
+    head = _read_exact(fd, 4, deadline)
+    if head is None:
+      return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0], deadline)
+    return None if body is None else json.loads(body)
+
+  def _find_server(self) -> int | None:
+    """The server's host pid (root only: the one process of its uid)."""
+    launched = self._launched
+    if launched.uid is None:
+      return None
+    if self.mechanism == "landlock":
+      return launched.proc.pid
+    pids = [p for p in _all_pids() if _uid(p) == launched.uid]
+    return pids[0] if len(pids) == 1 else None
+
+  def close(self) -> None:
+    launched, self._launched = self._launched, None
+    self.server_pid = None
+    if launched is None:
+      return
+    proc = launched.proc
+    inner = _children(proc.pid)  # bwrap's inner process: reaped below.
+    # The server keeps no state worth a graceful exit: kill bwrap (its
+    # inner processes die with it, --die-with-parent) or the fallback's
+    # server, whose call leftovers are already gone.
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    proc.wait()
+    proc.stdin.close()
+    proc.stdout.close()
+    if launched.uid is not None and self.mechanism == "landlock":
+      _kill_uid(launched.uid)
+    launched.cgroup.close()
+    if launched.scratch:
+      shutil.rmtree(launched.scratch, ignore_errors=True)
+    launcher.reap_orphans(wait_for=inner)
+
+
+class PlainRunner:
+  """`python -c CODE` in a plain subprocess with a time-out: NO isolation.
+
+  The baseline the security tests must defeat, and the benchmark's 'bare'.
+  """
+
+  mechanism = "unsafe_subprocess"
+
+  def __init__(self, limits: Limits, close_fds: bool = True):
+    self.limits = limits
+    self.close_fds = close_fds  # False: as a runner that forks the host.
+
+  def run(self, code: str) -> CallResult:
+    t0 = time.monotonic()
+    cap = self.limits.output_bytes
+    try:
+      proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                            timeout=self.limits.wall_s, check=False,
+                            close_fds=self.close_fds)
+      out, err, rc, timed_out = proc.stdout, proc.stderr, proc.returncode, False
+    except subprocess.TimeoutExpired as e:
+      out, err, rc, timed_out = e.stdout or b"", e.stderr or b"", -9, True
+    return CallResult(out[:cap].decode(errors="replace"),
+                      err[:cap].decode(errors="replace"), rc,
+                      timed_out=timed_out,
+                      truncated=max(len(out), len(err)) > cap,
+                      exec_s=time.monotonic() - t0)
+
+  def close(self) -> None:
+    pass
+
+
+class SandboxStats:
+  """Counters of a pool (the code tool's metrics, DESIGN.md "Code tool")."""
+
+  def __init__(self, window: int = 4096):
+    self._lock = threading.Lock()
+    self.exec_s: collections.deque[float] = collections.deque(maxlen=window)
+    self.counts = collections.Counter()
+
+  def record(self, r: CallResult) -> None:
+    with self._lock:
+      self.exec_s.append(r.exec_s)
+      self.counts["calls"] += 1
+      self.counts["timeouts"] += int(r.timed_out)
+      self.counts["memory_kills"] += int(r.memory_error)
+      self.counts["truncations"] += int(r.truncated)
+      self.counts["sandbox_errors"] += int(bool(r.sandbox_error))
+
+
+class SandboxPool:
+  """Thread-safe pool: `run(code)` on whichever worker is free.
+
+  Args:
+    limits: per-call bounds.
+    workers: warm sandboxes kept up (warm mode); strict mode: at most this
+      many fresh sandboxes at once.
+    mode: 'warm' or 'strict'.
+    mechanism: 'auto', 'bwrap', 'landlock' or 'unsafe_subprocess'.
+    preload: modules the warm servers import once (e.g. numpy, sympy).
+  """
+
+  def __init__(self, limits: Limits | None = None, workers: int = 1,
+               mode: str = "warm", mechanism: str = "auto",
+               preload: tuple[str, ...] = ()):
+    if mode not in ("warm", "strict"):
+      raise ValueError(f"sandbox mode {mode!r}: use 'warm' or 'strict'.")
+    if workers < 1:
+      raise ValueError(f"sandbox workers={workers} must be >= 1.")
+    self.limits = limits or Limits()
+    self.mode = mode
+    self.mechanism = choose_mechanism(mechanism)
+    self.stats = SandboxStats()
+    self._idle: queue.Queue = queue.Queue()
+    self._all = []
+    for _ in range(workers):
+      if self.mechanism == "unsafe_subprocess":
+        worker = PlainRunner(self.limits)
+      else:
+        worker = Sandbox(self.mechanism, self.limits,
+                         preload if mode == "warm" else ())
+        if mode == "warm":
+          worker.start()
+      self._all.append(worker)
+      self._idle.put(worker)
+
+  def run(self, code: str) -> CallResult:
+    worker = self._idle.get()
+    try:
+      result = worker.run(code)
+      if self.mode == "strict" and isinstance(worker, Sandbox):
+        worker.close()
+    finally:
+      self._idle.put(worker)
+    self.stats.record(result)
+    return result
+
+  @property
+  def workers(self) -> list:
+    return list(self._all)
+
+  def leftovers(self) -> list[int] | None:
+    """Host pids of processes of this pool's sandboxes other than the warm
+    servers (None when not root: the sandboxes then share this uid)."""
+    if self.mechanism == "unsafe_subprocess" or os.getuid() != 0:
+      return None
+    uids = {launcher.sandbox_uid(w.slot) for w in self._all}
+    servers = set()
+    for w in self._all:
+      if isinstance(w, Sandbox) and w._launched is not None:  # pylint: disable=protected-access
+        if w.server_pid is None:
+          w.server_pid = w._find_server()  # pylint: disable=protected-access
+        servers.add(w.server_pid)
+    return [p for p in _all_pids() if _uid(p) in uids and p not in servers]
+
+  def close(self) -> None:
+    for worker in self._all:
+      worker.close()
+
+  def __enter__(self) -> "SandboxPool":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
+  buf = b""
+  while len(buf) < n:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+      return None
+    chunk = os.read(fd, n - len(buf))
+    if not chunk:
+      return None
+    buf += chunk
+  return buf
+
+
+def _all_pids() -> list[int]:
+  return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _children(pid: int) -> list[int]:
+  out = []
+  for task in glob.glob(f"/proc/{pid}/task/*/children"):
+    try:
+      with open(task) as f:
+        out += [int(p) for p in f.read().split()]
+    except OSError:
+      pass
+  return out
+
+
+def _uid(pid: int) -> int | None:
+  try:
+    return os.stat(f"/proc/{pid}").st_uid
+  except OSError:
+    return None
+
+
+def _kill_uid(uid: int) -> None:
+  """SIGKILLs what is left of a fallback sandbox (its uid is its own)."""
+  for pid in _all_pids():
+    if _uid(pid) == uid:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass

@@ -1,0 +1,100 @@
+"""sao_jax.sandbox beyond attacks: mechanism choice and refusal, warm state
+wiped between calls, results, limits."""
+
+import os
+
+import pytest
+
+from sao_jax.sandbox import Limits
+from sao_jax.sandbox import SandboxPool
+from sao_jax.sandbox import probe
+from sao_jax.sandbox import SandboxUnavailable
+
+
+def _no_mechanism(monkeypatch):
+  monkeypatch.setattr(probe, "bwrap_problem",
+                      lambda: "bwrap: not installed (apt-get install bubblewrap)")
+  monkeypatch.setattr(probe, "landlock_problem",
+                      lambda: "landlock: not enabled in this kernel")
+  monkeypatch.setattr(probe, "seccomp_problem", lambda: "")
+
+
+def test_refusal_names_what_is_missing_and_the_override(monkeypatch):
+  _no_mechanism(monkeypatch)
+  with pytest.raises(SandboxUnavailable) as e:
+    probe.choose_mechanism("auto")
+  message = str(e.value)
+  for part in ("bwrap: not installed", "landlock: not enabled",
+               probe.OVERRIDE_FLAG):
+    assert part in message
+  assert probe.choose_mechanism("unsafe_subprocess") == "unsafe_subprocess"
+  with pytest.raises(ValueError, match="use one of"):
+    probe.choose_mechanism("docker")
+
+
+def test_fallback_is_chosen_without_bwrap(monkeypatch):
+  monkeypatch.setattr(probe, "bwrap_problem", lambda: "bwrap: missing")
+  monkeypatch.setattr(probe, "landlock_problem", lambda: "")
+  monkeypatch.setattr(probe, "seccomp_problem", lambda: "")
+  assert probe.choose_mechanism("auto") == "landlock"
+  monkeypatch.setattr(probe, "bwrap_problem", lambda: "")
+  assert probe.choose_mechanism("auto") == "bwrap"
+  with pytest.raises(SandboxUnavailable, match="bwrap: missing"):
+    monkeypatch.setattr(probe, "bwrap_problem", lambda: "bwrap: missing")
+    probe.choose_mechanism("bwrap")
+
+
+def test_limits_are_checked():
+  with pytest.raises(ValueError, match="wall_s"):
+    Limits(wall_s=0)
+  assert Limits(total_memory_mb=0).total_memory_mb == 0
+
+
+@pytest.fixture(params=["bwrap", "landlock"])
+def warm_pool(request):
+  problem = (probe.bwrap_problem() if request.param == "bwrap"
+             else probe.landlock_problem())
+  if problem and not (os.environ.get("CI") and request.param == "bwrap"):
+    pytest.skip(problem)
+  pool = SandboxPool(Limits(wall_s=2.0, cpu_s=2), workers=1, mode="warm",
+                     mechanism=request.param)
+  yield pool
+  pool.close()
+
+
+@pytest.mark.multiprocess
+def test_warm_state_is_wiped_between_calls(warm_pool):
+  assert warm_pool.mechanism in ("bwrap", "landlock")
+  first = warm_pool.run("""
+import builtins, os, tempfile
+builtins.LEAK = 1
+x = 41
+open("scratch_file", "w").write("x")
+open(os.path.join(tempfile.gettempdir(), "tmp_file"), "w").write("x")
+os.makedirs("sub/dir")
+print(len(os.listdir(".")), x + 1)
+""")
+  entries = 2 if warm_pool.mechanism == "bwrap" else 4  # + tmp/, shm/.
+  assert (first.exit_code, first.stdout) == (0, f"{entries} 42\n"), first
+  second = warm_pool.run("""
+import builtins, os, tempfile
+print(hasattr(builtins, "LEAK"), "x" in globals(), sorted(os.listdir(".")),
+      os.listdir(tempfile.gettempdir()))
+""")
+  names = "[]" if warm_pool.mechanism == "bwrap" else "['shm', 'tmp']"
+  assert second.stdout == f"False False {names} []\n", second
+
+
+@pytest.mark.multiprocess
+def test_result_fields(warm_pool):
+  r = warm_pool.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\n"
+                    "sys.exit(3)")
+  assert (r.stdout, r.stderr, r.exit_code, r.timed_out, r.truncated) == (
+      "out\n", "err\n", 3, False, False)
+  r = warm_pool.run("raise ValueError('bad')")
+  assert r.exit_code == 1 and r.stderr.endswith("ValueError: bad\n")
+  r = warm_pool.run("import time\ntime.sleep(10)")
+  assert r.timed_out and r.exit_code == -9 and 2.0 <= r.exec_s < 3.0
+  assert warm_pool.stats.counts["timeouts"] == 1
+  assert warm_pool.stats.counts["calls"] == 3
+
