@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator
 
 import ml_collections
 
+from sao_jax.models.config import REMAT_POLICIES
+
 # Sections whose keys are passed through unchecked (e.g. kwargs of
 # reasoning_gym.create_dataset).
 FREE_FORM = ("env.dataset_config",)
@@ -202,6 +204,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "num_heads", "num_kv_heads", "head_dim")},
     "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
     "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
+    "model.remat_policy": _in(REMAT_POLICIES),
+    "model.scan_layers": ((lambda v: isinstance(v, bool)), "True or False"),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "sampler.temperature": _GT0,

@@ -11,6 +11,14 @@ import jax.numpy as jnp
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
 
+# `ModelConfig.remat_policy` values (transformer.remat_policy maps them).
+REMAT_POLICIES = ("none", "full", "dots_saveable",
+                  "dots_with_no_batch_dims_saveable")
+# Logical axis name of the stacked layer axis (scan_layers); the sharding
+# rules map it to no mesh axis.
+LAYERS_AXIS = "layers"
+
+
 class UnsupportedConfigError(ValueError):
   """A HF config describes a model this decoder family cannot represent."""
 
@@ -35,8 +43,13 @@ class ModelConfig:
       'bfloat16' with float32 `param_dtype` (master weights and optimizer
       moments stay float32, matmuls run in bf16).
     param_dtype: Storage dtype of parameters.
-    remat: Recompute each decoder block's activations in the backward pass
-      (`nn.remat`): less activation memory for one more forward.
+    scan_layers: Run the layers under `nn.scan` over parameters stacked on a
+      leading 'layers' axis (one compiled layer body whatever the depth);
+      False keeps one `layers_{i}` subtree per layer (the unrolled reference).
+    remat_policy: What each decoder block keeps for the backward pass
+      (`nn.remat`, one of REMAT_POLICIES): 'none' keeps everything, 'full'
+      recomputes the block, 'dots_saveable' / 'dots_with_no_batch_dims_saveable'
+      keep (some) matmul outputs.
   """
 
   vocab_size: int
@@ -52,7 +65,8 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
-  remat: bool = False
+  scan_layers: bool = True
+  remat_policy: str = "none"
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -61,6 +75,9 @@ class ModelConfig:
           f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
       )
     jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)  # Fail early on typos.
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of "
+                       f"{REMAT_POLICIES}.")
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -71,8 +88,10 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   def same_architecture(self, other: ModelConfig) -> bool:
-    """Equal up to the run settings dtype, param_dtype and remat."""
-    run = dict(dtype="float32", param_dtype="float32", remat=False)
+    """Equal up to the run settings dtype, param_dtype, scan_layers and
+    remat_policy."""
+    run = dict(dtype="float32", param_dtype="float32", scan_layers=True,
+               remat_policy="none")
     return (dataclasses.replace(self, **run) ==
             dataclasses.replace(other, **run))
 
