@@ -8,7 +8,8 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 # HF `architectures` entries we can read and write.
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
+                           "Glm4MoeForCausalLM")
 
 
 # `ModelConfig.remat_policy` values (transformer.remat_policy maps them).
@@ -17,6 +18,38 @@ REMAT_POLICIES = ("none", "full", "dots_saveable",
 # Logical axis name of the stacked layer axis (scan_layers); the sharding
 # rules map it to no mesh axis.
 LAYERS_AXIS = "layers"
+
+
+# `MoeConfig.router` values (models/layers/moe.py).
+ROUTERS = ("softmax", "sigmoid")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+  """The experts of a MoE layer (HF names in comments)."""
+
+  num_experts: int  # num_experts / n_routed_experts / num_local_experts
+  top_k: int  # num_experts_per_tok
+  intermediate_size: int  # moe_intermediate_size, per expert
+  router: str = "softmax"
+  norm_topk_prob: bool = True
+  n_group: int = 1  # sigmoid router: expert groups
+  topk_group: int = 1  # sigmoid router: groups a token may use
+  routed_scaling_factor: float = 1.0
+  n_shared_experts: int = 0  # dense experts on every token (GLM)
+
+  def __post_init__(self):
+    if self.router not in ROUTERS:
+      raise ValueError(f"MoE router {self.router!r} is not one of {ROUTERS}.")
+    if not 0 < self.top_k <= self.num_experts:
+      raise ValueError(f"MoE top_k={self.top_k} must be in [1, num_experts="
+                       f"{self.num_experts}].")
+    if self.num_experts % self.n_group or not 0 < self.topk_group <= (
+        self.n_group):
+      raise ValueError(
+          f"MoE n_group={self.n_group} must divide num_experts="
+          f"{self.num_experts} and topk_group={self.topk_group} be in "
+          f"[1, n_group].")
 
 
 class UnsupportedConfigError(ValueError):
@@ -50,6 +83,12 @@ class ModelConfig:
       (`nn.remat`, one of REMAT_POLICIES): 'none' keeps everything, 'full'
       recomputes the block, 'dots_saveable' / 'dots_with_no_batch_dims_saveable'
       keep (some) matmul outputs.
+    moe: The experts of the mixture-of-experts layers (None: a dense model).
+    first_dense_layers: With `moe`, layers [0, first_dense_layers) keep the
+      dense SwiGLU MLP (GLM-4.5 / DeepSeek-V3 `first_k_dense_replace`); the
+      rest are MoE layers.
+    rotary_dim: Leading channels of each head that RoPE rotates (GLM's
+      partial rotary); 0 means all of head_dim.
   """
 
   vocab_size: int
@@ -67,6 +106,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   scan_layers: bool = True
   remat_policy: str = "none"
+  moe: MoeConfig | None = None
+  first_dense_layers: int = 0
+  rotary_dim: int = 0
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -75,9 +117,36 @@ class ModelConfig:
           f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
       )
     jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)  # Fail early on typos.
+    if not 0 <= self.first_dense_layers <= self.num_layers:
+      raise ValueError(f"first_dense_layers={self.first_dense_layers} must be "
+                       f"in [0, num_layers={self.num_layers}].")
+    if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+      raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in "
+                       f"[0, head_dim={self.head_dim}].")
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of "
                        f"{REMAT_POLICIES}.")
+
+  def is_moe_layer(self, i: int) -> bool:
+    """Whether decoder layer i has routed experts."""
+    return self.moe is not None and i >= self.first_dense_layers
+
+  def stages(self) -> list[tuple[str, int, int, bool]]:
+    """The runs of alike layers the scanned decoder stacks, in order:
+    (subtree name, first layer, number of layers, sparse).
+
+    A dense model is one run, `layers`; a MoE model `dense_layers` (its
+    `first_dense_layers`, if any) then `moe_layers`.
+    """
+    if self.moe is None:
+      return [("layers", 0, self.num_layers, False)]
+    k = self.first_dense_layers
+    return ([("dense_layers", 0, k, False)] if k else []) + [
+        ("moe_layers", k, self.num_layers - k, True)]
+
+  @property
+  def num_moe_layers(self) -> int:
+    return sum(map(self.is_moe_layer, range(self.num_layers)))
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -101,9 +170,17 @@ class ModelConfig:
     attn = d * dh * (self.num_heads * 2 + self.num_kv_heads * 2)
     if self.qkv_bias:
       attn += dh * (self.num_heads + 2 * self.num_kv_heads)
-    layer = attn + 3 * d * f + 2 * d
+    dense = attn + 3 * d * f + 2 * d
+    layers = self.num_layers * dense
+    if self.moe is not None:
+      moe = self.moe
+      sparse = attn + 2 * d + d * moe.num_experts + 3 * d * (
+          moe.intermediate_size * (moe.num_experts + moe.n_shared_experts))
+      if moe.router == "sigmoid":
+        sparse += moe.num_experts  # The score-correction bias.
+      layers += self.num_moe_layers * (sparse - dense)
     head = 0 if self.tie_embeddings else d * self.vocab_size
-    return self.vocab_size * d + self.num_layers * layer + d + head
+    return self.vocab_size * d + layers + d + head
 
   @classmethod
   def tiny(cls, vocab_size: int = 128, **overrides) -> ModelConfig:
@@ -134,9 +211,9 @@ class ModelConfig:
             f"{list(SUPPORTED_ARCHITECTURES)}."
         )
       arch = archs[0]
-    elif model_type in ("llama", "qwen2"):
-      arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[
-          model_type]
+    elif model_type in ("llama", "qwen2", "glm4_moe"):
+      arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+              "glm4_moe": "Glm4MoeForCausalLM"}[model_type]
     else:
       raise UnsupportedConfigError(
           f"config has neither a supported `architectures` entry nor "
@@ -156,6 +233,10 @@ class ModelConfig:
           "'default' RoPE is implemented."
       )
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    num_heads = hf["num_attention_heads"]
+    hidden = hf["hidden_size"]
+    head_dim = hf.get("head_dim") or hidden // num_heads
+    extra: dict[str, Any] = {}
 
     if arch == "LlamaForCausalLM":
       if hf.get("attention_bias", False):
@@ -164,14 +245,14 @@ class ModelConfig:
       if hf.get("mlp_bias", False):
         raise UnsupportedConfigError("Llama mlp_bias=True is not supported.")
       qkv_bias = False
+    elif arch == "Glm4MoeForCausalLM":
+      qkv_bias, extra = _glm4_moe_from_hf(hf, rope, head_dim)
     else:
       if hf.get("use_sliding_window", False):
         raise UnsupportedConfigError(
             "Qwen2 use_sliding_window=True is not supported.")
       qkv_bias = True
 
-    num_heads = hf["num_attention_heads"]
-    hidden = hf["hidden_size"]
     return cls(
         vocab_size=hf["vocab_size"],
         hidden_size=hidden,
@@ -179,11 +260,12 @@ class ModelConfig:
         num_layers=hf["num_hidden_layers"],
         num_heads=num_heads,
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-        head_dim=hf.get("head_dim") or hidden // num_heads,
+        head_dim=head_dim,
         rope_theta=float(rope_theta),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        **extra,
     )
 
   def to_hf_config(self, arch: str = "LlamaForCausalLM") -> dict[str, Any]:
@@ -197,13 +279,18 @@ class ModelConfig:
       raise UnsupportedConfigError(
           "LlamaForCausalLM cannot express qkv_bias=True (its attention_bias "
           "also adds an o_proj bias); export as Qwen2ForCausalLM instead.")
+    if (arch == "Glm4MoeForCausalLM") != (self.moe is not None):
+      raise UnsupportedConfigError(
+          f"{arch} cannot express moe={self.moe}: export a mixture-of-experts "
+          "model as Glm4MoeForCausalLM and a dense one as Llama or Qwen2.")
     if arch == "Qwen2ForCausalLM" and not self.qkv_bias:
       raise UnsupportedConfigError(
           "Qwen2ForCausalLM always has q/k/v biases; this config has "
           "qkv_bias=False, export as LlamaForCausalLM instead.")
     cfg = {
         "architectures": [arch],
-        "model_type": "llama" if arch == "LlamaForCausalLM" else "qwen2",
+        "model_type": {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                       "Glm4MoeForCausalLM": "glm4_moe"}[arch],
         "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size,
         "intermediate_size": self.intermediate_size,
@@ -222,6 +309,55 @@ class ModelConfig:
     }
     if arch == "LlamaForCausalLM":
       cfg.update(attention_bias=False, mlp_bias=False)
+    elif arch == "Glm4MoeForCausalLM":
+      cfg.update(_glm4_moe_to_hf(self))
     else:
       cfg.update(use_sliding_window=False)
     return cfg
+
+
+def _glm4_moe_from_hf(hf: Mapping[str, Any], rope: Mapping[str, Any],
+                      head_dim: int) -> tuple[bool, dict[str, Any]]:
+  """(qkv_bias, the MoE and rotary fields) of a GLM-4.5-style config."""
+  if hf.get("use_qk_norm", False):
+    raise UnsupportedConfigError(
+        "Glm4Moe use_qk_norm=True (RMSNorm on q and k) is not supported yet.")
+  moe = MoeConfig(
+      num_experts=int(hf["n_routed_experts"]),
+      top_k=int(hf["num_experts_per_tok"]),
+      intermediate_size=int(hf["moe_intermediate_size"]),
+      router="sigmoid", norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+      n_group=int(hf.get("n_group", 1)),
+      topk_group=int(hf.get("topk_group", 1)),
+      routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+      n_shared_experts=int(hf.get("n_shared_experts", 0)))
+  factor = float(rope.get("partial_rotary_factor",
+                          hf.get("partial_rotary_factor", 1.0)))
+  rotary = int(head_dim * factor)
+  return bool(hf.get("attention_bias", False)), dict(
+      moe=moe, first_dense_layers=int(hf.get("first_k_dense_replace", 0)),
+      rotary_dim=0 if rotary == head_dim else rotary)
+
+
+def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+  """The GLM-4.5-style fields of `cfg.to_hf_config`."""
+  moe = cfg.moe
+  if moe.router != "sigmoid":
+    raise UnsupportedConfigError(
+        f"Glm4MoeForCausalLM routes with sigmoid scores; this config's router "
+        f"is {moe.router!r}.")
+  factor = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
+  return {
+      "attention_bias": cfg.qkv_bias, "use_qk_norm": False,
+      "n_routed_experts": moe.num_experts,
+      "num_experts_per_tok": moe.top_k,
+      "moe_intermediate_size": moe.intermediate_size,
+      "norm_topk_prob": moe.norm_topk_prob, "n_group": moe.n_group,
+      "topk_group": moe.topk_group,
+      "routed_scaling_factor": moe.routed_scaling_factor,
+      "n_shared_experts": moe.n_shared_experts,
+      "first_k_dense_replace": cfg.first_dense_layers,
+      "num_nextn_predict_layers": 0,
+      "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                          "partial_rotary_factor": factor},
+  }

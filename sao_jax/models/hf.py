@@ -55,57 +55,99 @@ class _Entry:
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
   layer: int | None = None  # Index on the stacked leaf's [L] axis.
+  expert: int | None = None  # Index on an expert leaf's [E] axis.
+
+
+def _attention_entries(cfg: ModelConfig, hf: str,
+                       attn: tuple[str, ...]) -> list[_Entry]:
+  """One layer's attention tensors."""
+  d, dh, h = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+  entries = []
+  for name, heads in (("q", h), ("k", cfg.num_kv_heads),
+                      ("v", cfg.num_kv_heads)):
+    entries.append(_Entry(
+        attn + (f"{name}_proj",), f"{hf}self_attn.{name}_proj.weight",
+        (heads * dh, d), lambda w, n=heads: w.T.reshape(d, n, dh),
+        lambda k, n=heads: k.reshape(d, n * dh).T))
+    if cfg.qkv_bias:
+      entries.append(_Entry(
+          attn + (f"{name}_bias",), f"{hf}self_attn.{name}_proj.bias",
+          (heads * dh,), lambda b, n=heads: b.reshape(n, dh),
+          lambda b, n=heads: b.reshape(n * dh)))
+  entries.append(_Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight",
+                        (d, h * dh), lambda w: w.T.reshape(h, dh, d),
+                        lambda k: k.reshape(h * dh, d).T))
+  return entries
+
+
+def _moe_entries(cfg: ModelConfig, hf: str,
+                 moe: tuple[str, ...]) -> list[_Entry]:
+  """One MoE layer's router, experts (one HF tensor per expert) and shared
+  experts (HF Qwen3-MoE / GLM-4.5 names)."""
+  d, m = cfg.hidden_size, cfg.moe
+  f, e_count = m.intermediate_size, m.num_experts
+  same, t = (lambda x: x), (lambda x: x.T)
+  entries = [_Entry(moe + ("router_kernel",), f"{hf}mlp.gate.weight",
+                    (e_count, d), t, t)]
+  if m.router == "sigmoid":
+    entries.append(_Entry(moe + ("router_bias",),
+                          f"{hf}mlp.gate.e_score_correction_bias", (e_count,),
+                          same, same))
+  for e in range(e_count):
+    for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
+      entries.append(_Entry(moe + (f"{name}_proj",),
+                            f"{hf}mlp.experts.{e}.{name}_proj.weight", shape,
+                            t, t, expert=e))
+  if m.n_shared_experts:
+    fs = f * m.n_shared_experts
+    for name, shape in (("gate", (fs, d)), ("up", (fs, d)), ("down", (d, fs))):
+      entries.append(_Entry(moe + (f"shared_{name}_proj",),
+                            f"{hf}mlp.shared_experts.{name}_proj.weight",
+                            shape, t, t))
+  return entries
+
+
+def _stacked(group: list[_Entry], xs: list[np.ndarray]) -> np.ndarray:
+  """One leaf from its entries' tensors: [L?, E?, ...] by layer, expert."""
+  e = group[0]
+  if e.layer is None and e.expert is None:
+    return xs[0]
+  lead = tuple(len({getattr(g, a) for g in group}) for a in ("layer", "expert")
+               if getattr(e, a) is not None)
+  return np.stack(xs).reshape(lead + xs[0].shape)
 
 
 def _layout(cfg: ModelConfig) -> list[_Entry]:
   """The full HF <-> ours correspondence for `cfg`."""
-  d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  d, f = cfg.hidden_size, cfg.intermediate_size
   same = lambda x: x
   t = lambda x: x.T
-
-  def split_heads(heads):  # [heads*Dh, D] -> [D, heads, Dh] and back.
-    return (lambda w: w.T.reshape(d, heads, dh),
-            lambda k: k.reshape(d, heads * dh).T)
-
-  def split_bias(heads):
-    return (lambda b: b.reshape(heads, dh), lambda b: b.reshape(heads * dh))
 
   entries = [_Entry(("decoder", "embedder", "embedding"),
                     "model.embed_tokens.weight", (cfg.vocab_size, d), same,
                     same)]
-  for i in range(cfg.num_layers):
-    start = len(entries)
-    hf = f"model.layers.{i}."
-    ours = ("decoder", "layers" if cfg.scan_layers else f"layers_{i}")
-    attn = ours + ("attn",)
-    for name, heads in (("q", cfg.num_heads), ("k", cfg.num_kv_heads),
-                        ("v", cfg.num_kv_heads)):
-      entries.append(_Entry(attn + (f"{name}_proj",),
-                            f"{hf}self_attn.{name}_proj.weight",
-                            (heads * dh, d), *split_heads(heads)))
-      if cfg.qkv_bias:
-        entries.append(_Entry(attn + (f"{name}_bias",),
-                              f"{hf}self_attn.{name}_proj.bias",
-                              (heads * dh,), *split_bias(heads)))
-    h = cfg.num_heads
-    entries += [
-        _Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight", (d, h * dh),
-               lambda w: w.T.reshape(h, dh, d),
-               lambda k: k.reshape(h * dh, d).T),
-        _Entry(ours + ("mlp", "gate_proj"), f"{hf}mlp.gate_proj.weight", (f, d),
-               t, t),
-        _Entry(ours + ("mlp", "up_proj"), f"{hf}mlp.up_proj.weight", (f, d), t,
-               t),
-        _Entry(ours + ("mlp", "down_proj"), f"{hf}mlp.down_proj.weight", (d, f),
-               t, t),
-        _Entry(ours + ("attn_norm", "scale"), f"{hf}input_layernorm.weight",
-               (d,), same, same),
-        _Entry(ours + ("mlp_norm", "scale"),
-               f"{hf}post_attention_layernorm.weight", (d,), same, same),
-    ]
-    if cfg.scan_layers:  # Layer i of the stacked leaves.
-      entries[start:] = [dataclasses.replace(e, layer=i)
-                         for e in entries[start:]]
+  for name, first, count, sparse in cfg.stages():
+    for i in range(first, first + count):
+      start = len(entries)
+      hf = f"model.layers.{i}."
+      ours = ("decoder", name if cfg.scan_layers else f"layers_{i}")
+      entries += _attention_entries(cfg, hf, ours + ("attn",))
+      entries += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
+          _Entry(ours + ("mlp", "gate_proj"), f"{hf}mlp.gate_proj.weight",
+                 (f, d), t, t),
+          _Entry(ours + ("mlp", "up_proj"), f"{hf}mlp.up_proj.weight", (f, d),
+                 t, t),
+          _Entry(ours + ("mlp", "down_proj"), f"{hf}mlp.down_proj.weight",
+                 (d, f), t, t)]
+      entries += [
+          _Entry(ours + ("attn_norm", "scale"), f"{hf}input_layernorm.weight",
+                 (d,), same, same),
+          _Entry(ours + ("mlp_norm", "scale"),
+                 f"{hf}post_attention_layernorm.weight", (d,), same, same),
+      ]
+      if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
+        entries[start:] = [dataclasses.replace(e, layer=i - first)
+                           for e in entries[start:]]
   entries.append(_Entry(("decoder", "final_norm", "scale"), "model.norm.weight",
                         (d,), same, same))
   if not cfg.tie_embeddings:
@@ -301,7 +343,7 @@ def load_hf_checkpoint(
 
     for group in _groups(entries):
       e = group[0]
-      x = read(e) if e.layer is None else np.stack([read(g) for g in group])
+      x = _stacked(group, [read(g) for g in group])
       if shardings is None:
         sharding = None
       elif isinstance(shardings, jax.sharding.Sharding):
@@ -335,12 +377,15 @@ def _iter_hf_tensors(config: ModelConfig,
       raise CheckpointError(
           f"params lack {'/'.join(e.path)} (for HF tensor {e.hf_name!r}); do "
           "they belong to this config?") from err
-    if e.layer is not None and whole.shape[:1] != (len(group),):
+    lead = _stacked(group, [np.zeros(())] * len(group)).shape
+    if whole.shape[:len(lead)] != lead:
       raise CheckpointError(
-          f"Parameter {'/'.join(e.path)} has shape {whole.shape}; a "
-          f"{len(group)}-layer config expects a leading axis of {len(group)}.")
+          f"Parameter {'/'.join(e.path)} has shape {whole.shape}; this config "
+          f"expects leading (layers, experts) axes {lead}.")
     for e in group:
-      x = whole if e.layer is None else whole[e.layer]
+      x = whole
+      for index in (e.layer, e.expert):
+        x = x if index is None else x[index]
       x = np.ascontiguousarray(e.to_hf(x))
       if x.shape != e.hf_shape:
         raise CheckpointError(

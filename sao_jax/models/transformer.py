@@ -47,25 +47,39 @@ from sao_jax.models.layers.kv_cache import init_cache  # pylint: disable=unused-
 from sao_jax.models.layers.masks import attention_mask as _attention_mask
 from sao_jax.models.layers.masks import positions_from_mask  # pylint: disable=unused-import
 from sao_jax.models.layers.mlp import MLP
+from sao_jax.models.layers.moe import MoeBlock
 from sao_jax.models.layers.norms import RMSNorm
 
 Array = jax.Array
 
 
 class DecoderLayer(nn.Module):
-  """Pre-norm block: x + attn(norm(x)); x + mlp(norm(x))."""
+  """Pre-norm block: x + attn(norm(x)); x + ffn(norm(x)).
+
+  The ffn is the SwiGLU MLP, or with ``sparse`` the routed experts of
+  `layers/moe.MoeBlock` (``forced``: experts to replay, int32 [B, T, k]).
+  Returns (x, new kv or None, (experts [B, T, k], load-balancing loss) or
+  None).
+  """
 
   config: ModelConfig
+  sparse: bool = False
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None):
+  def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None):
     y, new_kv = Attention(self.config, name="attn")(
         RMSNorm(self.config, name="attn_norm")(x), positions, mask, kv)
     x = x + y
     y = RMSNorm(self.config, name="mlp_norm")(x)
-    x = x + MLP(self.config, name="mlp")(y)
-    return nn.with_logical_constraint(x, ("batch", "length", "embed")), new_kv
-
+    routed = None
+    if self.sparse:
+      y, experts, aux = MoeBlock(self.config, self.config.moe, name="moe")(
+          y, tokens, forced)
+      routed = (experts, aux)
+    else:
+      y = MLP(self.config, name="mlp")(y)
+    x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
+    return x, new_kv, routed
 
 
 def remat_policy(name: str) -> Any:
@@ -91,11 +105,12 @@ def _block(cfg: ModelConfig) -> type[nn.Module]:
                   prevent_cse=not cfg.scan_layers)
 
 
-def _scan_body(layer, x, kv, positions, mask, end):
+def _scan_body(layer, x, kv, forced, positions, mask, end, tokens):
   """One scanned layer; kv is this layer's (k, v) cache slices or None."""
   layer_kv = None if kv is None else (kv[0][None], kv[1][None], 0, end)
-  x, new_kv = layer(x, positions, mask, layer_kv)
-  return x, None if new_kv is None else (new_kv[0][0], new_kv[1][0])
+  x, new_kv, routed = layer(x, positions, mask, layer_kv, forced, tokens)
+  return x, (None if new_kv is None else (new_kv[0][0], new_kv[1][0]),
+             routed)
 
 
 class Decoder(nn.Module):
@@ -113,36 +128,76 @@ class Decoder(nn.Module):
     self.embedder = Embedder(cfg)
     block = _block(cfg)
     if cfg.scan_layers:
-      self.layers = block(cfg)
-      self._scan = nn.scan(
+      self.stacks = [block(cfg, sparse, name=name)
+                     for name, _, _, sparse in cfg.stages()]
+      self._scans = [nn.scan(
           _scan_body, variable_axes={"params": 0},
           split_rngs={"params": True},
-          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-          length=cfg.num_layers,
-          metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+          in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast,
+                   nn.broadcast),
+          length=n, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+                     for _, _, n, _ in cfg.stages()]
     else:
-      self.layers = [block(cfg) for _ in range(cfg.num_layers)]
+      self.layers = [block(cfg, cfg.is_moe_layer(i), name=f"layers_{i}")
+                     for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
 
-  def _run_layers(self, x, positions, mask, cache):
-    """x through every layer; returns (x, (k, v) of the cache or None)."""
-    if self.config.scan_layers:
+  def _run_layers(self, x, positions, mask, cache, forced, tokens):
+    """x through every layer; returns (x, (k, v) of the cache or None,
+    [(experts [B, T, k], aux)] of the MoE layers in order)."""
+    cfg = self.config
+    end = None if cache is None else cache.end
+    routed = []
+    if not cfg.scan_layers:
       kv = None if cache is None else (cache.k, cache.v)
-      end = None if cache is None else cache.end
-      return self._scan(self.layers, x, kv, positions, mask, end)
-    kv = None if cache is None else (cache.k, cache.v)
-    for i, layer in enumerate(self.layers):
-      x, kv = layer(x, positions, mask,
-                    None if cache is None else (*kv, i, cache.end))
-    return x, kv
+      for i, layer in enumerate(self.layers):
+        m = len(routed)
+        x, kv, r = layer(
+            x, positions, mask, None if cache is None else (*kv, i, end),
+            None if forced is None or not cfg.is_moe_layer(i) else forced[m],
+            tokens)
+        routed += [] if r is None else [r]
+      return x, kv, routed
+    ks, vs = [], []
+    m = 0
+    for stack, scan, (_, first, n, sparse) in zip(self.stacks, self._scans,
+                                                  cfg.stages()):
+      kv = None if cache is None else (cache.k[first:first + n],
+                                       cache.v[first:first + n])
+      f = None if forced is None or not sparse else forced[m:m + n]
+      x, (kv, r) = scan(stack, x, kv, f, positions, mask, end, tokens)
+      if kv is not None:
+        ks.append(kv[0])
+        vs.append(kv[1])
+      if sparse:
+        routed += [(r[0][j], r[1][j]) for j in range(n)]
+        m += n
+    kv = None if cache is None else (
+        jnp.concatenate(ks) if len(ks) > 1 else ks[0],
+        jnp.concatenate(vs) if len(vs) > 1 else vs[0])
+    return x, kv, routed
 
-  def __call__(self, tokens, positions, attention_mask, cache=None):
-    """Returns (hidden [B,T,D], new cache or None)."""
+  def __call__(self, tokens, positions, attention_mask, cache=None,
+               routing=None):
+    """Returns (hidden [B,T,D], new cache or None).
+
+    A MoE model also sows, in the 'moe' collection (apply with
+    ``mutable=['moe']`` to read them), `experts` int32 [B, T, M, k] (what
+    each token was routed to in each of its M MoE layers) and `aux_loss`
+    (the load-balancing loss, mean over those layers). ``routing`` int32
+    [B, T, M, k]: experts to use instead of the router's choice (replay).
+    """
     attention_mask = attention_mask.astype(jnp.bool_)
     mask, valid = _attention_mask(attention_mask, cache)
     x = self.embedder(tokens)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    x, kv = self._run_layers(x, positions, mask, cache)
+    forced = None if routing is None else jnp.moveaxis(
+        routing.astype(jnp.int32), 2, 0)
+    x, kv, routed = self._run_layers(x, positions, mask, cache, forced,
+                                     attention_mask)
+    if routed:
+      self.sow("moe", "experts", jnp.stack([r[0] for r in routed], axis=2))
+      self.sow("moe", "aux_loss", jnp.mean(jnp.stack([r[1] for r in routed])))
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=kv[0], v=kv[1], valid=valid,
@@ -151,6 +206,16 @@ class Decoder(nn.Module):
 
   def attend(self, x: Array) -> Array:
     return self.embedder.attend(x)
+
+
+def moe_outputs(state: Any) -> tuple[Array | None, Array]:
+  """(experts int32 [B, T, M, k] or None, load-balancing loss) from the
+  'moe' collection an apply with ``mutable=['moe']`` returned (its state dict,
+  or the collection itself); (None, 0.0) for a dense model."""
+  sown = state.get("moe", state).get("decoder", {})
+  if "experts" not in sown:
+    return None, jnp.zeros((), jnp.float32)
+  return sown["experts"][0], sown["aux_loss"][0]
 
 
 class Transformer(nn.Module):
@@ -172,10 +237,10 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, attention_mask,
-               cache: KVCache | None = None):
+               cache: KVCache | None = None, routing=None):
     cfg = self.config
     decoder = Decoder(cfg, name="decoder")
-    x, new_cache = decoder(tokens, positions, attention_mask, cache)
+    x, new_cache = decoder(tokens, positions, attention_mask, cache, routing)
     if cfg.tie_embeddings:
       logits = decoder.attend(x)
     else:

@@ -34,39 +34,11 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import MoeConfig
 from sao_jax.models.layers.base import INIT_STD
 from sao_jax.models.layers.base import param
 
 Array = jax.Array
-ROUTERS = ("softmax", "sigmoid")
-
-
-@dataclasses.dataclass(frozen=True)
-class MoeConfig:
-  """The experts of a MoE layer (HF names in comments)."""
-
-  num_experts: int  # num_experts / n_routed_experts / num_local_experts
-  top_k: int  # num_experts_per_tok
-  intermediate_size: int  # moe_intermediate_size, per expert
-  router: str = "softmax"
-  norm_topk_prob: bool = True
-  n_group: int = 1  # sigmoid router: expert groups
-  topk_group: int = 1  # sigmoid router: groups a token may use
-  routed_scaling_factor: float = 1.0
-  n_shared_experts: int = 0  # dense experts on every token (GLM)
-
-  def __post_init__(self):
-    if self.router not in ROUTERS:
-      raise ValueError(f"MoE router {self.router!r} is not one of {ROUTERS}.")
-    if not 0 < self.top_k <= self.num_experts:
-      raise ValueError(f"MoE top_k={self.top_k} must be in [1, num_experts="
-                       f"{self.num_experts}].")
-    if self.num_experts % self.n_group or not 0 < self.topk_group <= (
-        self.n_group):
-      raise ValueError(
-          f"MoE n_group={self.n_group} must divide num_experts="
-          f"{self.num_experts} and topk_group={self.topk_group} be in "
-          f"[1, n_group].")
 
 
 @dataclasses.dataclass(frozen=True)
