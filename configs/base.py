@@ -68,6 +68,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.dataset_config = ml_collections.ConfigDict()
   # Text appended to every question (e.g. the required answer format).
   config.env.instruction = ""
+  # A pretrained model's chat template (tokenizer.path a HF directory):
+  # variables passed to it (free-form, e.g. {'enable_thinking': False} for
+  # Qwen3, {'date_string': '26 Jul 2024'} for Llama 3) and a system message
+  # ('' for none). sao_jax/tokenization/jinja_template.py.
+  config.env.chat_template_kwargs = ml_collections.ConfigDict()
+  config.env.system_prompt = ""
   # How the reply becomes the scored answer (sao_jax.envs.answers): 'whole',
   # 'last_number', 'answer_tag' or 'answer_tag_or_last_number'. Training
   # reward and held-out accuracy use the same rule.

@@ -21,7 +21,7 @@ import ml_collections
 
 # Sections whose keys are passed through unchecked (e.g. kwargs of
 # reasoning_gym.create_dataset).
-FREE_FORM = ("env.dataset_config",)
+FREE_FORM = ("env.dataset_config", "env.chat_template_kwargs")
 TRAIN_MODES = ("async", "sync", "group", "replay")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -301,7 +301,7 @@ def _check_names(c: Any) -> None:
 
 
 def _check_tokenizer(c: Any) -> None:
-  from sao_jax import tokenizer  # pylint: disable=g-import-not-at-top
+  from sao_jax.tokenization import tokenizer  # pylint: disable=g-import-not-at-top
 
   t = c.tokenizer
   if t.path:

@@ -10,7 +10,7 @@ import pytest
 
 from sao_jax import config_validation as cv
 from sao_jax.rl import registry
-from sao_jax import tokenizer
+from sao_jax.tokenization import tokenizer
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _BASE = str(_REPO / "configs" / "base.py")

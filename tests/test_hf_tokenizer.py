@@ -6,9 +6,9 @@ its `apply_chat_template`; ours uses only `tokenizers` and jinja2.
 
 import pytest
 
-from sao_jax import hf_tokenizer
-from sao_jax import text_tokenizer
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import hf_tokenizer
+from sao_jax.tokenization import text_tokenizer
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import tool_env
 
