@@ -120,9 +120,12 @@ class HFTokenizer:
 
   def serialized_proto(self) -> bytes:
     """Everything needed to rebuild this tokenizer (`from_serialized`)."""
+    args = dict(self._template_args)
+    # Key order of a tool schema shows in the prompt (tojson): kept as is.
+    args["tools"] = json.dumps(args["tools"])
     blob = json.dumps({"tokenizer_json": self._json, "config": self._config,
-                       "chat_template": self._chat_template,
-                       **self._template_args}, sort_keys=True)
+                       "chat_template": self._chat_template, **args},
+                      sort_keys=True)
     return SERIAL_MAGIC + blob.encode("utf-8")
 
   @classmethod
@@ -131,7 +134,8 @@ class HFTokenizer:
       raise ValueError("not a serialized HFTokenizer.")
     d = json.loads(blob[len(SERIAL_MAGIC):].decode("utf-8"))
     return cls(d["tokenizer_json"], d["config"], d["chat_template"],
-               d.get("template_kwargs"), d.get("system", ""), d.get("tools"))
+               d.get("template_kwargs"), d.get("system", ""),
+               json.loads(d.get("tools", "[]")))
 
   def _special_id(self, key: str, fallback: str) -> int:
     tok = self._specials[key] or self._specials[fallback]
