@@ -36,6 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_kv_heads = 2  # GQA key/value heads; divides num_heads.
   config.model.head_dim = 16  # Need not equal hidden_size // num_heads.
   config.model.rope_theta = 10000.0  # RoPE base frequency.
+  # RoPE scaling (free-form; empty: none): HF rope_parameters, e.g.
+  # {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0,
+  # 'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192}.
+  config.model.rope_scaling = ml_collections.ConfigDict()
   config.model.rms_norm_eps = 1e-6  # RMSNorm epsilon.
   config.model.qkv_bias = False  # Qwen2: True.
   config.model.tie_embeddings = False  # Output proj = embedding^T.

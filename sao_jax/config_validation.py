@@ -21,7 +21,8 @@ import ml_collections
 
 # Sections whose keys are passed through unchecked (e.g. kwargs of
 # reasoning_gym.create_dataset).
-FREE_FORM = ("env.dataset_config", "env.chat_template_kwargs")
+FREE_FORM = ("env.dataset_config", "env.chat_template_kwargs",
+             "model.rope_scaling")
 TRAIN_MODES = ("async", "sync", "group", "replay")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -1,4 +1,4 @@
-"""Hyper-parameters of the decoder LM (one family: Llama and Qwen2)."""
+"""Hyper-parameters of the decoder LM (one family: Llama 2/3.x and Qwen2)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import dataclasses
 from typing import Any, Mapping
 
 import jax.numpy as jnp
+
+from sao_jax.models.layers import rope as rope_lib
 
 # HF `architectures` entries we can read and write.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -28,6 +30,10 @@ class ModelConfig:
     num_kv_heads: Key/value heads ('kv_heads'); must divide num_heads (GQA).
     head_dim: Per-head width ('head_dim').
     rope_theta: RoPE base frequency.
+    rope_scaling: RoPE scaling, () for none: the HF `rope_parameters` without
+      rope_theta (rope_type 'linear', 'llama3', 'yarn' or 'dynamic' and its
+      keys; `layers/rope.py`), a mapping or sorted (key, value) pairs
+      (stored as the pairs).
     rms_norm_eps: RMSNorm epsilon.
     qkv_bias: Bias on the q/k/v projections (Qwen2: True).
     tie_embeddings: Output projection = input embedding transposed.
@@ -53,8 +59,11 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  rope_scaling: Any = ()
 
   def __post_init__(self):
+    object.__setattr__(self, "rope_scaling",
+                       rope_lib.normalize_scaling(self.rope_scaling))
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads={self.num_heads} must be a multiple of "
@@ -129,14 +138,20 @@ class ModelConfig:
     if act != "silu":
       raise UnsupportedConfigError(
           f"hidden_act={act!r}; only 'silu' is supported.")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-      raise UnsupportedConfigError(
-          f"rope_type={rope_type!r} (RoPE scaling) is not supported; only "
-          "'default' RoPE is implemented."
-      )
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in ("dynamic", "yarn") and hf.get("max_position_embeddings"):
+      rope.setdefault("max_position_embeddings", hf["max_position_embeddings"])
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+      raise UnsupportedConfigError(
+          "partial_rotary_factor != 1 (RoPE on part of a head) is not "
+          "supported.")
+    rope.pop("partial_rotary_factor", None)
+    try:
+      rope_scaling = rope_lib.normalize_scaling(rope)
+    except ValueError as e:
+      raise UnsupportedConfigError(f"RoPE scaling: {e}") from e
 
     if arch == "LlamaForCausalLM":
       if hf.get("attention_bias", False):
@@ -162,6 +177,7 @@ class ModelConfig:
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         head_dim=hf.get("head_dim") or hidden // num_heads,
         rope_theta=float(rope_theta),
+        rope_scaling=rope_scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
@@ -195,8 +211,7 @@ class ModelConfig:
         "hidden_act": "silu",
         "rms_norm_eps": self.rms_norm_eps,
         "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_type": "default",
-                            "rope_theta": self.rope_theta},
+        "rope_parameters": self._hf_rope_parameters(),
         "tie_word_embeddings": self.tie_embeddings,
         "torch_dtype": self.param_dtype,
         "dtype": self.param_dtype,
@@ -205,4 +220,14 @@ class ModelConfig:
       cfg.update(attention_bias=False, mlp_bias=False)
     else:
       cfg.update(use_sliding_window=False)
+    max_pos = dict(self.rope_scaling).get("max_position_embeddings")
+    if max_pos:
+      cfg["max_position_embeddings"] = max_pos
     return cfg
+
+  def _hf_rope_parameters(self) -> dict[str, Any]:
+    """HF `rope_parameters` (max_position_embeddings is a top-level key)."""
+    params = {k: v for k, v in self.rope_scaling
+              if k != "max_position_embeddings"}
+    params.setdefault("rope_type", "default")
+    return {**params, "rope_theta": self.rope_theta}

@@ -44,8 +44,10 @@ class Attention(nn.Module):
         y = y + bias.astype(x.dtype)
       return y
 
-    q = apply_rope(proj("q", h, "heads"), positions, cfg.rope_theta)
-    k = apply_rope(proj("k", hkv, "kv_heads"), positions, cfg.rope_theta)
+    q = apply_rope(proj("q", h, "heads"), positions, cfg.rope_theta,
+                   cfg.rope_scaling)
+    k = apply_rope(proj("k", hkv, "kv_heads"), positions, cfg.rope_theta,
+                   cfg.rope_scaling)
     v = proj("v", hkv, "kv_heads")
 
     new_kv = None
