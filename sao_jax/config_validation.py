@@ -320,6 +320,24 @@ def _check_tokenizer(c: Any) -> None:
         f"{t.vocab_size}, got {c.model.vocab_size}")
 
 
+def _check_free_form_model_and_template(c: Any) -> None:
+  """model.rope_scaling (layers/rope.py) and env.chat_template_kwargs."""
+  import json  # pylint: disable=g-import-not-at-top
+  from sao_jax.models.layers import rope  # pylint: disable=g-import-not-at-top
+
+  try:
+    rope.normalize_scaling(dict(c.model.rope_scaling))
+  except ValueError as e:
+    raise ConfigError(f"config.model.rope_scaling: {e}") from None
+  try:
+    json.dumps(c.env.chat_template_kwargs.to_dict()
+               if hasattr(c.env.chat_template_kwargs, "to_dict")
+               else dict(c.env.chat_template_kwargs))
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.env.chat_template_kwargs: expected JSON "
+                      f"values (template variables), got {e}") from None
+
+
 def _check_sampler_devices(c: Any) -> None:
   from sao_jax.sampler import process  # pylint: disable=g-import-not-at-top
 
@@ -410,7 +428,8 @@ def validate_config(config: Any,
   for path, (pred, expected) in _RANGES.items():
     _check(config, path, pred, expected)
   for check in (_check_names, _check_tokenizer, _check_sampler_devices,
-                _check_cross_fields, _check_mesh):
+                _check_cross_fields, _check_mesh,
+                _check_free_form_model_and_template):
     check(config)
 
 

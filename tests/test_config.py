@@ -211,6 +211,22 @@ def test_inconsistent_values(config, updates, expected):
   assert _error(config).startswith(expected)
 
 
+def test_rope_scaling_and_template_kwargs_are_checked(config):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config.model.rope_scaling = ml_collections.ConfigDict(
+      {"rope_type": "llama3", "factor": 8.0})
+  assert _error(config).startswith(
+      "config.model.rope_scaling: rope_type='llama3': unsupported keys [], "
+      "missing keys ['high_freq_factor', 'low_freq_factor', "
+      "'original_max_position_embeddings']")
+  config.model.rope_scaling = ml_collections.ConfigDict(
+      {"rope_type": "linear", "factor": 2.0})
+  cv.validate_config(config)
+  config.env.chat_template_kwargs = ml_collections.ConfigDict(
+      {"enable_thinking": False})
+  cv.validate_config(config)
+
+
 def test_consistent_unusual_values_pass(config):
   config.model.num_heads = 6  # GQA groups of 3 over 2 kv heads.
   config.model.head_dim = 24  # head_dim * heads != hidden is allowed (Qwen).
