@@ -42,6 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.rope_scaling = ml_collections.ConfigDict()
   config.model.rms_norm_eps = 1e-6  # RMSNorm epsilon.
   config.model.qkv_bias = False  # Qwen2: True.
+  config.model.qk_norm = False  # Per-head RMSNorm on q and k (Qwen3: True).
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.

@@ -10,7 +10,10 @@ import jax.numpy as jnp
 from sao_jax.models.layers import rope as rope_lib
 
 # HF `architectures` entries we can read and write.
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}
 
 
 class UnsupportedConfigError(ValueError):
@@ -36,6 +39,7 @@ class ModelConfig:
       (stored as the pairs).
     rms_norm_eps: RMSNorm epsilon.
     qkv_bias: Bias on the q/k/v projections (Qwen2: True).
+    qk_norm: RMSNorm over each head's q and k before RoPE (Qwen3: True).
     tie_embeddings: Output projection = input embedding transposed.
     dtype: Compute dtype of activations (logits are always float32); e.g.
       'bfloat16' with float32 `param_dtype` (master weights and optimizer
@@ -60,6 +64,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: bool = False
   rope_scaling: Any = ()
+  qk_norm: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "rope_scaling",
@@ -91,6 +96,8 @@ class ModelConfig:
     attn = d * dh * (self.num_heads * 2 + self.num_kv_heads * 2)
     if self.qkv_bias:
       attn += dh * (self.num_heads + 2 * self.num_kv_heads)
+    if self.qk_norm:
+      attn += 2 * dh
     layer = attn + 3 * d * f + 2 * d
     head = 0 if self.tie_embeddings else d * self.vocab_size
     return self.vocab_size * d + self.num_layers * layer + d + head
@@ -124,13 +131,12 @@ class ModelConfig:
             f"{list(SUPPORTED_ARCHITECTURES)}."
         )
       arch = archs[0]
-    elif model_type in ("llama", "qwen2"):
-      arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[
-          model_type]
+    elif model_type in _MODEL_TYPES:
+      arch = _MODEL_TYPES[model_type]
     else:
       raise UnsupportedConfigError(
           f"config has neither a supported `architectures` entry nor "
-          f"model_type in ('llama', 'qwen2') (got architectures={archs}, "
+          f"model_type in {tuple(_MODEL_TYPES)} (got architectures={archs}, "
           f"model_type={model_type!r})."
       )
 
@@ -163,8 +169,11 @@ class ModelConfig:
     else:
       if hf.get("use_sliding_window", False):
         raise UnsupportedConfigError(
-            "Qwen2 use_sliding_window=True is not supported.")
-      qkv_bias = True
+            f"{arch} use_sliding_window=True is not supported.")
+      qkv_bias = arch == "Qwen2ForCausalLM"
+      if arch == "Qwen3ForCausalLM" and hf.get("attention_bias", False):
+        raise UnsupportedConfigError(
+            "Qwen3 attention_bias=True (bias on o_proj too) is not supported.")
 
     num_heads = hf["num_attention_heads"]
     hidden = hf["hidden_size"]
@@ -180,6 +189,7 @@ class ModelConfig:
         rope_scaling=rope_scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias,
+        qk_norm=arch == "Qwen3ForCausalLM",
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
     )
 
@@ -198,9 +208,15 @@ class ModelConfig:
       raise UnsupportedConfigError(
           "Qwen2ForCausalLM always has q/k/v biases; this config has "
           "qkv_bias=False, export as LlamaForCausalLM instead.")
+    if self.qk_norm != (arch == "Qwen3ForCausalLM") or (
+        arch == "Qwen3ForCausalLM" and self.qkv_bias):
+      raise UnsupportedConfigError(
+          f"{arch} cannot express qk_norm={self.qk_norm}, qkv_bias="
+          f"{self.qkv_bias} (Qwen3ForCausalLM: q/k norms, no biases); export "
+          f"as {self.hf_architecture()}.")
     cfg = {
         "architectures": [arch],
-        "model_type": "llama" if arch == "LlamaForCausalLM" else "qwen2",
+        "model_type": {v: k for k, v in _MODEL_TYPES.items()}[arch],
         "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size,
         "intermediate_size": self.intermediate_size,
@@ -220,10 +236,18 @@ class ModelConfig:
       cfg.update(attention_bias=False, mlp_bias=False)
     else:
       cfg.update(use_sliding_window=False)
+    if arch == "Qwen3ForCausalLM":
+      cfg.update(attention_bias=False)
     max_pos = dict(self.rope_scaling).get("max_position_embeddings")
     if max_pos:
       cfg["max_position_embeddings"] = max_pos
     return cfg
+
+  def hf_architecture(self) -> str:
+    """The HF architecture this config exports as by default."""
+    if self.qk_norm:
+      return "Qwen3ForCausalLM"
+    return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"
 
   def _hf_rope_parameters(self) -> dict[str, Any]:
     """HF `rope_parameters` (max_position_embeddings is a top-level key)."""

@@ -79,6 +79,10 @@ def _layout(cfg: ModelConfig) -> list[_Entry]:
         entries.append(_Entry(attn + (f"{name}_bias",),
                               f"{hf}self_attn.{name}_proj.bias",
                               (heads * dh,), *split_bias(heads)))
+      if cfg.qk_norm and name != "v":  # Qwen3.
+        entries.append(_Entry(attn + (f"{name}_norm", "scale"),
+                              f"{hf}self_attn.{name}_norm.weight", (dh,),
+                              same, same))
     h = cfg.num_heads
     entries += [
         _Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight", (d, h * dh),
@@ -315,7 +319,7 @@ def save_hf_checkpoint(
     config: ModelConfig,
     params: Any,
     path: str | os.PathLike[str],
-    arch: str = "LlamaForCausalLM",
+    arch: str | None = None,
 ) -> None:
   """Writes config.json + model.safetensors loadable by transformers.
 
@@ -324,10 +328,12 @@ def save_hf_checkpoint(
     params: `Transformer` params (`variables['params']` or the whole variables
       dict; boxed or plain; any sharding: gathered to host per tensor).
     path: output directory (created).
-    arch: 'LlamaForCausalLM' or 'Qwen2ForCausalLM' (the latter needs
-      qkv_bias=True, the former qkv_bias=False).
+    arch: 'LlamaForCausalLM', 'Qwen2ForCausalLM' (needs qkv_bias=True) or
+      'Qwen3ForCausalLM' (needs qk_norm=True); None: the config's own
+      (`ModelConfig.hf_architecture`).
   """
   path = os.fspath(path)
+  arch = arch or config.hf_architecture()
   try:
     hf_config = config.to_hf_config(arch)
   except UnsupportedConfigError as e:
