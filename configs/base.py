@@ -36,8 +36,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_kv_heads = 2  # GQA key/value heads; divides num_heads.
   config.model.head_dim = 16  # Need not equal hidden_size // num_heads.
   config.model.rope_theta = 10000.0  # RoPE base frequency.
+  # RoPE scaling (free-form; empty: none): HF rope_parameters, e.g.
+  # {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0,
+  # 'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192}.
+  config.model.rope_scaling = ml_collections.ConfigDict()
   config.model.rms_norm_eps = 1e-6  # RMSNorm epsilon.
   config.model.qkv_bias = False  # Qwen2: True.
+  config.model.qk_norm = False  # Per-head RMSNorm on q and k (Qwen3: True).
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
@@ -73,6 +78,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.dataset_config = ml_collections.ConfigDict()
   # Text appended to every question (e.g. the required answer format).
   config.env.instruction = ""
+  # A pretrained model's chat template (tokenizer.path a HF directory):
+  # variables passed to it (free-form, e.g. {'enable_thinking': False} for
+  # Qwen3, {'date_string': '26 Jul 2024'} for Llama 3) and a system message
+  # ('' for none). sao_jax/tokenization/jinja_template.py.
+  config.env.chat_template_kwargs = ml_collections.ConfigDict()
+  config.env.system_prompt = ""
   # How the reply becomes the scored answer (sao_jax.envs.answers): 'whole',
   # 'last_number', 'answer_tag' or 'answer_tag_or_last_number'. Training
   # reward and held-out accuracy use the same rule.

@@ -1,7 +1,7 @@
 r"""SAO on a real pretrained model: SmolLM2-135M-Instruct, its own tokenizer.
 
 The policy starts from the instruct checkpoint (no SFT warm start), speaks its
-own ChatML template (`sao_jax.hf_tokenizer`), and is scored on reasoning-gym
+own ChatML template (`sao_jax.tokenization.hf_tokenizer`), and is scored on reasoning-gym
 `chain_sum` with two one-digit terms, where its greedy base accuracy is
 between 0.2 and 0.6 when the answer is the last number of its reply
 (`env.answer = 'last_number'`; the whole chatty reply scores ~0). The critic

@@ -1,4 +1,4 @@
-"""Hyper-parameters of the decoder LM (one family: Llama and Qwen2)."""
+"""Hyper-parameters of the decoder LM (one family: Llama 2/3.x and Qwen2)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from sao_jax.models.layers import rope as rope_lib
+
 # HF `architectures` entries we can read and write.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
-                           "Glm4MoeForCausalLM")
+                           "Qwen3ForCausalLM", "Glm4MoeForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
 
 
 # `ModelConfig.remat_policy` values (transformer.remat_policy maps them).
@@ -69,8 +73,13 @@ class ModelConfig:
     num_kv_heads: Key/value heads ('kv_heads'); must divide num_heads (GQA).
     head_dim: Per-head width ('head_dim').
     rope_theta: RoPE base frequency.
+    rope_scaling: RoPE scaling, () for none: the HF `rope_parameters` without
+      rope_theta (rope_type 'linear', 'llama3', 'yarn' or 'dynamic' and its
+      keys; `layers/rope.py`), a mapping or sorted (key, value) pairs
+      (stored as the pairs).
     rms_norm_eps: RMSNorm epsilon.
     qkv_bias: Bias on the q/k/v projections (Qwen2: True).
+    qk_norm: RMSNorm over each head's q and k before RoPE (Qwen3: True).
     tie_embeddings: Output projection = input embedding transposed.
     dtype: Compute dtype of activations (logits are always float32); e.g.
       'bfloat16' with float32 `param_dtype` (master weights and optimizer
@@ -109,8 +118,12 @@ class ModelConfig:
   moe: MoeConfig | None = None
   first_dense_layers: int = 0
   rotary_dim: int = 0
+  rope_scaling: Any = ()
+  qk_norm: bool = False
 
   def __post_init__(self):
+    object.__setattr__(self, "rope_scaling",
+                       rope_lib.normalize_scaling(self.rope_scaling))
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads={self.num_heads} must be a multiple of "
@@ -170,6 +183,8 @@ class ModelConfig:
     attn = d * dh * (self.num_heads * 2 + self.num_kv_heads * 2)
     if self.qkv_bias:
       attn += dh * (self.num_heads + 2 * self.num_kv_heads)
+    if self.qk_norm:
+      attn += 2 * dh
     dense = attn + 3 * d * f + 2 * d
     layers = self.num_layers * dense
     if self.moe is not None:
@@ -211,13 +226,12 @@ class ModelConfig:
             f"{list(SUPPORTED_ARCHITECTURES)}."
         )
       arch = archs[0]
-    elif model_type in ("llama", "qwen2", "glm4_moe"):
-      arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-              "glm4_moe": "Glm4MoeForCausalLM"}[model_type]
+    elif model_type in _MODEL_TYPES:
+      arch = _MODEL_TYPES[model_type]
     else:
       raise UnsupportedConfigError(
           f"config has neither a supported `architectures` entry nor "
-          f"model_type in ('llama', 'qwen2') (got architectures={archs}, "
+          f"model_type in {tuple(_MODEL_TYPES)} (got architectures={archs}, "
           f"model_type={model_type!r})."
       )
 
@@ -225,14 +239,21 @@ class ModelConfig:
     if act != "silu":
       raise UnsupportedConfigError(
           f"hidden_act={act!r}; only 'silu' is supported.")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-      raise UnsupportedConfigError(
-          f"rope_type={rope_type!r} (RoPE scaling) is not supported; only "
-          "'default' RoPE is implemented."
-      )
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in ("dynamic", "yarn") and hf.get("max_position_embeddings"):
+      rope.setdefault("max_position_embeddings", hf["max_position_embeddings"])
+    if rope.get("partial_rotary_factor", 1.0) != 1.0 and (
+        arch != "Glm4MoeForCausalLM"):
+      raise UnsupportedConfigError(
+          "partial_rotary_factor != 1 (RoPE on part of a head) is only "
+          "supported for Glm4MoeForCausalLM.")
+    partial = rope.pop("partial_rotary_factor", None)
+    try:
+      rope_scaling = rope_lib.normalize_scaling(rope)
+    except ValueError as e:
+      raise UnsupportedConfigError(f"RoPE scaling: {e}") from e
     num_heads = hf["num_attention_heads"]
     hidden = hf["hidden_size"]
     head_dim = hf.get("head_dim") or hidden // num_heads
@@ -246,12 +267,15 @@ class ModelConfig:
         raise UnsupportedConfigError("Llama mlp_bias=True is not supported.")
       qkv_bias = False
     elif arch == "Glm4MoeForCausalLM":
-      qkv_bias, extra = _glm4_moe_from_hf(hf, rope, head_dim)
+      qkv_bias, extra = _glm4_moe_from_hf(hf, partial or 1.0, head_dim)
     else:
       if hf.get("use_sliding_window", False):
         raise UnsupportedConfigError(
-            "Qwen2 use_sliding_window=True is not supported.")
-      qkv_bias = True
+            f"{arch} use_sliding_window=True is not supported.")
+      qkv_bias = arch == "Qwen2ForCausalLM"
+      if arch == "Qwen3ForCausalLM" and hf.get("attention_bias", False):
+        raise UnsupportedConfigError(
+            "Qwen3 attention_bias=True (bias on o_proj too) is not supported.")
 
     return cls(
         vocab_size=hf["vocab_size"],
@@ -262,8 +286,10 @@ class ModelConfig:
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         head_dim=head_dim,
         rope_theta=float(rope_theta),
+        rope_scaling=rope_scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias,
+        qk_norm=extra.pop("qk_norm", arch == "Qwen3ForCausalLM"),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **extra,
     )
@@ -287,10 +313,16 @@ class ModelConfig:
       raise UnsupportedConfigError(
           "Qwen2ForCausalLM always has q/k/v biases; this config has "
           "qkv_bias=False, export as LlamaForCausalLM instead.")
+    if arch != "Glm4MoeForCausalLM" and (
+        self.qk_norm != (arch == "Qwen3ForCausalLM") or (
+            arch == "Qwen3ForCausalLM" and self.qkv_bias)):
+      raise UnsupportedConfigError(
+          f"{arch} cannot express qk_norm={self.qk_norm}, qkv_bias="
+          f"{self.qkv_bias} (Qwen3ForCausalLM: q/k norms, no biases); export "
+          f"as {self.hf_architecture()}.")
     cfg = {
         "architectures": [arch],
-        "model_type": {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                       "Glm4MoeForCausalLM": "glm4_moe"}[arch],
+        "model_type": {v: k for k, v in _MODEL_TYPES.items()}[arch],
         "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size,
         "intermediate_size": self.intermediate_size,
@@ -301,8 +333,7 @@ class ModelConfig:
         "hidden_act": "silu",
         "rms_norm_eps": self.rms_norm_eps,
         "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_type": "default",
-                            "rope_theta": self.rope_theta},
+        "rope_parameters": self._hf_rope_parameters(),
         "tie_word_embeddings": self.tie_embeddings,
         "torch_dtype": self.param_dtype,
         "dtype": self.param_dtype,
@@ -313,15 +344,31 @@ class ModelConfig:
       cfg.update(_glm4_moe_to_hf(self))
     else:
       cfg.update(use_sliding_window=False)
+    if arch == "Qwen3ForCausalLM":
+      cfg.update(attention_bias=False)
+    max_pos = dict(self.rope_scaling).get("max_position_embeddings")
+    if max_pos:
+      cfg["max_position_embeddings"] = max_pos
     return cfg
 
+  def hf_architecture(self) -> str:
+    """The HF architecture this config exports as by default."""
+    if self.moe is not None:
+      return "Glm4MoeForCausalLM"
+    if self.qk_norm:
+      return "Qwen3ForCausalLM"
+    return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"
 
-def _glm4_moe_from_hf(hf: Mapping[str, Any], rope: Mapping[str, Any],
+  def _hf_rope_parameters(self) -> dict[str, Any]:
+    """HF `rope_parameters` (max_position_embeddings is a top-level key)."""
+    params = {k: v for k, v in self.rope_scaling
+              if k != "max_position_embeddings"}
+    params.setdefault("rope_type", "default")
+    return {**params, "rope_theta": self.rope_theta}
+
+def _glm4_moe_from_hf(hf: Mapping[str, Any], partial_rotary_factor: float,
                       head_dim: int) -> tuple[bool, dict[str, Any]]:
   """(qkv_bias, the MoE and rotary fields) of a GLM-4.5-style config."""
-  if hf.get("use_qk_norm", False):
-    raise UnsupportedConfigError(
-        "Glm4Moe use_qk_norm=True (RMSNorm on q and k) is not supported yet.")
   moe = MoeConfig(
       num_experts=int(hf["n_routed_experts"]),
       top_k=int(hf["num_experts_per_tok"]),
@@ -331,12 +378,11 @@ def _glm4_moe_from_hf(hf: Mapping[str, Any], rope: Mapping[str, Any],
       topk_group=int(hf.get("topk_group", 1)),
       routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
       n_shared_experts=int(hf.get("n_shared_experts", 0)))
-  factor = float(rope.get("partial_rotary_factor",
-                          hf.get("partial_rotary_factor", 1.0)))
-  rotary = int(head_dim * factor)
+  rotary = int(head_dim * float(partial_rotary_factor))
   return bool(hf.get("attention_bias", False)), dict(
       moe=moe, first_dense_layers=int(hf.get("first_k_dense_replace", 0)),
-      rotary_dim=0 if rotary == head_dim else rotary)
+      rotary_dim=0 if rotary == head_dim else rotary,
+      qk_norm=bool(hf.get("use_qk_norm", False)))
 
 
 def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
@@ -348,7 +394,7 @@ def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         f"is {moe.router!r}.")
   factor = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
   return {
-      "attention_bias": cfg.qkv_bias, "use_qk_norm": False,
+      "attention_bias": cfg.qkv_bias, "use_qk_norm": cfg.qk_norm,
       "n_routed_experts": moe.num_experts,
       "num_experts_per_tok": moe.top_k,
       "moe_intermediate_size": moe.intermediate_size,
@@ -358,6 +404,6 @@ def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
       "n_shared_experts": moe.n_shared_experts,
       "first_k_dense_replace": cfg.first_dense_layers,
       "num_nextn_predict_layers": 0,
-      "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+      "rope_parameters": {**cfg._hf_rope_parameters(),  # pylint: disable=protected-access
                           "partial_rotary_factor": factor},
   }

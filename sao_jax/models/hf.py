@@ -74,6 +74,10 @@ def _attention_entries(cfg: ModelConfig, hf: str,
           attn + (f"{name}_bias",), f"{hf}self_attn.{name}_proj.bias",
           (heads * dh,), lambda b, n=heads: b.reshape(n, dh),
           lambda b, n=heads: b.reshape(n * dh)))
+    if cfg.qk_norm and name != "v":  # Qwen3, GLM-4.5.
+      entries.append(_Entry(attn + (f"{name}_norm", "scale"),
+                            f"{hf}self_attn.{name}_norm.weight", (dh,),
+                            lambda x: x, lambda x: x))
   entries.append(_Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight",
                         (d, h * dh), lambda w: w.T.reshape(h, dh, d),
                         lambda k: k.reshape(h * dh, d).T))
@@ -398,7 +402,7 @@ def save_hf_checkpoint(
     config: ModelConfig,
     params: Any,
     path: str | os.PathLike[str],
-    arch: str = "LlamaForCausalLM",
+    arch: str | None = None,
 ) -> None:
   """Writes config.json + model.safetensors loadable by transformers.
 
@@ -407,10 +411,12 @@ def save_hf_checkpoint(
     params: `Transformer` params (`variables['params']` or the whole variables
       dict; boxed or plain; any sharding: gathered to host per tensor).
     path: output directory (created).
-    arch: 'LlamaForCausalLM' or 'Qwen2ForCausalLM' (the latter needs
-      qkv_bias=True, the former qkv_bias=False).
+    arch: 'LlamaForCausalLM', 'Qwen2ForCausalLM' (needs qkv_bias=True) or
+      'Qwen3ForCausalLM' (needs qk_norm=True); None: the config's own
+      (`ModelConfig.hf_architecture`).
   """
   path = os.fspath(path)
+  arch = arch or config.hf_architecture()
   try:
     hf_config = config.to_hf_config(arch)
   except UnsupportedConfigError as e:

@@ -21,8 +21,8 @@ import optax
 from absl import logging
 
 from sao_jax import sharding
-from sao_jax import text_tokenizer
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import text_tokenizer
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import task_sizing

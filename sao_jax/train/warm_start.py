@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from sao_jax import text_tokenizer
+from sao_jax.tokenization import text_tokenizer
 from sao_jax.envs import demonstrations
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.models import hf

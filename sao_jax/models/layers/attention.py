@@ -10,6 +10,7 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers.base import INIT_STD
 from sao_jax.models.layers.base import param
 from sao_jax.models.layers.kv_cache import write
+from sao_jax.models.layers.norms import RMSNorm
 from sao_jax.models.layers.rope import apply_rope
 
 Array = jax.Array
@@ -44,9 +45,13 @@ class Attention(nn.Module):
         y = y + bias.astype(x.dtype)
       return y
 
-    q = apply_rope(proj("q", h, "heads"), positions, cfg.rope_theta,
+    q, k = proj("q", h, "heads"), proj("k", hkv, "kv_heads")
+    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE.
+      q = RMSNorm(cfg, dh, "head_dim", name="q_norm")(q).astype(x.dtype)
+      k = RMSNorm(cfg, dh, "head_dim", name="k_norm")(k).astype(x.dtype)
+    q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling,
                    cfg.rotary_dim)
-    k = apply_rope(proj("k", hkv, "kv_heads"), positions, cfg.rope_theta,
+    k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling,
                    cfg.rotary_dim)
     v = proj("v", hkv, "kv_heads")
 
