@@ -1,5 +1,5 @@
-"""A mixture-of-experts decoder (GLM-4.5 style) against transformers'
-`Glm4MoeForCausalLM`: import, logits on a left-padded batch, export, the
+"""Mixture-of-experts decoders against transformers' `Qwen3MoeForCausalLM`
+and `Glm4MoeForCausalLM`: import, logits on a left-padded batch, export, the
 scanned and unrolled layouts, the recorded routing and its replay (R3)."""
 
 import os
@@ -20,17 +20,30 @@ pytestmark = pytest.mark.ref
 V = 96
 
 
-def _hf_config():
+def _qwen3_moe_config():
+  # Qwen3-MoE at a tiny size: softmax top-k with renormalised weights, q/k
+  # norms, a dense first layer (mlp_only_layers), untied head.
+  return transformers.Qwen3MoeConfig(
+      vocab_size=V, hidden_size=32, intermediate_size=48,
+      moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
+      norm_topk_prob=True, mlp_only_layers=[0], decoder_sparse_step=1,
+      rms_norm_eps=1e-5, rope_parameters={"rope_type": "default",
+                                          "rope_theta": 500.0},
+      tie_word_embeddings=False, attn_implementation="eager")
+
+
+def _glm4_moe_config():
   # Every GLM-4.5 routing feature at a tiny size: one dense layer first,
   # grouped sigmoid routing with a score-correction bias, routed scaling, a
-  # shared expert, q/k/v biases and partial rotary.
+  # shared expert, q/k/v biases, q/k norms and partial rotary.
   return transformers.Glm4MoeConfig(
       vocab_size=V, hidden_size=32, intermediate_size=48,
       moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
       num_key_value_heads=2, head_dim=8, n_routed_experts=8,
       num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
       routed_scaling_factor=1.5, first_k_dense_replace=1, norm_topk_prob=True,
-      attention_bias=True, use_qk_norm=False, rms_norm_eps=1e-5,
+      attention_bias=True, use_qk_norm=True, rms_norm_eps=1e-5,
       rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                        "partial_rotary_factor": 0.5},
       tie_word_embeddings=False, attn_implementation="eager")
@@ -62,10 +75,15 @@ def _ours(config, params, tokens, mask, positions, routing=None):
   return np.asarray(logits), {"experts": experts, "aux_loss": aux}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+FAMILIES = {"Qwen3MoeForCausalLM": _qwen3_moe_config,
+            "Glm4MoeForCausalLM": _glm4_moe_config}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def reference(request, tmp_path_factory):
   torch.manual_seed(0)
-  model = transformers.Glm4MoeForCausalLM(_hf_config()).eval()
+  arch = request.param
+  model = getattr(transformers, arch)(FAMILIES[arch]()).eval()
   with torch.no_grad():
     for name, p in list(model.named_parameters()) + list(
         model.named_buffers()):
@@ -75,16 +93,19 @@ def reference(tmp_path_factory):
         p.copy_(1.0 + 0.2 * torch.randn_like(p))
       else:
         p.copy_(0.2 * torch.randn_like(p))
-  path = tmp_path_factory.mktemp("glm4moe") / "hf"
+  path = tmp_path_factory.mktemp(arch) / "hf"
   model.save_pretrained(path)
   return model, path, _hf_logits(model, *_batch())
 
 
 def test_import_matches_transformers(reference):
-  _, path, want = reference
+  model, path, want = reference
   config, params = hf.load_hf_checkpoint(path)
   assert config.moe.num_experts == 8 and config.first_dense_layers == 1
-  assert config.rotary_dim == 4 and config.num_moe_layers == 2
+  assert config.num_moe_layers == 2 and config.qk_norm
+  glm = type(model).__name__ == "Glm4MoeForCausalLM"
+  assert config.rotary_dim == (4 if glm else 0)
+  assert config.moe.router == ("sigmoid" if glm else "softmax")
   assert params["decoder"]["moe_layers"]["moe"]["gate_proj"].shape == (
       2, 8, 32, 16)
   tokens, mask, positions = _batch()
@@ -106,7 +127,9 @@ def test_unrolled_layout_and_export_match(reference, tmp_path):
   unrolled, m2 = _ours(flat_cfg, flat, tokens, mask, positions)
   np.testing.assert_allclose(unrolled, scanned, atol=1e-5)
   np.testing.assert_array_equal(m1["experts"], m2["experts"])
-  hf.save_hf_checkpoint(config, params, tmp_path, arch="Glm4MoeForCausalLM")
+  hf.save_hf_checkpoint(config, params, tmp_path,
+                        arch=config.hf_architecture())
+  assert config.hf_architecture() == type(model).__name__
   theirs = safetensors_numpy.load_file(os.path.join(path, "model.safetensors"))
   ours = safetensors_numpy.load_file(
       os.path.join(tmp_path, "model.safetensors"))

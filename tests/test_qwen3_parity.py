@@ -82,16 +82,15 @@ def test_qwen3_matches_transformers_and_exports(reference, tmp_path):
   assert np.abs(want[mask]).max() > 0.1
   n = sum(x.size for x in jax.tree.leaves(params))
   assert n == config.num_params()
-  attn = params["decoder"]["layers_0"]["attn"]
+  attn = params["decoder"]["layers"]["attn"]  # Stacked: [L, ...] leaves.
   assert attn["q_norm"]["scale"].shape == attn["k_norm"]["scale"].shape == (
-      24,)
+      config.num_layers, 24)
   # The q/k norms are attention parameters (frozen with the attention).
   attention = sum(x.size for k, x in jax.tree_util.tree_leaves_with_path(
       params) if "attn" in jax.tree_util.keystr(k))
   assert attention == memory.attention_params(config)
   # Without the q/k norms the logits differ: they are really applied.
-  layers = {f"layers_{i}": dict(params["decoder"][f"layers_{i}"])
-            for i in range(config.num_layers)}
+  layers = {"layers": dict(params["decoder"]["layers"])}
   for layer in layers.values():
     layer["attn"] = {k: v for k, v in layer["attn"].items()
                      if not k.endswith("_norm")}

@@ -11,9 +11,14 @@ from sao_jax.models.layers import rope as rope_lib
 
 # HF `architectures` entries we can read and write.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "Glm4MoeForCausalLM")
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                           "Glm4MoeForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
+                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                "glm4_moe": "Glm4MoeForCausalLM"}
+# Mixture-of-experts architectures and the router each uses.
+MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "softmax",
+                     "Glm4MoeForCausalLM": "sigmoid"}
 
 
 # `ModelConfig.remat_policy` values (transformer.remat_policy maps them).
@@ -268,6 +273,8 @@ class ModelConfig:
       qkv_bias = False
     elif arch == "Glm4MoeForCausalLM":
       qkv_bias, extra = _glm4_moe_from_hf(hf, partial or 1.0, head_dim)
+    elif arch == "Qwen3MoeForCausalLM":
+      qkv_bias, extra = False, _qwen3_moe_from_hf(hf)
     else:
       if hf.get("use_sliding_window", False):
         raise UnsupportedConfigError(
@@ -305,17 +312,18 @@ class ModelConfig:
       raise UnsupportedConfigError(
           "LlamaForCausalLM cannot express qkv_bias=True (its attention_bias "
           "also adds an o_proj bias); export as Qwen2ForCausalLM instead.")
-    if (arch == "Glm4MoeForCausalLM") != (self.moe is not None):
+    if (arch in MOE_ARCHITECTURES) != (self.moe is not None) or (
+        self.moe is not None and MOE_ARCHITECTURES[arch] != self.moe.router):
       raise UnsupportedConfigError(
-          f"{arch} cannot express moe={self.moe}: export a mixture-of-experts "
-          "model as Glm4MoeForCausalLM and a dense one as Llama or Qwen2.")
+          f"{arch} cannot express moe={self.moe}: export as "
+          f"{self.hf_architecture()}.")
     if arch == "Qwen2ForCausalLM" and not self.qkv_bias:
       raise UnsupportedConfigError(
           "Qwen2ForCausalLM always has q/k/v biases; this config has "
           "qkv_bias=False, export as LlamaForCausalLM instead.")
+    qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
     if arch != "Glm4MoeForCausalLM" and (
-        self.qk_norm != (arch == "Qwen3ForCausalLM") or (
-            arch == "Qwen3ForCausalLM" and self.qkv_bias)):
+        self.qk_norm != qwen3 or (qwen3 and self.qkv_bias)):
       raise UnsupportedConfigError(
           f"{arch} cannot express qk_norm={self.qk_norm}, qkv_bias="
           f"{self.qkv_bias} (Qwen3ForCausalLM: q/k norms, no biases); export "
@@ -342,9 +350,11 @@ class ModelConfig:
       cfg.update(attention_bias=False, mlp_bias=False)
     elif arch == "Glm4MoeForCausalLM":
       cfg.update(_glm4_moe_to_hf(self))
+    elif arch == "Qwen3MoeForCausalLM":
+      cfg.update(_qwen3_moe_to_hf(self))
     else:
       cfg.update(use_sliding_window=False)
-    if arch == "Qwen3ForCausalLM":
+    if qwen3:
       cfg.update(attention_bias=False)
     max_pos = dict(self.rope_scaling).get("max_position_embeddings")
     if max_pos:
@@ -354,7 +364,7 @@ class ModelConfig:
   def hf_architecture(self) -> str:
     """The HF architecture this config exports as by default."""
     if self.moe is not None:
-      return "Glm4MoeForCausalLM"
+      return {v: k for k, v in MOE_ARCHITECTURES.items()}[self.moe.router]
     if self.qk_norm:
       return "Qwen3ForCausalLM"
     return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"
@@ -383,6 +393,42 @@ def _glm4_moe_from_hf(hf: Mapping[str, Any], partial_rotary_factor: float,
       moe=moe, first_dense_layers=int(hf.get("first_k_dense_replace", 0)),
       rotary_dim=0 if rotary == head_dim else rotary,
       qk_norm=bool(hf.get("use_qk_norm", False)))
+
+
+def _qwen3_moe_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """The MoE fields of a Qwen3-MoE config (q/k norms, softmax routing)."""
+  if hf.get("use_sliding_window", False):
+    raise UnsupportedConfigError(
+        "Qwen3-MoE use_sliding_window=True is not supported.")
+  n = int(hf["num_hidden_layers"])
+  step = int(hf.get("decoder_sparse_step", 1))
+  dense = sorted(int(i) for i in hf.get("mlp_only_layers") or [])
+  if step != 1 or dense != list(range(len(dense))):
+    raise UnsupportedConfigError(
+        f"Qwen3-MoE decoder_sparse_step={step}, mlp_only_layers={dense}: only "
+        "MoE layers after an optional dense prefix (step 1, mlp_only_layers "
+        "= [0, ..., k-1]) are supported.")
+  moe = MoeConfig(
+      # transformers 5 writes num_local_experts; the hub's configs num_experts.
+      num_experts=int(hf["num_experts"] if "num_experts" in hf
+                      else hf["num_local_experts"]),
+      top_k=int(hf["num_experts_per_tok"]),
+      intermediate_size=int(hf["moe_intermediate_size"]),
+      router="softmax", norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+  return dict(moe=moe, first_dense_layers=min(len(dense), n), qk_norm=True)
+
+
+def _qwen3_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+  """The Qwen3-MoE fields of `cfg.to_hf_config`."""
+  moe = cfg.moe
+  if moe.n_shared_experts or moe.routed_scaling_factor != 1.0:
+    raise UnsupportedConfigError(
+        "Qwen3MoeForCausalLM has no shared experts and no routed scaling.")
+  return {"num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+          "moe_intermediate_size": moe.intermediate_size,
+          "norm_topk_prob": moe.norm_topk_prob, "decoder_sparse_step": 1,
+          "mlp_only_layers": list(range(cfg.first_dense_layers)),
+          "use_sliding_window": False}
 
 
 def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
