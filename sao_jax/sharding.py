@@ -34,6 +34,9 @@ DEFAULT_RULES: Rules = (
     ("mlp", "tensor"),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
+    # Expert parallelism over the FSDP axis: a MoE layer's [expert, ...]
+    # weights are split expert-wise across it (layers/moe.py).
+    ("expert", "fsdp"),
     ("head_dim", None),
     ("length", None),
     ("layers", None),  # The stacked layer axis (scan_layers): never split.
