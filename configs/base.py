@@ -42,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
   config.model.remat = False  # Recompute block activations in backward.
+  # Tokens per chunk of the trainer's log-probs/entropy over the vocabulary
+  # (no [B, T, V] logits; same numbers); 0 = full logits in one piece.
+  config.model.logits_chunk = 2048
 
   # ------------------------------------------------------------ tokenizer ---
   config.tokenizer = ml_collections.ConfigDict()

@@ -202,6 +202,9 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "num_heads", "num_kv_heads", "head_dim")},
     "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
     "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
+    "model.logits_chunk": (
+        (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+        "an int >= 0 (tokens per chunk of the log-probs; 0: full logits)"),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "sampler.temperature": _GT0,

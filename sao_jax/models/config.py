@@ -37,6 +37,12 @@ class ModelConfig:
     param_dtype: Storage dtype of parameters.
     remat: Recompute each decoder block's activations in the backward pass
       (`nn.remat`): less activation memory for one more forward.
+    logits_chunk: Tokens per chunk of the trainer's log-probs and entropy
+      (`sao_jax.models.logprobs.policy_token_stats`): the output head and
+      log-softmax run on max(1, logits_chunk // B) positions of every row at
+      a time, recomputed in the backward, so no [B, T, V] float32 array
+      exists; 0 = full-vocab logits in one piece (the reference path). A run
+      setting: the numbers are the same.
   """
 
   vocab_size: int
@@ -53,6 +59,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  logits_chunk: int = 0
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -61,6 +68,9 @@ class ModelConfig:
           f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
       )
     jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)  # Fail early on typos.
+    if self.logits_chunk < 0:
+      raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 "
+                       "(0: full-vocab logits).")
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -71,8 +81,9 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   def same_architecture(self, other: ModelConfig) -> bool:
-    """Equal up to the run settings dtype, param_dtype and remat."""
-    run = dict(dtype="float32", param_dtype="float32", remat=False)
+    """Equal up to the run settings dtype, param_dtype, remat, logits_chunk."""
+    run = dict(dtype="float32", param_dtype="float32", remat=False,
+               logits_chunk=0)
     return (dataclasses.replace(self, **run) ==
             dataclasses.replace(other, **run))
 

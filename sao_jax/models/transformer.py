@@ -107,9 +107,15 @@ class Transformer(nn.Module):
   (multi-turn observations). The caller must keep
   end + T <= max_len (out-of-range writes are clamped by XLA with a shared
   end, dropped with a per-row one; neither is detected).
+
+  With `outputs='hidden'` it returns the final-norm hidden states [B,T,D]
+  instead of the logits, for a head applied in chunks of tokens
+  (`sao_jax.models.logprobs.chunked_token_stats`, docs/DESIGN.md §2); the
+  output weight is then read from the params (`output_weight`).
   """
 
   config: ModelConfig
+  outputs: str = "logits"  # 'logits' or 'hidden'.
 
   @nn.compact
   def __call__(self, tokens, positions, attention_mask,
@@ -117,6 +123,8 @@ class Transformer(nn.Module):
     cfg = self.config
     decoder = Decoder(cfg, name="decoder")
     x, new_cache = decoder(tokens, positions, attention_mask, cache)
+    if self.outputs == "hidden":
+      return x, new_cache
     if cfg.tie_embeddings:
       logits = decoder.attend(x)
     else:
@@ -127,6 +135,17 @@ class Transformer(nn.Module):
     logits = nn.with_logical_constraint(
         logits.astype(jnp.float32), ("batch", "length", "vocab"))
     return logits, new_cache
+
+
+def output_weight(params: Any, config: ModelConfig) -> tuple[Array, str]:
+  """The policy's output projection and its einsum layout ('vd' or 'dv').
+
+  Tied: `decoder/embedder/embedding` [V, D]; untied: `lm_head` [D, V], as
+  `Transformer.__call__` applies them (`params` is its plain params tree).
+  """
+  if config.tie_embeddings:
+    return params["decoder"]["embedder"]["embedding"], "vd"
+  return params["lm_head"], "dv"
 
 
 class ValueHead(nn.Module):

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
@@ -167,19 +168,15 @@ def _policy_logp(policy: transformer.Transformer, params: Any, batch: Batch,
                  temperature: float) -> tuple[Array, Array]:
   """Trainer log-probs of each token (at the sampler's temperature) and entropy.
 
-  One log-softmax over the vocabulary gives both; out[:, t] is about token t
-  given its prefix (as ``models.logprobs.logprobs_from_logits``), 0 at t = 0.
+  One log-softmax over the vocabulary gives both, in chunks of
+  ``model.logits_chunk`` positions when set (``models.logprobs``); out[:, t]
+  is about token t given its prefix, 0 at t = 0.
   """
-  tokens = batch["tokens"]
   positions = transformer.positions_from_mask(batch["attention_mask"])
-  logits, _ = policy.apply({"params": params}, tokens, positions,
-                           batch["attention_mask"])
-  scaled = jax.nn.log_softmax(
-      logits[:, :-1].astype(jnp.float32) / jnp.float32(temperature), axis=-1)
-  logp = jnp.take_along_axis(scaled, tokens[:, 1:, None].astype(jnp.int32),
-                             axis=-1)[..., 0]
-  ent = -(jnp.exp(scaled) * scaled).sum(-1)
-  return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
+  stats = logprobs_lib.policy_token_stats(
+      params, policy.config, batch["tokens"], positions,
+      batch["attention_mask"], temperature=temperature)
+  return stats["logp"], stats["entropy"]
 
 
 def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
