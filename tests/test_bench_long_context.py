@@ -10,6 +10,8 @@ import re
 import shlex
 import sys
 
+import pytest
+
 _BENCH = (pathlib.Path(__file__).resolve().parents[1] / "experiments" /
           "bench" / "long_context.py")
 
@@ -33,6 +35,7 @@ def _tiny_argv() -> list[str]:
   return shlex.split(command.replace("\\\n", " "))
 
 
+@pytest.mark.slow  # Eight compiles of a small SAO step.
 def test_tiny_form_prints_its_figures():
   argv = _tiny_argv()
   out = io.StringIO()
