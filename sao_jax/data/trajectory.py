@@ -59,6 +59,8 @@ class Trajectory:
     finish_reason: A FinishReason.
     group_id: Group index for group-sampling baselines (GRPO); -1 for SAO.
     error: Error message when finish_reason is ERROR, else "".
+    episode: The consumer's episode number (``ConsumedEpisodes.add``); not
+      part of the record's bytes, -1 until counted.
   """
 
   prompt_id: int
@@ -71,6 +73,7 @@ class Trajectory:
   finish_reason: FinishReason = FinishReason.STOP
   group_id: int = -1
   error: str = ""
+  episode: int = dataclasses.field(default=-1, compare=False)
 
   def __post_init__(self):
     self.tokens = np.asarray(self.tokens, dtype=np.int32)

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 # HF `architectures` entries we can read and write.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+# `ModelConfig.attention` values (layers/attention.choose).
+ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 
 
 class UnsupportedConfigError(ValueError):
@@ -43,6 +45,11 @@ class ModelConfig:
       a time, recomputed in the backward, so no [B, T, V] float32 array
       exists; 0 = full-vocab logits in one piece (the reference path). A run
       setting: the numbers are the same.
+    attention: Attention core: 'auto' (per backend), 'dense' (reference),
+      'blockwise' (plain JAX, no [T, S] array), 'cudnn' (GPU), 'splash'
+      (TPU); layers/attention.choose, docs/DESIGN.md §5 "Attention".
+    attention_block_q: Query block of the blockwise and splash paths.
+    attention_block_kv: Key/value block of the blockwise path.
   """
 
   vocab_size: int
@@ -60,6 +67,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: bool = False
   logits_chunk: int = 0
+  attention: str = "auto"
+  attention_block_q: int = 512
+  attention_block_kv: int = 512
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -71,6 +81,13 @@ class ModelConfig:
     if self.logits_chunk < 0:
       raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 "
                        "(0: full-vocab logits).")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"attention={self.attention!r}; expected one of "
+                       f"{ATTENTION_IMPLEMENTATIONS}.")
+    if min(self.attention_block_q, self.attention_block_kv) < 1:
+      raise ValueError(
+          f"attention_block_q={self.attention_block_q} and attention_block_kv="
+          f"{self.attention_block_kv} must be positive.")
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -81,9 +98,11 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   def same_architecture(self, other: ModelConfig) -> bool:
-    """Equal up to the run settings dtype, param_dtype, remat, logits_chunk."""
+    """Equal up to the run settings dtype, param_dtype, remat, attention,
+    logits_chunk."""
     run = dict(dtype="float32", param_dtype="float32", remat=False,
-               logits_chunk=0)
+               attention="auto", attention_block_q=512,
+               attention_block_kv=512, logits_chunk=0)
     return (dataclasses.replace(self, **run) ==
             dataclasses.replace(other, **run))
 

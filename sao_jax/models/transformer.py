@@ -38,7 +38,7 @@ from sao_jax.models.layers.embed import Embedder
 from sao_jax.models.layers.kv_cache import KVCache
 # The model's interface: the cache and positions its callers build.
 from sao_jax.models.layers.kv_cache import init_cache  # pylint: disable=unused-import
-from sao_jax.models.layers.masks import attention_mask as _attention_mask
+from sao_jax.models.layers.masks import mask_spec
 from sao_jax.models.layers.masks import positions_from_mask  # pylint: disable=unused-import
 from sao_jax.models.layers.mlp import MLP
 from sao_jax.models.layers.norms import RMSNorm
@@ -74,10 +74,15 @@ class Decoder(nn.Module):
     self.layers = [block(cfg) for _ in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
 
-  def __call__(self, tokens, positions, attention_mask, cache=None):
-    """Returns (hidden [B,T,D], new cache or None)."""
-    attention_mask = attention_mask.astype(jnp.bool_)
-    mask, valid = _attention_mask(attention_mask, cache)
+  def __call__(self, tokens, positions, attention_mask, cache=None,
+               segment_ids=None):
+    """Returns (hidden [B,T,D], new cache or None).
+
+    segment_ids: optional int32[B,T] (no cache): 0 on padding, 1, 2, ... for
+    the trajectories packed into a row, each causal on its own
+    (layers/masks.py); None = one trajectory per row.
+    """
+    mask, valid = mask_spec(attention_mask, cache, segment_ids)
     x = self.embedder(tokens)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     kv = None if cache is None else (cache.k, cache.v)
@@ -98,7 +103,11 @@ class Transformer(nn.Module):
   """Policy LM: tokens -> float32 next-token logits.
 
   `__call__(tokens int32[B,T], positions int32[B,T], attention_mask bool[B,T],
-  cache=None) -> (logits float32[B,T,V], new_cache or None)`.
+  cache=None, segment_ids=None) -> (logits float32[B,T,V], new_cache or None)`.
+
+  Without a cache, `segment_ids` int32[B,T] (0 on padding, 1, 2, ... per
+  packed trajectory; positions restart at 0 per trajectory) makes each
+  trajectory of a row attend only to itself; None = one per row.
 
   With a cache, the T tokens are written to slots [cache.end, cache.end+T)
   (of each row, with a per-row end), their validity taken from
@@ -119,10 +128,11 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, attention_mask,
-               cache: KVCache | None = None):
+               cache: KVCache | None = None, segment_ids=None):
     cfg = self.config
     decoder = Decoder(cfg, name="decoder")
-    x, new_cache = decoder(tokens, positions, attention_mask, cache)
+    x, new_cache = decoder(tokens, positions, attention_mask, cache,
+                           segment_ids)
     if self.outputs == "hidden":
       return x, new_cache
     if cfg.tie_embeddings:
@@ -169,9 +179,11 @@ class ValueModel(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, attention_mask) -> Array:
+  def __call__(self, tokens, positions, attention_mask,
+               segment_ids=None) -> Array:
+    """Values float32[B,T]; `segment_ids` as in `Transformer`."""
     x, _ = Decoder(self.config, name="decoder")(
-        tokens, positions, attention_mask)
+        tokens, positions, attention_mask, segment_ids=segment_ids)
     return ValueHead(self.config, name="value_head")(x)
 
 
