@@ -8,6 +8,10 @@ reference (materialised scores and mask), the blockwise online-softmax path
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,18 @@ Array = jax.Array
 _MASK_VALUE = -1e30  # Finite, so fully-masked (padding) queries give no NaNs.
 IMPLEMENTATIONS = ATTENTION_IMPLEMENTATIONS
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_TARGET = contextvars.ContextVar("attention_target_backend", default=None)
+
+
+@contextlib.contextmanager
+def lowering_for(backend: str) -> Iterator[None]:
+  """Choose attention for `backend` ('cpu', 'gpu', 'tpu') while tracing here:
+  ahead-of-time lowering for a device this host does not have."""
+  token = _TARGET.set(backend)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 def choose(cfg: ModelConfig, t: int, s: int, cached: bool,
@@ -41,9 +57,10 @@ def choose(cfg: ModelConfig, t: int, s: int, cached: bool,
   'splash' uses the blockwise path. 'auto': cuDNN on GPU (bf16/fp16), splash
   on TPU, blockwise elsewhere, except dense on CPU when all of [T, S] is one
   block (the same work without the loop; BENCHMARKS.md, "Attention paths").
-  Raises ValueError for an unknown name or a kernel the backend lacks.
+  `backend` defaults to the `lowering_for` target, else JAX's default. Raises ValueError for an unknown name or a kernel the backend lacks.
   """
-  name, backend = cfg.attention, backend or jax.default_backend()
+  name = cfg.attention
+  backend = backend or _TARGET.get() or jax.default_backend()
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"model.attention={name!r}; expected one of "
                      f"{IMPLEMENTATIONS}.")
