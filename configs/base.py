@@ -41,7 +41,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
-  config.model.remat = False  # Recompute block activations in backward.
   # Tokens per chunk of the trainer's log-probs/entropy over the vocabulary
   # (no [B, T, V] logits; same numbers); 0 = full logits in one piece.
   config.model.logits_chunk = 2048
@@ -50,6 +49,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.attention = "auto"
   config.model.attention_block_q = 512  # Query block (blockwise, splash).
   config.model.attention_block_kv = 512  # Key/value block (blockwise).
+  # Layers under nn.scan over stacked params (one compiled layer body);
+  # False: the unrolled reference (docs/DESIGN.md "Layer layout").
+  config.model.scan_layers = True
+  # What each block keeps for the backward: 'none' (all), 'full' (recompute
+  # the block), 'dots_saveable', 'dots_with_no_batch_dims_saveable'.
+  config.model.remat_policy = "none"
 
   # ------------------------------------------------------------ tokenizer ---
   config.tokenizer = ml_collections.ConfigDict()

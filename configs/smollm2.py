@@ -18,7 +18,7 @@ is the pretrained backbone with a new value head, attention frozen.
 
      python -m sao_jax.main --config=configs/smollm2.py --workdir=/tmp/smollm2
 
-On an accelerator add `--config.model.dtype=bfloat16 --config.model.remat=True`
+On an accelerator add `--config.model.dtype=bfloat16 --config.model.remat_policy=full`
 (float32 master weights and Adam moments stay float32). A different checkpoint
 directory: `--config.model.init_from=DIR --config.tokenizer.path=DIR`.
 """
@@ -56,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = True
   m.dtype = "float32"
   m.param_dtype = "float32"
-  m.remat = False
+  m.remat_policy = "none"
 
   config.tokenizer.path = path  # A directory: the model's own tokenizer.
 

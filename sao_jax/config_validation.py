@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import ml_collections
 
 from sao_jax.models.config import ATTENTION_IMPLEMENTATIONS
+from sao_jax.models.config import REMAT_POLICIES
 
 # Sections whose keys are passed through unchecked (e.g. kwargs of
 # reasoning_gym.create_dataset).
@@ -209,6 +210,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "an int >= 0 (tokens per chunk of the log-probs; 0: full logits)"),
     "model.attention": _in(ATTENTION_IMPLEMENTATIONS),
     "model.attention_block_q": _POS, "model.attention_block_kv": _POS,
+    "model.remat_policy": _in(REMAT_POLICIES),
+    "model.scan_layers": ((lambda v: isinstance(v, bool)), "True or False"),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "sampler.temperature": _GT0,

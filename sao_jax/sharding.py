@@ -36,6 +36,7 @@ DEFAULT_RULES: Rules = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("length", None),
+    ("layers", None),  # The stacked layer axis (scan_layers): never split.
 )
 
 

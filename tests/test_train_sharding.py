@@ -192,7 +192,7 @@ def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
                                batch_sharding=bsharding)
          for f in (False, True)}
 
-  gate = state.policy_params["decoder"]["layers_0"]["mlp"]["gate_proj"]
+  gate = state.policy_params["decoder"]["layers"]["mlp"]["gate_proj"]
   info = dict(
       gate_shape=list(gate.shape),
       gate_spec=[str(a) for a in gate.sharding.spec],
@@ -203,8 +203,8 @@ def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
   )
   state, history = _run_steps(
       fns, state, batch, functools.partial(sharding.mesh_rules, mesh, rules))
-  mu = _leaf(state.policy_opt_state, ".mu", "layers_0", "gate_proj")
-  out_gate = state.policy_params["decoder"]["layers_0"]["mlp"]["gate_proj"]
+  mu = _leaf(state.policy_opt_state, ".mu", "['layers']", "gate_proj")
+  out_gate = state.policy_params["decoder"]["layers"]["mlp"]["gate_proj"]
   info.update(
       out_gate_spec=[str(a) for a in out_gate.sharding.spec],
       adam_mu_spec=[str(a) for a in mu.sharding.spec],
@@ -369,11 +369,12 @@ def test_mesh_2x2x2_three_steps_match_one_device(runs):
   assert _max_param_diff(ref_params, init_params) > 1e-3
   # gate_proj [embed=64, mlp=128] is split fsdp x tensor into 8 [32, 64]
   # shards, before and after the steps, and so is its Adam moment.
-  assert info["gate_shape"] == [64, 128]
-  assert info["gate_spec"] == ["fsdp", "tensor"]
-  assert info["gate_shard_shapes"] == ["[32, 64]"]
-  assert info["out_gate_spec"] == ["fsdp", "tensor"]
-  assert info["adam_mu_spec"] == ["fsdp", "tensor"]
+  # Stacked layers (scan_layers): the leading [L] axis is never split.
+  assert info["gate_shape"] == [2, 64, 128]
+  assert info["gate_spec"] == ["None", "fsdp", "tensor"]
+  assert info["gate_shard_shapes"] == ["[2, 32, 64]"]
+  assert info["out_gate_spec"] == ["None", "fsdp", "tensor"]
+  assert info["adam_mu_spec"] == ["None", "fsdp", "tensor"]
   # 8 rows over data x fsdp = 4: 2 rows per shard.
   assert info["batch_shard_shapes"] == [f"[2, {_T}]"]
   assert info["process"] == [0, 1, 8, 8]
@@ -387,9 +388,9 @@ def test_two_processes_gloo_match_single_process(runs):
   single_path, path = runs.single_path, runs.multi_path
   for i, info in enumerate(infos):
     assert info["process"] == [i, 2, 8, 4]
-    assert info["gate_spec"] == ["fsdp", "tensor"]
-    assert info["gate_shard_shapes"] == ["[32, 64]"]
-    assert info["out_gate_spec"] == ["fsdp", "tensor"]
+    assert info["gate_spec"] == ["None", "fsdp", "tensor"]
+    assert info["gate_shard_shapes"] == ["[2, 32, 64]"]
+    assert info["out_gate_spec"] == ["None", "fsdp", "tensor"]
     # This process's 4 rows over its 2 (data, fsdp) slots, 2 rows each.
     assert info["batch_shard_shapes"] == [f"[2, {_T}]"]
   ref_hist, ref_params = _load(single_path, "ref")

@@ -13,6 +13,14 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 
 
+# `ModelConfig.remat_policy` values (transformer.remat_policy maps them).
+REMAT_POLICIES = ("none", "full", "dots_saveable",
+                  "dots_with_no_batch_dims_saveable")
+# Logical axis name of the stacked layer axis (scan_layers); the sharding
+# rules map it to no mesh axis.
+LAYERS_AXIS = "layers"
+
+
 class UnsupportedConfigError(ValueError):
   """A HF config describes a model this decoder family cannot represent."""
 
@@ -37,8 +45,6 @@ class ModelConfig:
       'bfloat16' with float32 `param_dtype` (master weights and optimizer
       moments stay float32, matmuls run in bf16).
     param_dtype: Storage dtype of parameters.
-    remat: Recompute each decoder block's activations in the backward pass
-      (`nn.remat`): less activation memory for one more forward.
     logits_chunk: Tokens per chunk of the trainer's log-probs and entropy
       (`sao_jax.models.logprobs.policy_token_stats`): the output head and
       log-softmax run on max(1, logits_chunk // B) positions of every row at
@@ -50,6 +56,13 @@ class ModelConfig:
       (TPU); layers/attention.choose, docs/DESIGN.md §5 "Attention".
     attention_block_q: Query block of the blockwise and splash paths.
     attention_block_kv: Key/value block of the blockwise path.
+    scan_layers: Run the layers under `nn.scan` over parameters stacked on a
+      leading 'layers' axis (one compiled layer body whatever the depth);
+      False keeps one `layers_{i}` subtree per layer (the unrolled reference).
+    remat_policy: What each decoder block keeps for the backward pass
+      (`nn.remat`, one of REMAT_POLICIES): 'none' keeps everything, 'full'
+      recomputes the block, 'dots_saveable' / 'dots_with_no_batch_dims_saveable'
+      keep (some) matmul outputs.
   """
 
   vocab_size: int
@@ -65,11 +78,12 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
-  remat: bool = False
   logits_chunk: int = 0
   attention: str = "auto"
   attention_block_q: int = 512
   attention_block_kv: int = 512
+  scan_layers: bool = True
+  remat_policy: str = "none"
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -88,6 +102,9 @@ class ModelConfig:
       raise ValueError(
           f"attention_block_q={self.attention_block_q} and attention_block_kv="
           f"{self.attention_block_kv} must be positive.")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of "
+                       f"{REMAT_POLICIES}.")
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -98,11 +115,11 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   def same_architecture(self, other: ModelConfig) -> bool:
-    """Equal up to the run settings dtype, param_dtype, remat, attention,
-    logits_chunk."""
-    run = dict(dtype="float32", param_dtype="float32", remat=False,
-               attention="auto", attention_block_q=512,
-               attention_block_kv=512, logits_chunk=0)
+    """Equal up to the run settings dtype, param_dtype, attention,
+    logits_chunk, scan_layers and remat_policy."""
+    run = dict(dtype="float32", param_dtype="float32", attention="auto",
+               attention_block_q=512, attention_block_kv=512, logits_chunk=0,
+               scan_layers=True, remat_policy="none")
     return (dataclasses.replace(self, **run) ==
             dataclasses.replace(other, **run))
 

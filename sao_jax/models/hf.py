@@ -8,7 +8,11 @@ loadable by `transformers.AutoModelForCausalLM.from_pretrained`.
 
 HF stores `nn.Linear` weights as [out, in]; ours are [in, ...out] with heads
 split out, e.g. q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. RoPE uses the HF
-`rotate_half` layout, so no q/k permutation is needed.
+`rotate_half` layout, so no q/k permutation is needed. With
+`ModelConfig.scan_layers` the L per-layer HF tensors of one parameter form one
+stacked [L, ...] leaf of `decoder/layers/...` (docs/DESIGN.md "Layer layout");
+the reader and writer go parameter by parameter, so the host holds one stacked
+leaf at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from sao_jax.models import layout
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
 
@@ -49,6 +54,7 @@ class _Entry:
   hf_shape: tuple[int, ...]
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  layer: int | None = None  # Index on the stacked leaf's [L] axis.
 
 
 def _layout(cfg: ModelConfig) -> list[_Entry]:
@@ -68,7 +74,9 @@ def _layout(cfg: ModelConfig) -> list[_Entry]:
                     "model.embed_tokens.weight", (cfg.vocab_size, d), same,
                     same)]
   for i in range(cfg.num_layers):
-    hf, ours = f"model.layers.{i}.", ("decoder", f"layers_{i}")
+    start = len(entries)
+    hf = f"model.layers.{i}."
+    ours = ("decoder", "layers" if cfg.scan_layers else f"layers_{i}")
     attn = ours + ("attn",)
     for name, heads in (("q", cfg.num_heads), ("k", cfg.num_kv_heads),
                         ("v", cfg.num_kv_heads)):
@@ -95,12 +103,23 @@ def _layout(cfg: ModelConfig) -> list[_Entry]:
         _Entry(ours + ("mlp_norm", "scale"),
                f"{hf}post_attention_layernorm.weight", (d,), same, same),
     ]
+    if cfg.scan_layers:  # Layer i of the stacked leaves.
+      entries[start:] = [dataclasses.replace(e, layer=i)
+                         for e in entries[start:]]
   entries.append(_Entry(("decoder", "final_norm", "scale"), "model.norm.weight",
                         (d,), same, same))
   if not cfg.tie_embeddings:
     entries.append(_Entry(("lm_head",), "lm_head.weight", (cfg.vocab_size, d),
                           t, t))
   return entries
+
+
+def _groups(entries: list[_Entry]) -> list[list[_Entry]]:
+  """Entries by parameter: one per leaf, a stacked leaf's L in layer order."""
+  groups: dict[tuple[str, ...], list[_Entry]] = {}
+  for e in entries:
+    groups.setdefault(e.path, []).append(e)
+  return list(groups.values())
 
 
 def _read_config(path: str) -> tuple[dict[str, Any], ModelConfig]:
@@ -210,6 +229,7 @@ def load_hf_checkpoint(
     *,
     shardings: Any = None,
     param_dtype: str = "float32",
+    scan_layers: bool = True,
 ) -> tuple[ModelConfig, dict[str, Any]]:
   """Reads a HF LlamaForCausalLM / Qwen2ForCausalLM safetensors checkpoint.
 
@@ -224,6 +244,8 @@ def load_hf_checkpoint(
       (e.g. from `nn.logical_to_mesh_sharding`).
     param_dtype: dtype to store parameters in (bf16 checkpoints are upcast to
       float32 by default).
+    scan_layers: the layer layout to build (`ModelConfig.scan_layers`):
+      stacked `decoder/layers` leaves, or one `decoder/layers_{i}` per layer.
 
   Returns:
     (config, params): params is the `Transformer` `variables['params']` dict,
@@ -235,7 +257,8 @@ def load_hf_checkpoint(
   """
   path = os.fspath(path)
   _, config = _read_config(path)
-  config = dataclasses.replace(config, param_dtype=param_dtype)
+  config = dataclasses.replace(config, param_dtype=param_dtype,
+                               scan_layers=scan_layers)
   files = _tensor_files(path)
   entries = _layout(config)
 
@@ -259,7 +282,8 @@ def load_hf_checkpoint(
   params: dict[str, Any] = {}
   with contextlib.ExitStack() as stack:
     handles = {}
-    for e in entries:
+
+    def read(e: _Entry) -> np.ndarray:
       if e.hf_name not in files:
         raise CheckpointError(
             f"Tensor {e.hf_name!r} is missing from the checkpoint in {path} "
@@ -272,8 +296,12 @@ def load_hf_checkpoint(
         raise CheckpointError(
             f"Tensor {e.hf_name!r} in {file} has shape {shape}, expected "
             f"{e.hf_shape} from config.json.")
-      x = e.to_ours(_read_tensor(handles[file], e.hf_name, file)).astype(
+      return e.to_ours(_read_tensor(handles[file], e.hf_name, file)).astype(
           dtype)
+
+    for group in _groups(entries):
+      e = group[0]
+      x = read(e) if e.layer is None else np.stack([read(g) for g in group])
       if shardings is None:
         sharding = None
       elif isinstance(shardings, jax.sharding.Sharding):
@@ -296,19 +324,29 @@ def _iter_hf_tensors(config: ModelConfig,
   if "params" in params and "decoder" not in params:
     params = params["params"]
   params = nn.unbox(params)
-  for e in _layout(config):
+  # The params' own layout wins over config.scan_layers (either is exported).
+  config = dataclasses.replace(
+      config, scan_layers="per_layer" not in layout.layouts(params))
+  for group in _groups(_layout(config)):
+    e = group[0]
     try:
-      x = _get(params, e.path)
+      whole = np.asarray(jax.device_get(_get(params, e.path)))
     except KeyError as err:
       raise CheckpointError(
           f"params lack {'/'.join(e.path)} (for HF tensor {e.hf_name!r}); do "
           "they belong to this config?") from err
-    x = np.ascontiguousarray(e.to_hf(np.asarray(jax.device_get(x))))
-    if x.shape != e.hf_shape:
+    if e.layer is not None and whole.shape[:1] != (len(group),):
       raise CheckpointError(
-          f"Parameter {'/'.join(e.path)} gives {e.hf_name!r} of shape "
-          f"{x.shape}, expected {e.hf_shape}.")
-    yield e.hf_name, x
+          f"Parameter {'/'.join(e.path)} has shape {whole.shape}; a "
+          f"{len(group)}-layer config expects a leading axis of {len(group)}.")
+    for e in group:
+      x = whole if e.layer is None else whole[e.layer]
+      x = np.ascontiguousarray(e.to_hf(x))
+      if x.shape != e.hf_shape:
+        raise CheckpointError(
+            f"Parameter {'/'.join(e.path)} gives {e.hf_name!r} of shape "
+            f"{x.shape}, expected {e.hf_shape}.")
+      yield e.hf_name, x
 
 
 def save_hf_checkpoint(

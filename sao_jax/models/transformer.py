@@ -7,17 +7,22 @@ optional q/k/v bias (Qwen2), tied or untied output embedding. Parameters carry
 logical axis names ('vocab', 'embed', 'mlp', 'heads', 'kv_heads', 'head_dim')
 for sharding; activations are constrained to ('batch', 'length', ...).
 
-Parameter tree (`variables['params']`) of `Transformer`:
+Parameter tree (`variables['params']`) of `Transformer` with
+`scan_layers=True` (the default; docs/DESIGN.md "Layer layout"): every layer's
+parameters stacked on a leading axis of size L (logical name 'layers', which
+the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/embedder/embedding              [vocab, embed]
-  decoder/layers_{i}/attn_norm/scale      [embed]
-  decoder/layers_{i}/attn/{q,k,v}_proj    [embed, (kv_)heads, head_dim]
-  decoder/layers_{i}/attn/{q,k,v}_bias    [(kv_)heads, head_dim]  (qkv_bias)
-  decoder/layers_{i}/attn/o_proj          [heads, head_dim, embed]
-  decoder/layers_{i}/mlp_norm/scale       [embed]
-  decoder/layers_{i}/mlp/{gate,up}_proj   [embed, mlp]
-  decoder/layers_{i}/mlp/down_proj        [mlp, embed]
+  decoder/layers/attn_norm/scale          [L, embed]
+  decoder/layers/attn/{q,k,v}_proj        [L, embed, (kv_)heads, head_dim]
+  decoder/layers/attn/{q,k,v}_bias        [L, (kv_)heads, head_dim]  (qkv_bias)
+  decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
+  decoder/layers/mlp_norm/scale           [L, embed]
+  decoder/layers/mlp/{gate,up}_proj       [L, embed, mlp]
+  decoder/layers/mlp/down_proj            [L, mlp, embed]
   decoder/final_norm/scale                [embed]
   lm_head                                 [embed, vocab]  (untied only)
+With `scan_layers=False` (the unrolled reference) layer i is
+`decoder/layers_{i}/...` with the same leaves without the L axis.
 `ValueModel` shares `decoder/...` and adds
   value_head/kernel [embed, 1], value_head/bias [1].
 """
@@ -30,6 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao_jax.models.config import LAYERS_AXIS
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers.attention import Attention
 from sao_jax.models.layers.base import INIT_STD
@@ -62,17 +68,73 @@ class DecoderLayer(nn.Module):
 
 
 
+def remat_policy(name: str) -> Any:
+  """The `jax.checkpoint` policy of a `ModelConfig.remat_policy` != 'none'.
+
+  'full' saves nothing but the layer's inputs (recompute the whole layer);
+  'dots_saveable' keeps every matmul output; 'dots_with_no_batch_dims_saveable'
+  keeps the weight projections' outputs and recomputes attention's scores.
+  """
+  policies = jax.checkpoint_policies
+  return {"full": None, "dots_saveable": policies.dots_saveable,
+          "dots_with_no_batch_dims_saveable":
+              policies.dots_with_no_batch_dims_saveable}[name]
+
+
+def _block(cfg: ModelConfig) -> type[nn.Module]:
+  """DecoderLayer under the config's remat policy (docs/DESIGN.md)."""
+  if cfg.remat_policy == "none":
+    return DecoderLayer
+  # Under scan the loop already keeps XLA from merging the recomputation
+  # with the forward, so no CSE barrier is needed (JAX's advice).
+  return nn.remat(DecoderLayer, policy=remat_policy(cfg.remat_policy),
+                  prevent_cse=not cfg.scan_layers)
+
+
+def _scan_body(layer, x, kv, positions, mask, end):
+  """One scanned layer; kv is this layer's (k, v) cache slices or None."""
+  layer_kv = None if kv is None else (kv[0][None], kv[1][None], 0, end)
+  x, new_kv = layer(x, positions, mask, layer_kv)
+  return x, None if new_kv is None else (new_kv[0][0], new_kv[1][0])
+
+
 class Decoder(nn.Module):
-  """Embedding + decoder layers + final norm (the shared backbone)."""
+  """Embedding + decoder layers + final norm (the shared backbone).
+
+  `scan_layers`: one layer body under `nn.scan` over stacked parameters (and
+  over the KV cache's leading layer axis), so a step compiles one layer
+  whatever the depth; else a Python loop (the unrolled reference).
+  """
 
   config: ModelConfig
 
   def setup(self):
     cfg = self.config
     self.embedder = Embedder(cfg)
-    block = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
-    self.layers = [block(cfg) for _ in range(cfg.num_layers)]
+    block = _block(cfg)
+    if cfg.scan_layers:
+      self.layers = block(cfg)
+      self._scan = nn.scan(
+          _scan_body, variable_axes={"params": 0},
+          split_rngs={"params": True},
+          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+          length=cfg.num_layers,
+          metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+    else:
+      self.layers = [block(cfg) for _ in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
+
+  def _run_layers(self, x, positions, mask, cache):
+    """x through every layer; returns (x, (k, v) of the cache or None)."""
+    if self.config.scan_layers:
+      kv = None if cache is None else (cache.k, cache.v)
+      end = None if cache is None else cache.end
+      return self._scan(self.layers, x, kv, positions, mask, end)
+    kv = None if cache is None else (cache.k, cache.v)
+    for i, layer in enumerate(self.layers):
+      x, kv = layer(x, positions, mask,
+                    None if cache is None else (*kv, i, cache.end))
+    return x, kv
 
   def __call__(self, tokens, positions, attention_mask, cache=None,
                segment_ids=None):
@@ -85,10 +147,7 @@ class Decoder(nn.Module):
     mask, valid = mask_spec(attention_mask, cache, segment_ids)
     x = self.embedder(tokens)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    kv = None if cache is None else (cache.k, cache.v)
-    for i, layer in enumerate(self.layers):
-      x, kv = layer(x, positions, mask,
-                    None if cache is None else (*kv, i, cache.end))
+    x, kv = self._run_layers(x, positions, mask, cache)
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=kv[0], v=kv[1], valid=valid,

@@ -160,7 +160,8 @@ def initial_policy(config: Any, mcfg: ModelConfig,
   """
   if config.model.init_from:
     loaded_cfg, params = hf.load_hf_checkpoint(
-        config.model.init_from, param_dtype=mcfg.param_dtype)
+        config.model.init_from, param_dtype=mcfg.param_dtype,
+        scan_layers=mcfg.scan_layers)
     if not loaded_cfg.same_architecture(mcfg):
       raise ValueError(
           f"config.model does not match the checkpoint at "
@@ -179,7 +180,8 @@ def initial_policy(config: Any, mcfg: ModelConfig,
     fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
     if os.path.exists(os.path.join(sft_dir, "config.json")):
       logging.info("Using the SFT warm start cached in %s", sft_dir)
-      return hf.load_hf_checkpoint(sft_dir)[1]
+      return hf.load_hf_checkpoint(sft_dir,
+                                   scan_layers=mcfg.scan_layers)[1]
     params = _run_sft(config, mcfg, tokenizer,
                       sft_tasks(config, train_tasks, eval_tasks), writer)
     if os.path.exists(sft_dir):  # Left by a run killed while saving.
