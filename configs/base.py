@@ -46,6 +46,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
+  # Tokens per chunk of the trainer's log-probs/entropy over the vocabulary
+  # (no [B, T, V] logits; same numbers); 0 = full logits in one piece.
+  config.model.logits_chunk = 2048
+  # Attention core: 'auto' (cuDNN on GPU, splash on TPU, blockwise or, for one
+  # block, dense on CPU), 'dense' (reference), 'blockwise', 'cudnn', 'splash'.
+  config.model.attention = "auto"
+  config.model.attention_block_q = 512  # Query block (blockwise, splash).
+  config.model.attention_block_kv = 512  # Key/value block (blockwise).
   # Layers under nn.scan over stacked params (one compiled layer body);
   # False: the unrolled reference (docs/DESIGN.md "Layer layout").
   config.model.scan_layers = True
@@ -209,6 +217,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.num_steps = 200  # Policy optimizer steps.
   config.train.batch_size = 16  # Trajectories per step (global).
   config.train.max_seq_len = 256  # Padded length of a training row.
+  # Sequence packing (docs/DESIGN.md §3 "Packed rows"): each of the
+  # batch_size rows holds up to pack_max_segments trajectories back to back,
+  # so batch_size then counts rows, not trajectories ('async' mode only).
+  config.train.pack = False
+  config.train.pack_max_segments = 8
   config.train.max_staleness = 4  # eta: policy versions a trajectory may lag.
   config.train.publish_every = 1  # Publish weights to the sampler every n.
   # Weight-publication holdback (staleness studies): the sampler gets the

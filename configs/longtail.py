@@ -37,5 +37,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.max_total_tokens = total
   config.sampler.env_threads = config.sampler.batch_size  # Calls sleep.
   config.train.max_seq_len = total
+  # Episode lengths vary 4x: one trajectory per row is mostly padding, so
+  # rows are packed (docs/DESIGN.md §3 "Packed rows"; BENCHMARKS.md).
+  config.train.pack = True
   config.train.sft_max_len = total
   return config

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 import ml_collections
 
+from sao_jax.models.config import ATTENTION_IMPLEMENTATIONS
 from sao_jax.models.config import REMAT_POLICIES
 
 # Sections whose keys are passed through unchecked (e.g. kwargs of
@@ -205,6 +206,11 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "num_heads", "num_kv_heads", "head_dim")},
     "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
     "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
+    "model.logits_chunk": (
+        (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+        "an int >= 0 (tokens per chunk of the log-probs; 0: full logits)"),
+    "model.attention": _in(ATTENTION_IMPLEMENTATIONS),
+    "model.attention_block_q": _POS, "model.attention_block_kv": _POS,
     "model.remat_policy": _in(REMAT_POLICIES),
     "model.scan_layers": ((lambda v: isinstance(v, bool)), "True or False"),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
@@ -244,7 +250,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{f"train.{k}": _POS for k in (
         "num_steps", "batch_size", "publish_every",
         "log_every", "sft_batch_size", "max_skipped_steps",
-        "record_shard_steps")},
+        "record_shard_steps", "pack_max_segments")},
     "train.max_seq_len": _DERIVABLE, "train.sft_max_len": _DERIVABLE,
     **{f"train.{k}": _NONNEG for k in (
         "max_staleness", "eval_every", "checkpoint_every", "sft_steps",
@@ -377,6 +383,7 @@ def _check_cross_fields(c: Any) -> None:
   _check(c, "train.max_seq_len",
          lambda v: not (v and s.max_total_tokens) or v >= s.max_total_tokens,
          f"int >= sampler.max_total_tokens={s.max_total_tokens}")
+  _check_packing(c)
   if t.mode == "group" and s.n_rollouts < 2:
     raise ConfigError(
         f"config.sampler.n_rollouts: expected >= 2 for train.mode='group', "
@@ -389,6 +396,24 @@ def _check_cross_fields(c: Any) -> None:
   if d.process_id is not None and d.num_processes is not None:
     _check(c, "distributed.process_id", lambda v: 0 <= v < d.num_processes,
            f"int in [0, distributed.num_processes={d.num_processes})")
+
+
+def _check_packing(c: Any) -> None:
+  """``train.pack`` needs the async stream and a per-token loss."""
+  if not c.train.pack:
+    return
+  _check(c, "train.mode", lambda v: v == "async",
+         "'async' with train.pack (sync/group alternate whole sampler "
+         "batches and a replay re-reads per-step counts; set train.pack="
+         "False)")
+  _check(c, "train.record_stream", lambda v: not v,
+         "False with train.pack (a replay of packed steps is not "
+         "supported; set train.pack=False to record)")
+  from sao_jax.data import packing  # pylint: disable=g-import-not-at-top
+  _check(c, "rl.loss", lambda v: v not in packing.PER_ROW_LOSSES,
+         "a loss that averages over tokens with train.pack (these reduce "
+         f"per row: {', '.join(packing.PER_ROW_LOSSES)}; set "
+         "train.pack=False)")
 
 
 def _check_mesh(c: Any) -> None:

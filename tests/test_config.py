@@ -163,6 +163,14 @@ def test_int_for_float_and_placeholder_are_accepted(config):
      "(the whole recording) or (a, b) with 0 <= a < b, got (5, 2)"),
     ({"train.record_shard_steps": 0}, "config.train.record_shard_steps: "
      "expected a positive int, got 0"),
+    ({"train.pack_max_segments": 0}, "config.train.pack_max_segments: "
+     "expected a positive int, got 0"),
+    ({"train.pack": True, "train.mode": "sync"}, "config.train.mode: "
+     "expected 'async' with train.pack"),
+    ({"train.pack": True, "train.record_stream": True},
+     "config.train.record_stream: expected False with train.pack"),
+    ({"train.pack": True, "rl.loss": "grpo"}, "config.rl.loss: expected a "
+     "loss that averages over tokens with train.pack"),
     ({"model.num_heads": 6, "model.num_kv_heads": 4},
      "config.model.num_heads: expected a multiple of model.num_kv_heads=4 "
      "(grouped-query attention), got 6"),

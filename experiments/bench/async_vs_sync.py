@@ -78,7 +78,10 @@ def bench_config(arm: str):
       **ARMS[arm],
       "train.max_staleness": _STALENESS.value, "train.log_every": 10,
       "rl.critic_updates_per_step": _CRITIC_UPDATES.value,
-      "sampler.devices": str(_SAMPLER_CORE.value)}
+      "sampler.devices": str(_SAMPLER_CORE.value),
+      # Unpacked rows in every arm: 'sync' cannot pack, and trajectories per
+      # step (the figures' unit) stay batch_size.
+      "train.pack": False}
   if _WORKLOAD.value == "balanced":
     n = _NEW_TOKENS.value
     overrides.update({"sampler.max_new_tokens": n,

@@ -11,7 +11,9 @@ trainer's stream: trained on, or dropped (stale, over-long) and counted
 there. A checkpoint saves every host's (``to_meta``); a resumed sampler starts
 at ``W`` and skips the ones above it (docs/DESIGN.md §1), so episodes that
 were in flight or left unread in the ring at the stop are generated again and
-none is consumed twice.
+none is consumed twice. Episodes read but held for a later batch (sequence
+packing, ``hold`` / ``release``) are left out of ``to_meta`` until released:
+a resume generates them again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ConsumedEpisodes:
     self.above: set[int] = set()
     self.duplicates = 0  # Episodes read again (a resume bug; logged).
     self.lost = 0  # Rollouts of partly read groups skipped at a resume.
+    self.held: set[int] = set()  # Read, not yet in an emitted batch.
     # Rollouts of each draw read so far: a group's are written together, in
     # episode order, so the k-th one read is episode draw * n_rollouts + k.
     self._read_of_draw: collections.Counter[int] = collections.Counter()
@@ -67,7 +70,18 @@ class ConsumedEpisodes:
           f"A trajectory of prompt {traj.prompt_id} has no group_id: only "
           "the sampler's trajectories (stamped with their prompt draw) can "
           "be tracked.")
-    self._add(self.episode_of(traj.group_id))
+    traj.episode = self.episode_of(traj.group_id)
+    self._add(traj.episode)
+
+  def hold(self, episode: int) -> None:
+    """``episode`` was read but waits for a later batch (packing): not
+    consumed in ``to_meta`` until ``release``; -1 (untracked) is ignored."""
+    if episode >= 0:
+      self.held.add(int(episode))
+
+  def release(self, episode: int) -> None:
+    """``episode`` left the hold (trained, or dropped and counted)."""
+    self.held.discard(int(episode))
 
   def _add(self, episode: int) -> None:
     if episode in self:
@@ -81,7 +95,12 @@ class ConsumedEpisodes:
       self.watermark += 1
 
   def to_meta(self) -> dict[str, Any]:
-    return {"watermark": self.watermark, "above": sorted(self.above)}
+    """Watermark and the episodes above it; held ones count as unread."""
+    if not self.held:
+      return {"watermark": self.watermark, "above": sorted(self.above)}
+    low = min(min(self.held), self.watermark)
+    above = (set(range(low, self.watermark)) | self.above) - self.held
+    return {"watermark": low, "above": sorted(above)}
 
   def resume_plan(self) -> tuple[int, frozenset[int]]:
     """``(start_episode, skip)`` for the resumed sampler.
@@ -144,11 +163,12 @@ def meta(tracker: ConsumedEpisodes, collective: bool) -> dict[str, Any]:
 def all_hosts(tracker: ConsumedEpisodes) -> list[dict[str, Any]]:
   """Every host's ``to_meta()``, in process order (collective when multi-host:
   every process must call it)."""
+  mine = tracker.to_meta()
   if tracker.process_count == 1:
-    return [tracker.to_meta()]
+    return [mine]
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
-  own = np.asarray([tracker.watermark, *sorted(tracker.above)], np.int64)
+  own = np.asarray([mine["watermark"], *mine["above"]], np.int64)
   longest = int(np.max(multihost_utils.process_allgather(
       np.int64(own.size))))
   padded = np.full(longest, -1, np.int64)

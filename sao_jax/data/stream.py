@@ -9,6 +9,8 @@ Pipeline (docs/DESIGN.md §1, §4)::
                            records dropped or truncated (counted)
     -> .batch(B)           dict of NumPy arrays [B, T] / [B]
     -> .map(group index)   ``group_index`` [B] from the rows' ``group_id``
+       (with ``pack``: ``packing.PackedBatches`` instead of these two, rows
+       holding several trajectories; ``sao_jax.data.packing``)
     -> .map(global batch)  with ``batch_sharding``: global ``jax.Array``s on
                            the mesh, every host's rows (``make_global_batch``)
 
@@ -29,7 +31,6 @@ resumed after the episodes the stream had consumed, ``consumed``).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import time
 from typing import Any, Callable, Protocol
@@ -40,52 +41,11 @@ import jax
 import numpy as np
 
 from sao_jax.data import consumed as consumed_lib
+from sao_jax.data import packing
 from sao_jax.data import trajectory as traj_lib
+from sao_jax.data.counters import StreamCounters
 from sao_jax.data.trajectory import Trajectory
 from sao_jax.ipc import ring as ring_lib
-
-
-@dataclasses.dataclass
-class StreamCounters:
-  """What the stream did to the records it read (never silent)."""
-
-  records_read: int = 0
-  action_tokens_read: int = 0  # Generated tokens of every record read.
-  dropped_stale: int = 0
-  dropped_overlong: int = 0
-  truncated: int = 0
-  staleness_sum: int = 0  # Over admitted records.
-  staleness_max: int = 0
-  admitted: int = 0
-  multi_version: int = 0  # Admitted records sampled by more than one version.
-  error_rows: int = 0  # ERROR trajectories (kept as rows with no action).
-  dropped_future: int = 0  # Versions newer than the trainer's: not ours.
-  read_wait_s: float = 0.0
-
-  def as_dict(self) -> dict:
-    d = dataclasses.asdict(self)
-    d["staleness_mean"] = self.staleness_sum / max(1, self.admitted)
-    return d
-
-  def count_read(self, traj: Trajectory) -> None:
-    self.records_read += 1
-    self.action_tokens_read += traj.num_action_tokens
-
-  def count_stale(self) -> None:
-    self.dropped_stale += 1
-
-  def count_admitted(self, traj: Trajectory, staleness: int) -> None:
-    self.admitted += 1
-    self.staleness_sum += staleness
-    self.staleness_max = max(self.staleness_max, staleness)
-    acts = traj.policy_version[traj.action_mask.astype(bool)]
-    if acts.size and acts.min() != acts.max():
-      self.multi_version += 1
-
-  def load(self, state: dict) -> None:
-    for f in dataclasses.fields(self):
-      if f.name in state:
-        setattr(self, f.name, type(getattr(self, f.name))(state[f.name]))
 
 
 class RingDataset(grain.IterDataset):
@@ -257,12 +217,14 @@ class PadToLength(grain.transforms.Map):
 
   def __init__(self, seq_len: int, counters: StreamCounters, *,
                overlong: str = "drop", pad_id: int = 0,
-               max_error_frac: float = 1.0, error_window: int = 64):
+               max_error_frac: float = 1.0, error_window: int = 64,
+               trim: bool = False):
     if overlong not in ("drop", "truncate"):
       raise ValueError(
           f"overlong must be 'drop' or 'truncate', got {overlong!r}."
       )
     self._t = seq_len
+    self._trim = trim  # Rows of min(length, T) tokens, unpadded (packing).
     self._counters = counters
     self._overlong = overlong
     self._pad_id = pad_id
@@ -290,7 +252,8 @@ class PadToLength(grain.transforms.Map):
     if traj.length > self._t:
       self._counters.truncated += 1
     self._check_errors(traj)
-    row = traj_lib.pad_row(traj, staleness, self._t, self._pad_id)
+    t = min(traj.length, self._t) if self._trim else self._t
+    row = traj_lib.pad_row(traj, staleness, t, self._pad_id)
     if traj.finish_reason == traj_lib.FinishReason.ERROR:
       row["action_mask"][:] = 0
       row["rewards"][:] = 0.0
@@ -338,17 +301,36 @@ def to_batches(ds: grain.IterDataset, counters: StreamCounters, *,
                pad_id: int = 0, drop_remainder: bool = True,
                process_index: int = 0, max_error_frac: float = 1.0,
                on_batch: Callable[[dict], dict] | None = None,
-               batch_sharding: Any = None) -> grain.IterDataset:
+               batch_sharding: Any = None, pack_segments: int = 0,
+               restale: Callable[[Trajectory], int | None] | None = None,
+               consumed: consumed_lib.ConsumedEpisodes | None = None
+               ) -> grain.IterDataset:
   """(trajectory, staleness) elements -> ``[B, T]`` batches (the pipeline's
   tail, shared by the live stream and a replay); ``on_batch`` sees each host
-  batch; with ``batch_sharding`` they become global (``make_global_batch``)."""
+  batch; with ``batch_sharding`` they become global (``make_global_batch``).
+
+  ``pack_segments`` > 0 packs up to that many trajectories into a row
+  (``packing.PackedBatches``, with ``restale`` and ``consumed``); 0 keeps one
+  trajectory per row.
+  """
   if overlong == "drop":
     ds = ds.filter(_OverlongFilter(seq_len, counters))
-  ds = ds.map(PadToLength(seq_len, counters, overlong=overlong, pad_id=pad_id,
-                          max_error_frac=max_error_frac,
-                          error_window=4 * batch_size))
-  ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
-      lambda batch: traj_lib.with_group_index(batch, process_index))
+  pad = PadToLength(seq_len, counters, overlong=overlong, pad_id=pad_id,
+                    max_error_frac=max_error_frac,
+                    error_window=4 * batch_size, trim=pack_segments > 0)
+  if pack_segments > 0:
+    if restale is None:
+      raise ValueError("Packing needs restale (the staleness of a held "
+                       "trajectory at the next batch, or None to drop it).")
+    ds = packing.PackedBatches(
+        ds, batch_size=batch_size, seq_len=seq_len,
+        max_segments=pack_segments, to_row=pad.map, counters=counters,
+        restale=restale, consumed=consumed, pad_id=pad_id,
+        drop_remainder=drop_remainder, process_index=process_index)
+  else:
+    ds = ds.map(pad).batch(batch_size, drop_remainder=drop_remainder).map(
+        lambda batch: traj_lib.with_group_index(batch, process_index))
+  ds = ds.map(counters.count_batch)
   if on_batch is not None:
     ds = ds.map(on_batch)
   if batch_sharding is not None:
@@ -396,6 +378,7 @@ class TrajectoryStream:
       trusted_versions: bool = False,
       batch_sharding: Any = None,
       consumed: consumed_lib.ConsumedEpisodes | None = None,
+      pack_segments: int = 0,
   ):
     """See the module docstring for the pipeline.
 
@@ -427,6 +410,8 @@ class TrajectoryStream:
         None keeps them process-local NumPy arrays.
       consumed: Told of every record read (``consumed.ConsumedEpisodes``:
         which episode numbers were consumed, for an exact resume).
+      pack_segments: Pack up to this many trajectories into a row
+        (``sao_jax.data.packing``; ``train.pack``); 0: one per row.
     """
     self.counters = StreamCounters()
     ds = RingDataset(reader, self.counters, read_timeout, check_producers,
@@ -439,4 +424,7 @@ class TrajectoryStream:
         overlong=overlong, pad_id=pad_id, drop_remainder=drop_remainder,
         process_index=process_index, max_error_frac=max_error_frac,
         on_batch=recorder and recorder.batch_done,
-        batch_sharding=batch_sharding)
+        batch_sharding=batch_sharding, pack_segments=pack_segments,
+        restale=functools.partial(packing.restale, trainer_version,
+                                  staleness),
+        consumed=consumed)

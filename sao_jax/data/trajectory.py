@@ -63,6 +63,8 @@ class Trajectory:
       experts the sampler routed each token to in each of its M MoE layers
       (prompt, actions and observations), replayed by the trainer's forward
       with `model.routing_replay='rollout'` (R3); None for a dense policy.
+    episode: The consumer's episode number (``ConsumedEpisodes.add``); not
+      part of the record's bytes, -1 until counted.
   """
 
   prompt_id: int
@@ -76,6 +78,7 @@ class Trajectory:
   group_id: int = -1
   error: str = ""
   routed_experts: np.ndarray | None = None
+  episode: int = dataclasses.field(default=-1, compare=False)
 
   def __post_init__(self):
     self.tokens = np.asarray(self.tokens, dtype=np.int32)

@@ -19,6 +19,8 @@ _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 # Mixture-of-experts architectures and the router each uses.
 MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "softmax",
                      "Glm4MoeForCausalLM": "sigmoid"}
+# `ModelConfig.attention` values (layers/attention.choose).
+ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 
 
 # `ModelConfig.remat_policy` values (transformer.remat_policy maps them).
@@ -90,6 +92,17 @@ class ModelConfig:
       'bfloat16' with float32 `param_dtype` (master weights and optimizer
       moments stay float32, matmuls run in bf16).
     param_dtype: Storage dtype of parameters.
+    logits_chunk: Tokens per chunk of the trainer's log-probs and entropy
+      (`sao_jax.models.logprobs.policy_token_stats`): the output head and
+      log-softmax run on max(1, logits_chunk // B) positions of every row at
+      a time, recomputed in the backward, so no [B, T, V] float32 array
+      exists; 0 = full-vocab logits in one piece (the reference path). A run
+      setting: the numbers are the same.
+    attention: Attention core: 'auto' (per backend), 'dense' (reference),
+      'blockwise' (plain JAX, no [T, S] array), 'cudnn' (GPU), 'splash'
+      (TPU); layers/attention.choose, docs/DESIGN.md §5 "Attention".
+    attention_block_q: Query block of the blockwise and splash paths.
+    attention_block_kv: Key/value block of the blockwise path.
     scan_layers: Run the layers under `nn.scan` over parameters stacked on a
       leading 'layers' axis (one compiled layer body whatever the depth);
       False keeps one `layers_{i}` subtree per layer (the unrolled reference).
@@ -118,6 +131,10 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
+  logits_chunk: int = 0
+  attention: str = "auto"
+  attention_block_q: int = 512
+  attention_block_kv: int = 512
   scan_layers: bool = True
   remat_policy: str = "none"
   moe: MoeConfig | None = None
@@ -141,6 +158,16 @@ class ModelConfig:
     if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
       raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in "
                        f"[0, head_dim={self.head_dim}].")
+    if self.logits_chunk < 0:
+      raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 "
+                       "(0: full-vocab logits).")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"attention={self.attention!r}; expected one of "
+                       f"{ATTENTION_IMPLEMENTATIONS}.")
+    if min(self.attention_block_q, self.attention_block_kv) < 1:
+      raise ValueError(
+          f"attention_block_q={self.attention_block_q} and attention_block_kv="
+          f"{self.attention_block_kv} must be positive.")
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of "
                        f"{REMAT_POLICIES}.")
@@ -175,10 +202,11 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   def same_architecture(self, other: ModelConfig) -> bool:
-    """Equal up to the run settings dtype, param_dtype, scan_layers and
-    remat_policy."""
-    run = dict(dtype="float32", param_dtype="float32", scan_layers=True,
-               remat_policy="none")
+    """Equal up to the run settings dtype, param_dtype, attention,
+    logits_chunk, scan_layers and remat_policy."""
+    run = dict(dtype="float32", param_dtype="float32", attention="auto",
+               attention_block_q=512, attention_block_kv=512, logits_chunk=0,
+               scan_layers=True, remat_policy="none")
     return (dataclasses.replace(self, **run) ==
             dataclasses.replace(other, **run))
 

@@ -44,7 +44,7 @@ from sao_jax.models.layers.embed import Embedder
 from sao_jax.models.layers.kv_cache import KVCache
 # The model's interface: the cache and positions its callers build.
 from sao_jax.models.layers.kv_cache import init_cache  # pylint: disable=unused-import
-from sao_jax.models.layers.masks import attention_mask as _attention_mask
+from sao_jax.models.layers.masks import mask_spec
 from sao_jax.models.layers.masks import positions_from_mask  # pylint: disable=unused-import
 from sao_jax.models.layers.mlp import MLP
 from sao_jax.models.layers.moe import MoeBlock
@@ -178,23 +178,27 @@ class Decoder(nn.Module):
     return x, kv, routed
 
   def __call__(self, tokens, positions, attention_mask, cache=None,
-               routing=None):
+               segment_ids=None, routing=None):
     """Returns (hidden [B,T,D], new cache or None).
 
+    segment_ids: optional int32[B,T] (no cache): 0 on padding, 1, 2, ... for
+    the trajectories packed into a row, each causal on its own
+    (layers/masks.py); None = one trajectory per row.
+
     A MoE model also sows, in the 'moe' collection (apply with
-    ``mutable=['moe']`` to read them), `experts` int32 [B, T, M, k] (what
-    each token was routed to in each of its M MoE layers) and `aux_loss`
-    (the load-balancing loss, mean over those layers). ``routing`` int32
-    [B, T, M, k]: experts to use instead of the router's choice (replay).
+    ``mutable=['moe']`` to read them; `moe_outputs`), `experts` int32
+    [B, T, M, k] (what each token was routed to in each of its M MoE layers)
+    and `aux_loss` (the load-balancing loss, mean over those layers).
+    ``routing`` int32 [B, T, M, k]: experts to use instead of the router's
+    choice (replay, R3).
     """
-    attention_mask = attention_mask.astype(jnp.bool_)
-    mask, valid = _attention_mask(attention_mask, cache)
+    mask, valid = mask_spec(attention_mask, cache, segment_ids)
     x = self.embedder(tokens)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     forced = None if routing is None else jnp.moveaxis(
         routing.astype(jnp.int32), 2, 0)
     x, kv, routed = self._run_layers(x, positions, mask, cache, forced,
-                                     attention_mask)
+                                     attention_mask.astype(jnp.bool_))
     if routed:
       self.sow("moe", "experts", jnp.stack([r[0] for r in routed], axis=2))
       self.sow("moe", "aux_loss", jnp.mean(jnp.stack([r[1] for r in routed])))
@@ -222,7 +226,11 @@ class Transformer(nn.Module):
   """Policy LM: tokens -> float32 next-token logits.
 
   `__call__(tokens int32[B,T], positions int32[B,T], attention_mask bool[B,T],
-  cache=None) -> (logits float32[B,T,V], new_cache or None)`.
+  cache=None, segment_ids=None) -> (logits float32[B,T,V], new_cache or None)`.
+
+  Without a cache, `segment_ids` int32[B,T] (0 on padding, 1, 2, ... per
+  packed trajectory; positions restart at 0 per trajectory) makes each
+  trajectory of a row attend only to itself; None = one per row.
 
   With a cache, the T tokens are written to slots [cache.end, cache.end+T)
   (of each row, with a per-row end), their validity taken from
@@ -231,16 +239,25 @@ class Transformer(nn.Module):
   (multi-turn observations). The caller must keep
   end + T <= max_len (out-of-range writes are clamped by XLA with a shared
   end, dropped with a per-row one; neither is detected).
+
+  With `outputs='hidden'` it returns the final-norm hidden states [B,T,D]
+  instead of the logits, for a head applied in chunks of tokens
+  (`sao_jax.models.logprobs.chunked_token_stats`, docs/DESIGN.md §2); the
+  output weight is then read from the params (`output_weight`).
   """
 
   config: ModelConfig
+  outputs: str = "logits"  # 'logits' or 'hidden'.
 
   @nn.compact
   def __call__(self, tokens, positions, attention_mask,
-               cache: KVCache | None = None, routing=None):
+               cache: KVCache | None = None, segment_ids=None, routing=None):
     cfg = self.config
     decoder = Decoder(cfg, name="decoder")
-    x, new_cache = decoder(tokens, positions, attention_mask, cache, routing)
+    x, new_cache = decoder(tokens, positions, attention_mask, cache,
+                           segment_ids, routing)
+    if self.outputs == "hidden":
+      return x, new_cache
     if cfg.tie_embeddings:
       logits = decoder.attend(x)
     else:
@@ -251,6 +268,17 @@ class Transformer(nn.Module):
     logits = nn.with_logical_constraint(
         logits.astype(jnp.float32), ("batch", "length", "vocab"))
     return logits, new_cache
+
+
+def output_weight(params: Any, config: ModelConfig) -> tuple[Array, str]:
+  """The policy's output projection and its einsum layout ('vd' or 'dv').
+
+  Tied: `decoder/embedder/embedding` [V, D]; untied: `lm_head` [D, V], as
+  `Transformer.__call__` applies them (`params` is its plain params tree).
+  """
+  if config.tie_embeddings:
+    return params["decoder"]["embedder"]["embedding"], "vd"
+  return params["lm_head"], "dv"
 
 
 class ValueHead(nn.Module):
@@ -274,9 +302,11 @@ class ValueModel(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, attention_mask) -> Array:
+  def __call__(self, tokens, positions, attention_mask,
+               segment_ids=None) -> Array:
+    """Values float32[B,T]; `segment_ids` as in `Transformer`."""
     x, _ = Decoder(self.config, name="decoder")(
-        tokens, positions, attention_mask)
+        tokens, positions, attention_mask, segment_ids=segment_ids)
     return ValueHead(self.config, name="value_head")(x)
 
 

@@ -46,11 +46,12 @@ ESTIMATORS = losses.CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
 
 
 def reward_to_go(rewards: Array, mask: Array, *,
-                 gamma: losses.Scalar = 1.0) -> Array:
+                 gamma: losses.Scalar = 1.0,
+                 segment_ids: Optional[Array] = None) -> Array:
   """Discounted reward-to-go over action tokens (``losses.gae`` with V=0,
-  λ=1)."""
+  λ=1; per trajectory of packed rows with ``segment_ids``)."""
   _, returns = losses.gae(rewards, jnp.zeros_like(rewards), mask, gamma=gamma,
-                          lam=1.0)
+                          lam=1.0, segment_ids=segment_ids)
   return returns
 
 
@@ -155,12 +156,14 @@ def batch_whiten(advantages: Array, mask: Array, *, eps: float = 1e-8) -> Array:
 
 def reinforce_pp_advantages(rewards: Array, mask: Array, *,
                             gamma: losses.Scalar = 1.0,
-                            eps: float = 1e-8) -> Array:
+                            eps: float = 1e-8,
+                            segment_ids: Optional[Array] = None) -> Array:
   """REINFORCE++ (Hu 2025): batch-whitened reward-to-go over action tokens.
 
   Any per-token KL penalty is expected to be already folded into ``rewards``.
   """
-  return batch_whiten(reward_to_go(rewards, mask, gamma=gamma), mask, eps=eps)
+  return batch_whiten(reward_to_go(rewards, mask, gamma=gamma,
+                                   segment_ids=segment_ids), mask, eps=eps)
 
 
 # ----------------------------------------------------------------------------
@@ -191,22 +194,28 @@ def running_mean_init(num_prompts: int, k: int = 8) -> RunningMeanState:
 
 
 def running_mean_update(state: RunningMeanState, prompt_ids: Array,
-                        rewards: Array) -> RunningMeanState:
+                        rewards: Array,
+                        valid: Optional[Array] = None) -> RunningMeanState:
   """Records rewards [N] of prompts [N] in order (repeated ids in one batch OK).
 
   Ids must lie in [0, num_prompts): out-of-range ids are dropped (jnp scatter).
+  ``valid`` (bool [N]) skips the entries that hold no trajectory (the empty
+  slots of packed rows).
   """
   k = state.buffer.shape[1]
 
   def step(st, xs):
-    pid, r = xs
+    pid, r, ok = xs
     slot = st.count[pid] % k
-    return RunningMeanState(buffer=st.buffer.at[pid, slot].set(r),
-                            count=st.count.at[pid].add(1)), None
+    new = RunningMeanState(buffer=st.buffer.at[pid, slot].set(r),
+                           count=st.count.at[pid].add(1))
+    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, st), None
 
   ids = jnp.asarray(prompt_ids, jnp.int32).reshape(-1)
   rs = jnp.asarray(rewards, jnp.float32).reshape(-1)
-  state, _ = jax.lax.scan(step, state, (ids, rs))
+  ok = (jnp.ones(ids.shape, bool) if valid is None
+        else jnp.asarray(valid, bool).reshape(-1))
+  state, _ = jax.lax.scan(step, state, (ids, rs, ok))
   return state
 
 
@@ -224,7 +233,8 @@ def running_mean_baseline(state: RunningMeanState, prompt_ids: Array, *,
 
 
 def running_mean_advantages(state: RunningMeanState, prompt_ids: Array,
-                            rewards: Array, *, default: float = 0.0
+                            rewards: Array, *, default: float = 0.0,
+                            valid: Optional[Array] = None
                             ) -> tuple[Array, RunningMeanState]:
   """r − baseline(prompt), then records r (baseline excludes this batch).
 
@@ -233,7 +243,7 @@ def running_mean_advantages(state: RunningMeanState, prompt_ids: Array,
   """
   base = running_mean_baseline(state, prompt_ids, default=default)
   adv = jnp.asarray(rewards, jnp.float32) - base
-  return adv, running_mean_update(state, prompt_ids, rewards)
+  return adv, running_mean_update(state, prompt_ids, rewards, valid)
 
 
 # ----------------------------------------------------------------------------

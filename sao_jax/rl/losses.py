@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.rl import metrics as rl_metrics
+from sao_jax.rl import segments
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -176,8 +177,15 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
 # --- Critic: skip-observation and decoupled GAE (Eqs. 4-5), value loss ---
 
 
+def _per_token(x: Scalar, shape: tuple[int, int]) -> Array:
+  """A scalar, per-row [B] or per-token [B, T] coefficient as [B, T]."""
+  x = jnp.asarray(x, jnp.float32)
+  return jnp.broadcast_to(x[:, None] if x.ndim == 1 else x, shape)
+
+
 def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
-        lam: Scalar = 1.0) -> tuple[Array, Array]:
+        lam: Scalar = 1.0, segment_ids: Optional[Array] = None
+        ) -> tuple[Array, Array]:
   """Skip-observation GAE (SAO arXiv 2607.07508, Eqs. 4–5).
 
   The recursion runs over action tokens only, jumping observation gaps: for
@@ -198,8 +206,12 @@ def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
       token).
     values: [B, T] critic values V(t).
     mask: [B, T] 1 on action tokens.
-    gamma: discount γ, scalar or per-row [B].
-    lam: λ, scalar or per-row [B] (e.g. ``length_adaptive_lambda``).
+    gamma: discount γ, scalar, per-row [B] or per-token [B, T].
+    lam: λ, scalar, per-row [B] or per-token [B, T] (e.g.
+      ``length_adaptive_lambda``).
+    segment_ids: Packed rows (``rl.segments``): the recursion restarts at
+      each segment's end, so no value, advantage or reward crosses from one
+      trajectory to another; None: one trajectory per row.
 
   Returns:
     (advantages, returns), [B, T] float32, with returns = Â + V on action
@@ -209,12 +221,14 @@ def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
   rewards = jnp.asarray(rewards, jnp.float32)
   values = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
   batch = rewards.shape[0]
-  gamma = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), (batch,))
-  lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (batch,))
+  gamma = _per_token(gamma, rewards.shape)
+  lam = _per_token(lam, rewards.shape)
+  ends = (jnp.zeros(rewards.shape, bool) if segment_ids is None
+          else segments.segment_ends(segment_ids))
 
   def step(carry, xs):
-    next_v, next_adv, pending = carry
-    r, v, is_action = xs
+    r, v, is_action, gamma, lam, end = xs
+    next_v, next_adv, pending = (jnp.where(end, 0.0, c) for c in carry)
     delta = r + pending + gamma * next_v - v
     adv = delta + gamma * lam * next_adv
     carry = (jnp.where(is_action, v, next_v),
@@ -224,7 +238,8 @@ def gae(rewards: Array, values: Array, mask: Array, *, gamma: Scalar = 1.0,
 
   zeros = jnp.zeros((batch,), jnp.float32)
   _, adv_t = jax.lax.scan(step, (zeros, zeros, zeros),
-                          (rewards.T, values.T, m.T), reverse=True)
+                          (rewards.T, values.T, m.T, gamma.T, lam.T, ends.T),
+                          reverse=True)
   advantages = adv_t.T
   returns = jnp.where(m, advantages + values, 0.0)
   return advantages, returns
@@ -245,20 +260,32 @@ def length_adaptive_lambda(num_action_tokens: Array,
 
 def decoupled_gae(rewards: Array, values: Array, mask: Array, *,
                   gamma: Scalar = 1.0, alpha: float = SAO_ALPHA,
-                  lam_critic: Scalar = 1.0) -> tuple[Array, Array]:
+                  lam_critic: Scalar = 1.0,
+                  segment_ids: Optional[Array] = None,
+                  num_slots: int = 1) -> tuple[Array, Array]:
   """Decoupled GAE (VAPO Yue 2025; SAO §3.2): policy and critic use different λ.
 
   Policy advantages use λ_policy = ``length_adaptive_lambda(l, alpha)`` per row
   (SAO α=1.5, VAPO α=0.05); value targets use λ_critic (default 1: Monte-Carlo
-  returns, unbiased). Both use skip-observation ``gae`` (Eqs. 4–5).
+  returns, unbiased). Both use skip-observation ``gae`` (Eqs. 4–5). Packed
+  rows (``segment_ids``, up to ``num_slots`` trajectories a row): ``l`` and
+  λ_policy are per trajectory.
 
   Returns:
     (policy_advantages, value_targets), [B, T].
   """
-  num = rl_metrics.masked_count(mask, axis=-1)
-  lam_policy = length_adaptive_lambda(num, alpha)
-  advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy)
-  _, returns = gae(rewards, values, mask, gamma=gamma, lam=lam_critic)
+  if segment_ids is None:
+    lam_policy = length_adaptive_lambda(
+        rl_metrics.masked_count(mask, axis=-1), alpha)
+  else:
+    num = segments.segment_sum(rl_metrics.as_mask(mask), segment_ids,
+                               num_slots)
+    lam_policy = segments.to_tokens(length_adaptive_lambda(num, alpha),
+                                    segment_ids)
+  advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy,
+                      segment_ids=segment_ids)
+  _, returns = gae(rewards, values, mask, gamma=gamma, lam=lam_critic,
+                   segment_ids=segment_ids)
   return advantages, returns
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from absl import logging
 
+from sao_jax.data import packing
 from sao_jax.data.trajectory import StalenessPolicy
 
 
@@ -383,7 +384,8 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       task_of=task_of,
       weights=_NewestWeights(slot, stats, trainer_step),
       staleness=spec.staleness,
-      train_batch=int(cfg.train.batch_size) // spec.process_count,
+      train_batch=(packing.trajectories_per_step_bound(cfg)
+                   // spec.process_count),
       trainer_step=lambda: trainer_step.value,
       outbox=engine_lib.Outbox(writer, stats, should_stop), stats=stats,
       rng=base_key, process_index=spec.process_index,

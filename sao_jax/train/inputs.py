@@ -22,6 +22,7 @@ import jax
 
 from sao_jax import sharding
 from sao_jax.data import consumed as consumed_lib
+from sao_jax.data import packing
 from sao_jax.data import record as record_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.data import trajectory as traj_lib
@@ -180,7 +181,8 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
         process_index=jax.process_index(),
         max_error_frac=float(config.train.max_error_frac),
         recorder=source.recorder, trusted_versions=True, consumed=consumed,
-        batch_sharding=sharding.batch_sharding(run.mesh, run.rules))
+        batch_sharding=sharding.batch_sharding(run.mesh, run.rules),
+        pack_segments=packing.pack_segments(config))
     source.stream.counters.load(run.meta.get("stream", {}))
     yield source
   finally:

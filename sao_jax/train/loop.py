@@ -100,15 +100,14 @@ class _Trainer:
     now = time.perf_counter()
     since = max(now - self._last_log[0], 1e-9)
     metrics = jax.device_get(metrics)
-    staleness = sharding.process_rows(batch["staleness"])
+    staleness = metrics_lib.trajectory_values(batch, "staleness",
+                                              sharding.process_rows)
     stats = source.sampler.stats if source.sampler is not None else None
     sampled = stats.action_tokens if stats is not None else 0.0
     scalars = metrics_lib.step_scalars(
         metrics, staleness, policy_version=self.policy_version(),
         skipped_steps=self.skips.skipped_total,
-        span=metrics_lib.version_span(
-            sharding.process_rows(batch["policy_version"]),
-            sharding.process_rows(batch["action_mask"])),
+        span=metrics_lib.batch_version_span(batch, sharding.process_rows),
         trainer_tokens_per_s=float(metrics["tokens/action"]) * int(
             self.run.config.train.log_every) / since,
         sampler_tokens_per_s=(sampled - self._last_log[1]) / since,

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from absl import logging
@@ -143,6 +143,33 @@ def version_span(policy_version: np.ndarray,
   return np.where(acts.any(axis=1), hi - lo, 0).astype(np.float64)
 
 
+def trajectory_values(batch: Mapping[str, Any], field: str,
+                      to_host: Callable[[Any], np.ndarray]) -> np.ndarray:
+  """One value per trajectory of this process's rows ``[N]``: a row field
+  of an unpacked batch, the filled slots of a packed one (``data.packing``).
+  ``to_host`` reads this process's rows (``sharding.process_rows``)."""
+  values = to_host(batch[field])
+  if values.ndim == 1:
+    return values
+  return values[to_host(batch["length"]) > 0]
+
+
+def batch_version_span(batch: Mapping[str, Any],
+                       to_host: Callable[[Any], np.ndarray]) -> np.ndarray:
+  """``version_span`` per trajectory ``[N]`` of this process's rows; per
+  packed segment when the rows are packed, never across two trajectories."""
+  version = to_host(batch["policy_version"])
+  acts = to_host(batch["action_mask"])
+  if "segment_ids" not in batch:
+    return version_span(version, acts)
+  seg = to_host(batch["segment_ids"])
+  filled = to_host(batch["length"]) > 0
+  rows, slots = np.nonzero(filled)
+  out = [version_span(version[b][None], (acts[b] * (seg[b] == s + 1))[None])
+         for b, s in zip(rows, slots)]
+  return np.concatenate(out) if out else np.zeros(0)
+
+
 def step_scalars(step_metrics: Mapping[str, float],
                  staleness: np.ndarray,
                  *, policy_version: int, skipped_steps: int,
@@ -186,6 +213,7 @@ def step_scalars(step_metrics: Mapping[str, float],
       "idle/trainer_frac": trainer_idle_frac,
       "tokens/generated_total": float(generated_tokens),
       "stream/dropped_stale": stream_counters["dropped_stale"],
+      "stream/padding_frac": stream_counters["padding_frac"],
       "stream/multi_version_frac": stream_counters["multi_version"] / max(
           1, stream_counters["admitted"]),
   }
@@ -236,7 +264,8 @@ def run_summary(eval_before: Mapping[str, float],
       "steps": float(steps),
       "policy_version": float(policy_version),
       "trajectories_read_from_ring": float(c["records_read"]),
-      "trajectories_trained": float(c["admitted"]),
+      "trajectories_trained": float(c["admitted"] - c.get("pack_held", 0)),
+      "padding_frac": float(c.get("padding_frac", 0.0)),
       "dropped_stale": float(c["dropped_stale"]),
       "generated_tokens": float(c["action_tokens_read"] * process_count),
       "staleness_mean": float(c["staleness_mean"]),

@@ -23,6 +23,7 @@ from absl import logging
 from sao_jax import sharding
 from sao_jax.tokenization import text_tokenizer
 from sao_jax.tokenization import tokenizer as tok_lib
+from sao_jax.data import packing
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import task_sizing
@@ -122,7 +123,8 @@ def step_config_from(config: Any) -> step_lib.StepConfig:
       lam_policy_alpha=float(rl.lam_policy_alpha),
       critic_updates_per_step=int(rl.critic_updates_per_step),
       temperature=float(config.sampler.temperature),
-      value_clip=rl.value_clip, max_groups=int(config.train.batch_size),
+      value_clip=rl.value_clip,
+      max_groups=packing.trajectories_per_step_bound(config),
       running_mean_global=rl.running_mean_scope == "global")
 
 

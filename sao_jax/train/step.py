@@ -46,12 +46,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import losses as loss_lib
 from sao_jax.rl import metrics as rl_metrics
 from sao_jax.rl import registry
+from sao_jax.rl import segments
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -154,71 +156,117 @@ class PolicyLoss:
     return cls(spec.bind(**hparams), spec.inputs, spec.batch_kwargs)
 
 
+def _model_inputs(batch: Batch) -> tuple[Array, dict[str, Array]]:
+  """Positions and the segment keywords of the model call.
+
+  Packed rows (``data.packing``) bring their own positions (restarting per
+  trajectory) and ``segment_ids``; unpacked rows get positions from the
+  attention mask and no segment ids (one trajectory per row).
+  """
+  if "segment_ids" in batch:
+    return batch["positions"], {"segment_ids": batch["segment_ids"]}
+  return transformer.positions_from_mask(batch["attention_mask"]), {}
+
+
+def _segment_ids(batch: Batch) -> Array:
+  """The rows' segment ids; an unpacked row is one segment (its tokens)."""
+  if "segment_ids" in batch:
+    return batch["segment_ids"]
+  return batch["attention_mask"].astype(jnp.int32)
+
+
 def _aligned_values(critic: transformer.ValueModel, params: Any,
                     batch: Batch) -> Array:
-  """V of the state before each token: critic output shifted right by one."""
-  positions = transformer.positions_from_mask(batch["attention_mask"])
+  """V of the state before each token: critic output shifted right by one,
+  never across a trajectory boundary (0 on each trajectory's first token)."""
+  positions, seg = _model_inputs(batch)
   v = critic.apply({"params": params}, batch["tokens"], positions,
-                   batch["attention_mask"])
-  return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+                   batch["attention_mask"], **seg)
+  return segments.shift_right_within(v, _segment_ids(batch))
 
 
 def _policy_logp(policy: transformer.Transformer, params: Any, batch: Batch,
                  temperature: float) -> tuple[Array, Array]:
   """Trainer log-probs of each token (at the sampler's temperature) and entropy.
 
-  One log-softmax over the vocabulary gives both; out[:, t] is about token t
-  given its prefix (as ``models.logprobs.logprobs_from_logits``), 0 at t = 0.
+  One log-softmax over the vocabulary gives both, in chunks of
+  ``model.logits_chunk`` tokens when set (``models.logprobs``); out[:, t] is
+  about token t given its prefix, 0 at t = 0 and on the first token of each
+  packed trajectory.
   """
-  tokens = batch["tokens"]
-  positions = transformer.positions_from_mask(batch["attention_mask"])
-  logits, _ = policy.apply({"params": params}, tokens, positions,
-                           batch["attention_mask"])
-  scaled = jax.nn.log_softmax(
-      logits[:, :-1].astype(jnp.float32) / jnp.float32(temperature), axis=-1)
-  logp = jnp.take_along_axis(scaled, tokens[:, 1:, None].astype(jnp.int32),
-                             axis=-1)[..., 0]
-  ent = -(jnp.exp(scaled) * scaled).sum(-1)
-  return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
+  positions, seg = _model_inputs(batch)
+  stats = logprobs_lib.policy_token_stats(
+      params, policy.config, batch["tokens"], positions,
+      batch["attention_mask"], temperature=temperature, **seg)
+  logp, ent = stats["logp"], stats["entropy"]
+  if "segment_ids" not in batch:
+    return logp, ent
+  starts = segments.segment_starts(batch["segment_ids"])
+  return jnp.where(starts, 0.0, logp), jnp.where(starts, 0.0, ent)
+
+
+def trajectory_rewards(batch: Batch, rewards: Array
+                       ) -> tuple[Array, Array | None, Callable[[Array], Array]]:
+  """Per-trajectory returns ``[N]``, which entries hold a trajectory (None:
+  all) and the map spreading ``[N]`` values over their tokens ``[B, T]``.
+
+  Unpacked: N = B rows. Packed: N = B·S slots (``data.packing``), an empty
+  slot (``length`` 0) holding no trajectory.
+  """
+  if "segment_ids" not in batch:
+    return rewards.sum(-1), None, lambda x: x[:, None]
+  seg = batch["segment_ids"]
+  shape = batch["length"].shape
+  per = segments.segment_sum(rewards, seg, shape[1]).reshape(-1)
+  return per, (batch["length"] > 0).reshape(-1), (
+      lambda x: segments.to_tokens(x.reshape(shape), seg))
 
 
 def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
                        running_mean: adv_lib.RunningMeanState | None
                        ) -> tuple[Array, Array, Any]:
-  """(policy advantages, value targets, new running-mean state) per estimator."""
+  """(policy advantages, value targets, new running-mean state) per estimator.
+
+  Per trajectory: on packed rows (``segment_ids``) every estimator works on
+  each packed trajectory as on a row of its own.
+  """
   mask = batch["action_mask"].astype(jnp.float32)
   rewards = batch["rewards"].astype(jnp.float32) * mask
-  seq_reward = rewards.sum(-1)
+  seq_reward, valid, spread = trajectory_rewards(batch, rewards)
+  seg = batch.get("segment_ids")
+  slots = batch["length"].shape[1] if seg is not None else 1
   _, returns = loss_lib.gae(rewards, values, mask, gamma=cfg.gamma,
-                           lam=cfg.lam_critic)
+                           lam=cfg.lam_critic, segment_ids=seg)
   estimator = cfg.estimator
-  if estimator == "decoupled_gae":
+  if estimator in ("decoupled_gae", "vapo_gae"):
+    alpha = (cfg.lam_policy_alpha if estimator == "decoupled_gae"
+             else loss_lib.VAPO_ALPHA)
     adv, returns = loss_lib.decoupled_gae(
-        rewards, values, mask, gamma=cfg.gamma, alpha=cfg.lam_policy_alpha,
-        lam_critic=cfg.lam_critic)
-  elif estimator == "vapo_gae":
-    adv, returns = loss_lib.decoupled_gae(
-        rewards, values, mask, gamma=cfg.gamma, alpha=loss_lib.VAPO_ALPHA,
-        lam_critic=cfg.lam_critic)
+        rewards, values, mask, gamma=cfg.gamma, alpha=alpha,
+        lam_critic=cfg.lam_critic, segment_ids=seg, num_slots=slots)
   elif estimator == "gae":
     adv, _ = loss_lib.gae(rewards, values, mask, gamma=cfg.gamma,
-                         lam=cfg.lam_critic)
+                         lam=cfg.lam_critic, segment_ids=seg)
   elif estimator in adv_lib.GROUP_ESTIMATORS:
     fn = getattr(adv_lib, estimator)
-    seq_adv = fn(seq_reward, batch["group_index"], cfg.max_groups)
-    adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
+    group = batch["group_index"].reshape(-1)
+    if valid is not None:  # Empty slots join no group (index out of range).
+      group = jnp.where(valid, group, cfg.max_groups)
+    seq_adv = fn(seq_reward, group, cfg.max_groups)
+    adv = jnp.where(mask > 0, spread(seq_adv), 0.0)
   elif estimator == "batch_whiten":
-    adv = adv_lib.reinforce_pp_advantages(rewards, mask, gamma=cfg.gamma)
+    adv = adv_lib.reinforce_pp_advantages(rewards, mask, gamma=cfg.gamma,
+                                          segment_ids=seg)
   else:  # running_mean
     if running_mean is None:
       raise ValueError("advantage='running_mean' needs TrainState.running_mean "
                        "(adv_lib.running_mean_init(num_prompts, k)).")
     # One table row per prompt: n consecutive prompt ids (a task set's item
     # seeds) fall on n distinct rows; one row pools every prompt ('global').
-    ids = batch["prompt_id"] % running_mean.count.shape[0]
+    ids = batch["prompt_id"].reshape(-1) % running_mean.count.shape[0]
     seq_adv, running_mean = adv_lib.running_mean_advantages(
-        running_mean, ids, seq_reward)
-    adv = adv_lib.broadcast_to_tokens(seq_adv, mask)
+        running_mean, ids, seq_reward, valid=valid)
+    adv = jnp.where(mask > 0, spread(seq_adv), 0.0)
   return adv, returns, running_mean
 
 
@@ -316,8 +364,14 @@ def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
                                batch, adv)
     metrics.update(pm)
   state = state.replace(running_mean=running_mean)
+  seq_reward, valid, _ = trajectory_rewards(batch, batch["rewards"] * mask)
+  real = batch["attention_mask"].astype(jnp.float32)
   metrics.update({
-      "reward/mean": (batch["rewards"] * mask).sum(-1).mean(),
+      "reward/mean": (seq_reward.mean() if valid is None
+                      else rl_metrics.masked_mean(seq_reward, valid)),
+      "batch/trajectories": (jnp.float32(seq_reward.size) if valid is None
+                             else valid.sum().astype(jnp.float32)),
+      "batch/padding_frac": 1.0 - real.mean(),
       "advantage/mean": rl_metrics.masked_mean(adv, mask),
       "advantage/std": jnp.sqrt(rl_metrics.masked_var(adv, mask)),
       "returns/mean": rl_metrics.masked_mean(returns, mask),

@@ -1,15 +1,31 @@
-"""Grouped-query self-attention with RoPE and an optional KV cache."""
+"""Grouped-query self-attention with RoPE and an optional KV cache.
+
+The attention core is chosen by `ModelConfig.attention` (`choose`): the dense
+reference (materialised scores and mask), the blockwise online-softmax path
+(layers/blockwise.py), cuDNN or splash (layers/fused.py). docs/DESIGN.md §5,
+"Attention".
+"""
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao_jax.models.config import ATTENTION_IMPLEMENTATIONS
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers.base import INIT_STD
 from sao_jax.models.layers.base import param
+from sao_jax.models.layers.blockwise import blockwise_attention
+from sao_jax.models.layers.fused import cudnn_attention
+from sao_jax.models.layers.fused import splash_attention
 from sao_jax.models.layers.kv_cache import write
+from sao_jax.models.layers.masks import dense_mask
+from sao_jax.models.layers.masks import MaskSpec
 from sao_jax.models.layers.norms import RMSNorm
 from sao_jax.models.layers.rope import apply_rope
 
@@ -17,16 +33,103 @@ Array = jax.Array
 
 
 _MASK_VALUE = -1e30  # Finite, so fully-masked (padding) queries give no NaNs.
+IMPLEMENTATIONS = ATTENTION_IMPLEMENTATIONS
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_TARGET = contextvars.ContextVar("attention_target_backend", default=None)
+
+
+@contextlib.contextmanager
+def lowering_for(backend: str) -> Iterator[None]:
+  """Choose attention for `backend` ('cpu', 'gpu', 'tpu') while tracing here:
+  ahead-of-time lowering for a device this host does not have."""
+  token = _TARGET.set(backend)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
+
+
+def choose(cfg: ModelConfig, t: int, s: int, cached: bool,
+           backend: str | None = None) -> str:
+  """The attention core for T queries over S keys on `backend`.
+
+  Decode (a cache, T == 1) is dense. The fused kernels take self-attention
+  without a cache; a cached chunk (prefill, observation) with 'cudnn' or
+  'splash' uses the blockwise path. 'auto': cuDNN on GPU (bf16/fp16), splash
+  on TPU, blockwise elsewhere, except dense on CPU when all of [T, S] is one
+  block (the same work without the loop; BENCHMARKS.md, "Attention paths").
+  `backend` defaults to the `lowering_for` target, else JAX's default. Raises ValueError for an unknown name or a kernel the backend lacks.
+  """
+  name = cfg.attention
+  backend = backend or _TARGET.get() or jax.default_backend()
+  if name not in IMPLEMENTATIONS:
+    raise ValueError(f"model.attention={name!r}; expected one of "
+                     f"{IMPLEMENTATIONS}.")
+  if cached and t == 1:
+    return "dense"
+  half = cfg.compute_dtype in _HALF
+  if name == "cudnn" and (backend != "gpu" or not half):
+    raise ValueError(
+        f"model.attention='cudnn' needs a GPU and bf16/fp16 compute (backend "
+        f"{backend!r}, model.dtype={cfg.dtype!r}); use 'auto' or 'blockwise'.")
+  if name == "splash" and backend != "tpu":
+    raise ValueError(
+        f"model.attention='splash' runs on TPU only (backend {backend!r}); "
+        "use 'auto' or 'blockwise'.")
+  if name in ("cudnn", "splash"):
+    return "blockwise" if cached else name
+  if name != "auto":
+    return name
+  if not cached and backend == "gpu" and half:
+    return "cudnn"
+  if not cached and backend == "tpu":
+    return "splash"
+  one_block = t <= cfg.attention_block_q and s <= cfg.attention_block_kv
+  return "dense" if backend == "cpu" and one_block else "blockwise"
+
+
+def dense_attention(q: Array, k: Array, v: Array, spec: MaskSpec) -> Array:
+  """The reference: [B, K, G, T, S] float32 scores under the dense mask.
+
+  q: [B, T, K, G, D]; k, v: [B, S, K, D]; returns [B, T, K, G, D].
+  """
+  logits = jnp.einsum("btkgd,bskd->bkgts", q, k,
+                      preferred_element_type=jnp.float32) / jnp.sqrt(
+                          jnp.float32(q.shape[-1]))
+  logits = jnp.where(dense_mask(spec)[:, None, None], logits, _MASK_VALUE)
+  probs = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
+  return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+
+
+def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, spec: MaskSpec,
+           cached: bool) -> Array:
+  """softmax(q k^T / sqrt(D)) v under `spec` with the core `choose` picks."""
+  impl = choose(cfg, q.shape[1], k.shape[1], cached)
+  bq, bkv = cfg.attention_block_q, cfg.attention_block_kv
+  if impl == "dense":
+    return dense_attention(q, k, v, spec)
+  if impl == "blockwise":
+    return blockwise_attention(q, k, v, spec, block_q=bq, block_kv=bkv)
+  if impl == "cudnn":
+    return cudnn_attention(q, k, v, spec, block_q=bq, block_kv=bkv)
+  return splash_attention(q, k, v, spec, block=bq)
 
 
 class Attention(nn.Module):
-  """Grouped-query self-attention with RoPE and an optional KV cache."""
+  """Grouped-query self-attention with RoPE and an optional KV cache.
+
+The attention core is chosen by `ModelConfig.attention` (`choose`): the dense
+reference (materialised scores and mask), the blockwise online-softmax path
+(layers/blockwise.py), cuDNN or splash (layers/fused.py). docs/DESIGN.md §5,
+"Attention".
+"""
 
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None):
-    """x: [B,T,D]; mask: bool[B,T,S]; kv: (k_all, v_all, layer, end) or None.
+  def __call__(self, x, positions, spec: MaskSpec, kv=None):
+    """x: [B,T,D]; spec: which keys each query sees (layers/masks.py);
+    kv: (k_all, v_all, layer, end) or None.
 
     Returns (out [B,T,D], updated (k_all, v_all) or None).
     """
@@ -65,12 +168,7 @@ class Attention(nn.Module):
 
     b, t = x.shape[:2]
     q = q.reshape(b, t, hkv, h // hkv, dh)  # Query head j*G+g uses kv head j.
-    logits = jnp.einsum("btkgd,bskd->bkgts", q, k,
-                        preferred_element_type=jnp.float32) / jnp.sqrt(
-                            jnp.float32(dh))
-    logits = jnp.where(mask[:, None, None], logits, _MASK_VALUE)
-    probs = jax.nn.softmax(logits, axis=-1).astype(x.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, dh)
+    out = attend(cfg, q, k, v, spec, kv is not None).reshape(b, t, h, dh)
     o_kernel = param(self, "o_proj", init, (h, dh, d),
                       ("heads", "head_dim", "embed"))
     return jnp.einsum("bthk,hkd->btd", out, o_kernel.astype(x.dtype)), new_kv

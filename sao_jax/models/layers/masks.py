@@ -1,7 +1,22 @@
-"""Positions and attention masks of (left-)padded rows, with or without a cache."""
+"""Positions and the attention mask, described by segment ids and slots.
+
+The mask is never built by the model as a [B, T, S] array: it is described
+by a `MaskSpec` (docs/DESIGN.md §5, "Attention"): every query and every key
+carries a segment id and a slot, and
+
+    query t sees key s  iff  q_segment[t] == kv_segment[s]  and  s <= q_slot[t].
+
+Real tokens carry their (positive) segment id; padding carries the unique id
+``-1 - slot``, so a padding query sees only its own slot (finite softmax,
+equal with or without a cache) and no real query ever sees padding. Each
+attention implementation turns the spec into what it needs: the dense
+reference materialises the [B, T, S] mask, the blockwise path builds one
+[bq, bkv] block at a time, splash attention takes the segment ids.
+"""
 
 from __future__ import annotations
 
+import flax
 import jax
 import jax.numpy as jnp
 
@@ -11,27 +26,84 @@ from sao_jax.models.layers.kv_cache import write
 Array = jax.Array
 
 
+@flax.struct.dataclass
+class MaskSpec:
+  """Which keys each query sees (module docstring); keys are at slots 0..S-1.
+
+  Attributes:
+    q_segment: int32[B, T] segment id of each query (padding: -1 - slot).
+    kv_segment: int32[B, S] segment id of each key slot (padding: -1 - slot).
+    q_slot: int32[B, T] the key slot each query occupies.
+  """
+
+  q_segment: Array
+  kv_segment: Array
+  q_slot: Array
+
+  @property
+  def kv_len(self) -> int:
+    return self.kv_segment.shape[1]
+
+
 def positions_from_mask(mask: Array) -> Array:
   """RoPE positions for (left-)padded rows: cumsum(mask) - 1, clipped at 0."""
   return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def attention_mask(attention_mask: Array, cache: KVCache | None):
-  """bool[B,T,S]: query t sees slot s iff s is valid and s <= slot(t).
+def _with_padding_ids(segment: Array, slot: Array) -> Array:
+  """Segment ids where padding (id <= 0) gets its own id -1 - slot."""
+  return jnp.where(segment > 0, segment, -1 - slot).astype(jnp.int32)
 
-  Also returns the updated slot validity bool[B,S].
+
+def mask_spec(attention_mask: Array, cache: KVCache | None,
+              segment_ids: Array | None = None) -> tuple[MaskSpec, Array]:
+  """The `MaskSpec` of a forward pass, and the slot validity bool[B, S].
+
+  Args:
+    attention_mask: bool[B, T] real (non-padding) tokens.
+    cache: None (training: the T tokens are all the keys) or the KV cache
+      the T tokens are written into at slots end + [0, T); its valid slots
+      form one segment (one episode per row), `segment_ids` is not used.
+    segment_ids: optional int32[B, T] (no cache): 0 on padding, 1, 2, ...
+      for the trajectories packed into a row; None means one trajectory per
+      row, `attention_mask.astype(int32)`.
   """
-  t = attention_mask.shape[1]
+  attention_mask = attention_mask.astype(jnp.bool_)
+  b, t = attention_mask.shape
   if cache is None:
-    valid, q_slot = attention_mask, jnp.arange(t)
-  else:
-    valid = write(cache.valid, attention_mask, cache.end)
-    q_slot = cache.end[..., None] + jnp.arange(t)  # [T] or [B, T].
-  q_slot = jnp.broadcast_to(q_slot, attention_mask.shape)[..., None]
-  slots = jnp.arange(valid.shape[1])
-  causal = slots <= q_slot  # [B, T, S]
-  # A query always sees its own slot: for real tokens that changes nothing;
-  # padding queries then attend only to themselves (finite, causal, and equal
-  # with or without a cache) instead of to an arbitrary set of slots.
-  own = slots == q_slot
-  return (valid[:, None, :] & causal) | own, valid
+    seg = (attention_mask.astype(jnp.int32) if segment_ids is None else
+           jnp.where(attention_mask, segment_ids, 0).astype(jnp.int32))
+    q_slot = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    seg = _with_padding_ids(seg, q_slot)
+    return MaskSpec(q_segment=seg, kv_segment=seg, q_slot=q_slot), \
+        attention_mask
+  if segment_ids is not None:
+    raise ValueError(
+        "segment_ids was given with a KV cache: a cache holds one episode per "
+        "row; pass segment_ids=None when decoding.")
+  valid = write(cache.valid, attention_mask, cache.end)
+  q_slot = jnp.broadcast_to(
+      (cache.end[..., None] + jnp.arange(t)).astype(jnp.int32), (b, t))
+  kv_slot = jnp.arange(valid.shape[1], dtype=jnp.int32)
+  spec = MaskSpec(
+      q_segment=_with_padding_ids(attention_mask.astype(jnp.int32), q_slot),
+      kv_segment=_with_padding_ids(valid.astype(jnp.int32), kv_slot[None]),
+      q_slot=q_slot)
+  return spec, valid
+
+
+def block_mask(q_segment: Array, q_slot: Array, kv_segment: Array,
+               kv_slot: Array) -> Array:
+  """bool[B, Tq, Sk]: the rule of the module docstring on one block.
+
+  q_segment, q_slot: int32[B, Tq]; kv_segment: int32[B, Sk]; kv_slot:
+  int32[Sk] or [B, Sk].
+  """
+  same = q_segment[:, :, None] == kv_segment[:, None, :]
+  return same & (kv_slot[..., None, :] <= q_slot[:, :, None])
+
+
+def dense_mask(spec: MaskSpec) -> Array:
+  """bool[B, T, S], materialised (the dense reference path only)."""
+  kv_slot = jnp.arange(spec.kv_len, dtype=jnp.int32)
+  return block_mask(spec.q_segment, spec.q_slot, spec.kv_segment, kv_slot)
