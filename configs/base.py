@@ -60,6 +60,21 @@ def get_config() -> ml_collections.ConfigDict:
   # What each block keeps for the backward: 'none' (all), 'full' (recompute
   # the block), 'dots_saveable', 'dots_with_no_batch_dims_saveable'.
   config.model.remat_policy = "none"
+  # Mixture of experts (docs/DESIGN.md §5, models/layers/moe.py): 0 experts =
+  # a dense model. router 'softmax' (Qwen3-MoE) or 'sigmoid' (GLM-4.5 /
+  # DeepSeek-V3: grouped top-k, score-correction bias, routed scaling).
+  config.model.moe = ml_collections.ConfigDict({
+      "num_experts": 0, "top_k": 2, "intermediate_size": 0,
+      "router": "softmax", "norm_topk_prob": True, "n_group": 1,
+      "topk_group": 1, "routed_scaling_factor": 1.0, "n_shared_experts": 0})
+  config.model.first_dense_layers = 0  # Dense layers before the MoE ones.
+  config.model.rotary_dim = 0  # Channels RoPE rotates (0: all; GLM: half).
+  # Routing replay (R3): 'rollout' makes the trainer's forward use the
+  # experts the sampler recorded for every token (gate weights recomputed,
+  # so the router still learns); 'off' routes on its own.
+  config.model.routing_replay = "off"
+  # Weight of the router's load-balancing loss in the policy loss.
+  config.model.router_aux_loss_coef = 0.0
 
   # ------------------------------------------------------------ tokenizer ---
   config.tokenizer = ml_collections.ConfigDict()

@@ -39,7 +39,7 @@ def test_grouped_experts_equal_dense_reference(norm):
                           norm_topk_prob=norm)
   p = _unboxed(_params(jax.random.PRNGKey(0), moe))
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 7, D))
-  y, experts, _ = moe_lib.MoeBlock(CFG, moe).apply({"params": p}, x)
+  y, experts, _, _ = moe_lib.MoeBlock(CFG, moe).apply({"params": p}, x)
   logits = x.reshape(14, D) @ p["router_kernel"]
   r = moe_lib.route(logits, moe)
   np.testing.assert_array_equal(experts.reshape(14, K), r.experts)
@@ -69,11 +69,11 @@ def test_replay_uses_recorded_experts_and_router_gets_gradients():
   p = _unboxed(_params(jax.random.PRNGKey(0), moe))
   x = jax.random.normal(jax.random.PRNGKey(2), (1, 6, D))
   block = moe_lib.MoeBlock(CFG, moe)
-  y, own, _ = block.apply({"params": p}, x)
-  same, _, _ = block.apply({"params": p}, x, forced=own)
+  y, own, _, _ = block.apply({"params": p}, x)
+  same, _, _, _ = block.apply({"params": p}, x, forced=own)
   np.testing.assert_allclose(same, y, atol=1e-7)
   forced = (own + 3) % E  # Experts the router would not choose.
-  y_forced, used, _ = block.apply({"params": p}, x, forced=forced)
+  y_forced, used, _, _ = block.apply({"params": p}, x, forced=forced)
   np.testing.assert_array_equal(used, forced)
   logits = x.reshape(6, D) @ p["router_kernel"]
   probs = jax.nn.softmax(logits)
@@ -139,7 +139,7 @@ def test_block_matches_transformers(family):
   x = np.random.default_rng(0).normal(size=(2, 9, D)).astype(np.float32)
   with torch.no_grad():
     want = block(torch.from_numpy(x)).numpy()
-  got, _, _ = moe_lib.MoeBlock(CFG, moe).apply(
+  got, _, _, _ = moe_lib.MoeBlock(CFG, moe).apply(
       {"params": jax.tree.map(jnp.asarray, p)}, jnp.asarray(x))
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
 

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.transformer import moe_outputs
 from sao_jax.models.transformer import output_weight
 from sao_jax.models.transformer import positions_from_mask
 from sao_jax.models.transformer import Transformer
@@ -186,16 +187,24 @@ def policy_token_stats(params: Any, config: ModelConfig, tokens: Array,
   """
   kw = dict(temperature=temperature, with_entropy=with_entropy,
             with_argmax=with_argmax)
-  if config.logits_chunk > 0:
-    hidden, _ = Transformer(config, outputs="hidden").apply(
-        {"params": params}, tokens, positions, attention_mask, **model_kwargs)
+  # A MoE policy also reports its routing: 'moe_experts', 'moe_own_experts'
+  # and 'moe_aux_loss' (transformer.moe_outputs).
+  hidden = config.logits_chunk > 0
+  model = Transformer(config, outputs="hidden" if hidden else "logits")
+  args = ({"params": params}, tokens, positions, attention_mask)
+  if config.moe is None:
+    (x, _), moe = model.apply(*args, **model_kwargs), {}
+  else:
+    (x, _), state = model.apply(*args, mutable=["moe"], **model_kwargs)
+    moe = moe_outputs(state)
+  if hidden:
     weight, layout = output_weight(params, config)
-    return chunked_token_stats(hidden, weight, layout, tokens,
-                               chunk=chunk_positions(config, tokens.shape[0]),
-                               **kw)
-  logits, _ = Transformer(config).apply(
-      {"params": params}, tokens, positions, attention_mask, **model_kwargs)
-  return stats_from_logits(logits, tokens, **kw)
+    stats = chunked_token_stats(x, weight, layout, tokens,
+                                chunk=chunk_positions(config, tokens.shape[0]),
+                                **kw)
+  else:
+    stats = stats_from_logits(x, tokens, **kw)
+  return {**stats, **{f"moe_{k}": v for k, v in moe.items()}}
 
 
 @functools.partial(jax.jit, static_argnames=("config", "temperature"))

@@ -73,9 +73,9 @@ class DecoderLayer(nn.Module):
     y = RMSNorm(self.config, name="mlp_norm")(x)
     routed = None
     if self.sparse:
-      y, experts, aux = MoeBlock(self.config, self.config.moe, name="moe")(
-          y, tokens, forced)
-      routed = (experts, aux)
+      y, experts, aux, own = MoeBlock(
+          self.config, self.config.moe, name="moe")(y, tokens, forced)
+      routed = (experts, aux, own)
     else:
       y = MLP(self.config, name="mlp")(y)
     x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
@@ -170,7 +170,7 @@ class Decoder(nn.Module):
         ks.append(kv[0])
         vs.append(kv[1])
       if sparse:
-        routed += [(r[0][j], r[1][j]) for j in range(n)]
+        routed += [tuple(x[j] for x in r) for j in range(n)]
         m += n
     kv = None if cache is None else (
         jnp.concatenate(ks) if len(ks) > 1 else ks[0],
@@ -202,6 +202,7 @@ class Decoder(nn.Module):
     if routed:
       self.sow("moe", "experts", jnp.stack([r[0] for r in routed], axis=2))
       self.sow("moe", "aux_loss", jnp.mean(jnp.stack([r[1] for r in routed])))
+      self.sow("moe", "own_experts", jnp.stack([r[2] for r in routed], axis=2))
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=kv[0], v=kv[1], valid=valid,
@@ -212,14 +213,14 @@ class Decoder(nn.Module):
     return self.embedder.attend(x)
 
 
-def moe_outputs(state: Any) -> tuple[Array | None, Array]:
-  """(experts int32 [B, T, M, k] or None, load-balancing loss) from the
-  'moe' collection an apply with ``mutable=['moe']`` returned (its state dict,
-  or the collection itself); (None, 0.0) for a dense model."""
+def moe_outputs(state: Any) -> dict[str, Array]:
+  """What a MoE model sowed in the 'moe' collection of an apply with
+  ``mutable=['moe']`` (its state dict, or the collection itself):
+  {'experts': int32 [B, T, M, k] used, 'own_experts': the router's own
+  choice (differs under replay), 'aux_loss': load-balancing loss}; {} for a
+  dense model."""
   sown = state.get("moe", state).get("decoder", {})
-  if "experts" not in sown:
-    return None, jnp.zeros((), jnp.float32)
-  return sown["experts"][0], sown["aux_loss"][0]
+  return {k: v[0] for k, v in sown.items()}
 
 
 class Transformer(nn.Module):

@@ -43,12 +43,14 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class Routing:
-  """A router's decision for N tokens: experts int32[N, k], weights f32[N, k],
-  and per-expert probabilities f32[N, E] for the load-balancing loss."""
+  """A router's decision for N tokens: experts int32[N, k] (used), weights
+  f32[N, k], per-expert probabilities f32[N, E] for the load-balancing loss,
+  and own int32[N, k], its own choice (= experts unless replay forced them)."""
 
   experts: Array
   weights: Array
   probs: Array
+  own: Array
 
 
 def _group_mask(choice: Array, moe: MoeConfig) -> Array:
@@ -84,17 +86,15 @@ def route(logits: Array, moe: MoeConfig, bias: Array | None = None,
                        jax.lax.stop_gradient(bias.astype(jnp.float32)))
     if moe.n_group > 1:
       choice = jnp.where(_group_mask(choice, moe), choice, -jnp.inf)
-  if forced is None:
-    _, experts = jax.lax.top_k(jax.lax.stop_gradient(choice), moe.top_k)
-  else:
-    experts = forced
-  experts = experts.astype(jnp.int32)
+  _, own = jax.lax.top_k(jax.lax.stop_gradient(choice), moe.top_k)
+  experts = (own if forced is None else forced).astype(jnp.int32)
   gate = probs if moe.router == "softmax" else scores
   weights = jnp.take_along_axis(gate, experts, axis=-1)
   if moe.norm_topk_prob:
     weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + (
         0.0 if moe.router == "softmax" else 1e-20))
-  return Routing(experts, weights * moe.routed_scaling_factor, probs)
+  return Routing(experts, weights * moe.routed_scaling_factor, probs,
+                 own.astype(jnp.int32))
 
 
 def grouped_swiglu(x: Array, experts: Array, weights: Array, w_gate: Array,
@@ -143,8 +143,9 @@ class MoeBlock(nn.Module):
   Parameters: router/kernel [embed, expert], router/bias [expert] (sigmoid
   router), experts/{gate,up}_proj [expert, embed, mlp], experts/down_proj
   [expert, mlp, embed], shared/{gate,up,down}_proj (n_shared_experts > 0).
-  Returns (y, routing, load-balancing loss); routing.experts is what the
-  sampler records for replay.
+  Returns (y, experts int32 [B, T, k] used, load-balancing loss, the
+  router's own choice [B, T, k]); the experts are what the sampler records
+  for replay.
   """
 
   config: ModelConfig
@@ -181,5 +182,6 @@ class MoeBlock(nn.Module):
       hdn = jax.nn.silu(x @ sg.astype(x.dtype)) * (x @ su.astype(x.dtype))
       y = y + hdn @ sd.astype(x.dtype)
     aux = load_balancing_loss(routing, mask)
-    experts = routing.experts.reshape(b, t, moe.top_k)
-    return y, experts, aux
+    shape = (b, t, moe.top_k)
+    return (y, routing.experts.reshape(shape), aux,
+            routing.own.reshape(shape))
