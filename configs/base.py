@@ -36,17 +36,45 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_kv_heads = 2  # GQA key/value heads; divides num_heads.
   config.model.head_dim = 16  # Need not equal hidden_size // num_heads.
   config.model.rope_theta = 10000.0  # RoPE base frequency.
+  # RoPE scaling (free-form; empty: none): HF rope_parameters, e.g.
+  # {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0,
+  # 'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192}.
+  config.model.rope_scaling = ml_collections.ConfigDict()
   config.model.rms_norm_eps = 1e-6  # RMSNorm epsilon.
   config.model.qkv_bias = False  # Qwen2: True.
+  config.model.qk_norm = False  # Per-head RMSNorm on q and k (Qwen3: True).
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
-  config.model.remat = False  # Recompute block activations in backward.
+  # Tokens per chunk of the trainer's log-probs/entropy over the vocabulary
+  # (no [B, T, V] logits; same numbers); 0 = full logits in one piece.
+  config.model.logits_chunk = 2048
   # Attention core: 'auto' (cuDNN on GPU, splash on TPU, blockwise or, for one
   # block, dense on CPU), 'dense' (reference), 'blockwise', 'cudnn', 'splash'.
   config.model.attention = "auto"
   config.model.attention_block_q = 512  # Query block (blockwise, splash).
   config.model.attention_block_kv = 512  # Key/value block (blockwise).
+  # Layers under nn.scan over stacked params (one compiled layer body);
+  # False: the unrolled reference (docs/DESIGN.md "Layer layout").
+  config.model.scan_layers = True
+  # What each block keeps for the backward: 'none' (all), 'full' (recompute
+  # the block), 'dots_saveable', 'dots_with_no_batch_dims_saveable'.
+  config.model.remat_policy = "none"
+  # Mixture of experts (docs/DESIGN.md §5, models/layers/moe.py): 0 experts =
+  # a dense model. router 'softmax' (Qwen3-MoE) or 'sigmoid' (GLM-4.5 /
+  # DeepSeek-V3: grouped top-k, score-correction bias, routed scaling).
+  config.model.moe = ml_collections.ConfigDict({
+      "num_experts": 0, "top_k": 2, "intermediate_size": 0,
+      "router": "softmax", "norm_topk_prob": True, "n_group": 1,
+      "topk_group": 1, "routed_scaling_factor": 1.0, "n_shared_experts": 0})
+  config.model.first_dense_layers = 0  # Dense layers before the MoE ones.
+  config.model.rotary_dim = 0  # Channels RoPE rotates (0: all; GLM: half).
+  # Routing replay (R3): 'rollout' makes the trainer's forward use the
+  # experts the sampler recorded for every token (gate weights recomputed,
+  # so the router still learns); 'off' routes on its own.
+  config.model.routing_replay = "off"
+  # Weight of the router's load-balancing loss in the policy loss.
+  config.model.router_aux_loss_coef = 0.0
 
   # ------------------------------------------------------------ tokenizer ---
   config.tokenizer = ml_collections.ConfigDict()
@@ -73,6 +101,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.dataset_config = ml_collections.ConfigDict()
   # Text appended to every question (e.g. the required answer format).
   config.env.instruction = ""
+  # A pretrained model's chat template (tokenizer.path a HF directory):
+  # variables passed to it (free-form, e.g. {'enable_thinking': False} for
+  # Qwen3, {'date_string': '26 Jul 2024'} for Llama 3) and a system message
+  # ('' for none). sao_jax/tokenization/jinja_template.py.
+  config.env.chat_template_kwargs = ml_collections.ConfigDict()
+  config.env.system_prompt = ""
   # How the reply becomes the scored answer (sao_jax.envs.answers): 'whole',
   # 'last_number', 'answer_tag' or 'answer_tag_or_last_number'. Training
   # reward and held-out accuracy use the same rule.

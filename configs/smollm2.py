@@ -1,7 +1,7 @@
 r"""SAO on a real pretrained model: SmolLM2-135M-Instruct, its own tokenizer.
 
 The policy starts from the instruct checkpoint (no SFT warm start), speaks its
-own ChatML template (`sao_jax.hf_tokenizer`), and is scored on reasoning-gym
+own ChatML template (`sao_jax.tokenization.hf_tokenizer`), and is scored on reasoning-gym
 `chain_sum` with two one-digit terms, where its greedy base accuracy is
 between 0.2 and 0.6 when the answer is the last number of its reply
 (`env.answer = 'last_number'`; the whole chatty reply scores ~0). The critic
@@ -18,7 +18,7 @@ is the pretrained backbone with a new value head, attention frozen.
 
      python -m sao_jax.main --config=configs/smollm2.py --workdir=/tmp/smollm2
 
-On an accelerator add `--config.model.dtype=bfloat16 --config.model.remat=True`
+On an accelerator add `--config.model.dtype=bfloat16 --config.model.remat_policy=full`
 (float32 master weights and Adam moments stay float32). A different checkpoint
 directory: `--config.model.init_from=DIR --config.tokenizer.path=DIR`.
 """
@@ -56,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = True
   m.dtype = "float32"
   m.param_dtype = "float32"
-  m.remat = False
+  m.remat_policy = "none"
 
   config.tokenizer.path = path  # A directory: the model's own tokenizer.
 

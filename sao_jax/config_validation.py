@@ -20,10 +20,12 @@ from typing import Any, Callable, Iterator
 import ml_collections
 
 from sao_jax.models.config import ATTENTION_IMPLEMENTATIONS
+from sao_jax.models.config import REMAT_POLICIES
 
 # Sections whose keys are passed through unchecked (e.g. kwargs of
 # reasoning_gym.create_dataset).
-FREE_FORM = ("env.dataset_config",)
+FREE_FORM = ("env.dataset_config", "env.chat_template_kwargs",
+             "model.rope_scaling")
 TRAIN_MODES = ("async", "sync", "group", "replay")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -204,8 +206,13 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "num_heads", "num_kv_heads", "head_dim")},
     "model.rope_theta": _GT0, "model.rms_norm_eps": _GT0,
     "model.dtype": _in(DTYPES), "model.param_dtype": _in(DTYPES),
+    "model.logits_chunk": (
+        (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+        "an int >= 0 (tokens per chunk of the log-probs; 0: full logits)"),
     "model.attention": _in(ATTENTION_IMPLEMENTATIONS),
     "model.attention_block_q": _POS, "model.attention_block_kv": _POS,
+    "model.remat_policy": _in(REMAT_POLICIES),
+    "model.scan_layers": ((lambda v: isinstance(v, bool)), "True or False"),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "env.code_sandbox": _in(("auto", "bwrap", "landlock",
@@ -312,7 +319,7 @@ def _check_names(c: Any) -> None:
 
 
 def _check_tokenizer(c: Any) -> None:
-  from sao_jax import tokenizer  # pylint: disable=g-import-not-at-top
+  from sao_jax.tokenization import tokenizer  # pylint: disable=g-import-not-at-top
 
   t = c.tokenizer
   if t.path:
@@ -328,6 +335,24 @@ def _check_tokenizer(c: Any) -> None:
     raise ConfigError(
         f"config.model.vocab_size: expected >= tokenizer.vocab_size="
         f"{t.vocab_size}, got {c.model.vocab_size}")
+
+
+def _check_free_form_model_and_template(c: Any) -> None:
+  """model.rope_scaling (layers/rope.py) and env.chat_template_kwargs."""
+  import json  # pylint: disable=g-import-not-at-top
+  from sao_jax.models.layers import rope  # pylint: disable=g-import-not-at-top
+
+  try:
+    rope.normalize_scaling(dict(c.model.rope_scaling))
+  except ValueError as e:
+    raise ConfigError(f"config.model.rope_scaling: {e}") from None
+  try:
+    json.dumps(c.env.chat_template_kwargs.to_dict()
+               if hasattr(c.env.chat_template_kwargs, "to_dict")
+               else dict(c.env.chat_template_kwargs))
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.env.chat_template_kwargs: expected JSON "
+                      f"values (template variables), got {e}") from None
 
 
 def _check_sampler_devices(c: Any) -> None:
@@ -442,7 +467,8 @@ def validate_config(config: Any,
   for path, (pred, expected) in _RANGES.items():
     _check(config, path, pred, expected)
   for check in (_check_names, _check_tokenizer, _check_sampler_devices,
-                _check_cross_fields, _check_mesh):
+                _check_cross_fields, _check_mesh,
+                _check_free_form_model_and_template):
     check(config)
 
 

@@ -30,12 +30,17 @@ Rules = tuple[tuple[str, MeshAxes], ...]
 DEFAULT_RULES: Rules = (
     ("batch", ("data", "fsdp")),
     ("vocab", "tensor"),
+    # Expert parallelism over the FSDP axis: a MoE layer's [expert, ...]
+    # weights are split expert-wise across it (layers/moe.py); before
+    # 'embed', so the expert axis claims fsdp in those weights.
+    ("expert", "fsdp"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("length", None),
+    ("layers", None),  # The stacked layer axis (scan_layers): never split.
 )
 
 

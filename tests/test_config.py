@@ -10,7 +10,7 @@ import pytest
 
 from sao_jax import config_validation as cv
 from sao_jax.rl import registry
-from sao_jax import tokenizer
+from sao_jax.tokenization import tokenizer
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _BASE = str(_REPO / "configs" / "base.py")
@@ -217,6 +217,22 @@ def test_inconsistent_values(config, updates, expected):
     section, key = path.split(".")
     config[section][key] = value
   assert _error(config).startswith(expected)
+
+
+def test_rope_scaling_and_template_kwargs_are_checked(config):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config.model.rope_scaling = ml_collections.ConfigDict(
+      {"rope_type": "llama3", "factor": 8.0})
+  assert _error(config).startswith(
+      "config.model.rope_scaling: rope_type='llama3': unsupported keys [], "
+      "missing keys ['high_freq_factor', 'low_freq_factor', "
+      "'original_max_position_embeddings']")
+  config.model.rope_scaling = ml_collections.ConfigDict(
+      {"rope_type": "linear", "factor": 2.0})
+  cv.validate_config(config)
+  config.env.chat_template_kwargs = ml_collections.ConfigDict(
+      {"enable_thinking": False})
+  cv.validate_config(config)
 
 
 def test_consistent_unusual_values_pass(config):

@@ -35,7 +35,8 @@ _PKG = pathlib.Path(__file__).resolve().parents[1] / "sao_jax"
 
 # (module path under sao_jax/, function name) -> the section it is handed.
 SECTION_FUNCTIONS = {
-    ("tokenizer.py", "tokenizer_from_config"): "tokenizer",
+    ("tokenization/tokenizer.py", "tokenizer_from_config"): "tokenizer",
+    ("tokenization/tokenizer.py", "_template_settings"): "env",
     ("sharding.py", "initialize_distributed"): "distributed",
     ("sharding.py", "make_mesh"): "mesh",
     ("envs/build.py", "build_tasks"): "env",

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import StalenessPolicy
 from sao_jax.envs import base

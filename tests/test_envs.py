@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import pytest
 import reasoning_gym
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import base
 from sao_jax.envs import evolving
 from sao_jax.envs import reasoning_gym_env as rg_env

@@ -27,7 +27,7 @@ import pytest
 
 from configs import base
 from sao_jax import config_validation as cv
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import base as base_env
 from sao_jax.models import hf

@@ -6,9 +6,10 @@ its `apply_chat_template`; ours uses only `tokenizers` and jinja2.
 
 import pytest
 
-from sao_jax import hf_tokenizer
-from sao_jax import text_tokenizer
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import hf_tokenizer
+from sao_jax.tokenization import jinja_template
+from sao_jax.tokenization import text_tokenizer
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import tool_env
 
@@ -145,4 +146,4 @@ def test_template_rejects_a_rewriting_template():
   bad = ("{% for m in messages %}{{ m['role'] }}:{{ m['content'] | lower }}"
          "<e>{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
   with pytest.raises(hf_tokenizer.TemplateError):
-    hf_tokenizer.template_from_jinja(bad, "<e>")
+    jinja_template.template_from_jinja(bad, ["<e>"])

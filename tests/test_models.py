@@ -130,11 +130,14 @@ def test_logical_axis_names(setup):
   P = jax.sharding.PartitionSpec
   dec = specs["decoder"]
   assert dec["embedder"]["embedding"] == P("vocab", "embed")
-  assert dec["layers_0"]["mlp"]["gate_proj"] == P("embed", "mlp")
-  assert dec["layers_0"]["mlp"]["down_proj"] == P("mlp", "embed")
-  assert dec["layers_1"]["attn"]["q_proj"] == P("embed", "heads", "head_dim")
-  assert dec["layers_1"]["attn"]["k_proj"] == P("embed", "kv_heads", "head_dim")
-  assert dec["layers_1"]["attn"]["o_proj"] == P("heads", "head_dim", "embed")
+  layers = dec["layers"]  # Stacked (scan_layers): a leading 'layers' axis.
+  assert layers["mlp"]["gate_proj"] == P("layers", "embed", "mlp")
+  assert layers["mlp"]["down_proj"] == P("layers", "mlp", "embed")
+  assert layers["attn"]["q_proj"] == P("layers", "embed", "heads", "head_dim")
+  assert layers["attn"]["k_proj"] == P("layers", "embed", "kv_heads",
+                                       "head_dim")
+  assert layers["attn"]["o_proj"] == P("layers", "heads", "head_dim", "embed")
+  assert layers["attn_norm"]["scale"] == P("layers", "embed")
   assert dec["final_norm"]["scale"] == P("embed")
   assert specs["lm_head"] == P("embed", "vocab")
 

@@ -1,4 +1,5 @@
-"""Real-size run settings: remat, bf16 compute over float32 master weights."""
+"""Real-size run settings: remat policies, bf16 compute over float32 master
+weights."""
 
 import dataclasses
 
@@ -33,24 +34,35 @@ def _loss(cfg, params, tokens, mask):
   return -logprobs_lib.token_logprobs(params, cfg, tokens, mask).mean()
 
 
-def test_remat_recomputes_and_gives_the_same_gradients():
-  params = _policy(CFG)
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("policy", ["full", "dots_saveable",
+                                    "dots_with_no_batch_dims_saveable"])
+def test_remat_recomputes_and_gives_the_same_gradients(policy, scan):
+  base = dataclasses.replace(CFG, scan_layers=scan)
+  params = _policy(base)
   tokens, mask = _data()
-  remat = dataclasses.replace(CFG, remat=True)
+  remat = dataclasses.replace(base, remat_policy=policy)
   assert jax.tree.structure(_policy(remat)) == jax.tree.structure(params)
   grads = [jax.grad(lambda p, c=c: _loss(c, p, tokens, mask))(params)
-           for c in (CFG, remat)]
+           for c in (base, remat)]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
                *grads)
   text = [str(jax.make_jaxpr(jax.grad(lambda p, c=c: _loss(c, p, tokens,
                                                             mask)))(params))
-          for c in (CFG, remat)]
+          for c in (base, remat)]
   assert "remat" not in text[0] and "checkpoint" not in text[0]
   assert "remat" in text[1] or "checkpoint" in text[1]
+  if policy != "full":  # The policy reaches jax.checkpoint.
+    assert policy in text[1]
+
+
+def test_unknown_remat_policy_is_refused():
+  with pytest.raises(ValueError, match="remat_policy='dots'; expected one of"):
+    dataclasses.replace(CFG, remat_policy="dots")
 
 
 def test_bf16_compute_keeps_float32_master_params_and_moments():
-  cfg = dataclasses.replace(CFG, dtype="bfloat16", remat=True)
+  cfg = dataclasses.replace(CFG, dtype="bfloat16", remat_policy="full")
   params = _policy(cfg)
   value = transformer.value_params_from_policy(params, cfg,
                                                jax.random.PRNGKey(1))
@@ -75,5 +87,5 @@ def test_bf16_compute_keeps_float32_master_params_and_moments():
 def test_same_architecture_ignores_run_settings():
   a = ModelConfig.tiny()
   assert a.same_architecture(dataclasses.replace(
-      a, dtype="bfloat16", param_dtype="bfloat16", remat=True))
+      a, dtype="bfloat16", param_dtype="bfloat16", remat_policy="full"))
   assert not a.same_architecture(dataclasses.replace(a, num_layers=3))

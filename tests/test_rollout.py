@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import base
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.envs import tool_env

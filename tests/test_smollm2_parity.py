@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax import hf_tokenizer
+from sao_jax.tokenization import hf_tokenizer
 from sao_jax.models import hf
 from sao_jax.models import transformer as tm
 from sao_jax.models.logprobs import token_logprobs

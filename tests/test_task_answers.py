@@ -14,7 +14,7 @@ import pytest
 
 from configs import reasoning_gym
 from scripted_policy import ScriptedPolicy
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs import demonstrations
 from sao_jax.envs import reasoning_gym_env as rg_env

@@ -11,7 +11,7 @@ import pytest
 
 from configs import reasoning_gym
 from sao_jax import config_validation as cv
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs import demonstrations
 from sao_jax.envs import task_sizing

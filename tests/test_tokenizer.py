@@ -1,4 +1,4 @@
-"""Tests for sao_jax.tokenizer: determinism, round trips, special ids."""
+"""Tests for sao_jax.tokenization.tokenizer: determinism, round trips, special ids."""
 
 import re
 
@@ -6,7 +6,7 @@ import hypothesis
 from hypothesis import strategies as st
 import pytest
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 
 _DATASETS = ("basic_arithmetic", "chain_sum", "leg_counting",
              "letter_counting")

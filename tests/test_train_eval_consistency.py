@@ -23,7 +23,7 @@ import pytest
 from configs import chain_sum
 from scripted_policy import ScriptedPolicy
 from sao_jax import config_validation
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env as rg_env

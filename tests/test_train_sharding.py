@@ -39,6 +39,7 @@ from sao_jax.data import stream as stream_lib
 from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import MoeConfig
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 import multihost
@@ -51,6 +52,13 @@ _TEMP = 0.7
 _LR = 1e-3
 _UPDATE_POLICY = (False, True, True)  # Step 0: critic warm-up.
 _TOL = 1e-5
+# The expert-parallel variant (`moe` mode): a GLM-style MoE policy, one dense
+# layer then one MoE layer of 8 experts (top-2, a shared expert), with its
+# experts split over fsdp and the load-balancing loss in the policy loss.
+_MOE = dict(moe=MoeConfig(num_experts=8, top_k=2, intermediate_size=32,
+                          router="sigmoid", n_group=2, topk_group=1,
+                          n_shared_experts=1), first_dense_layers=1)
+_CASE = {"moe": False}
 
 
 def _problem() -> tuple[ModelConfig, Any, Any, dict[str, np.ndarray]]:
@@ -64,7 +72,7 @@ def _problem() -> tuple[ModelConfig, Any, Any, dict[str, np.ndarray]]:
   """
 
 
-  cfg = ModelConfig(**_MODEL)
+  cfg = ModelConfig(**_MODEL, **(_MOE if _CASE["moe"] else {}))
   tok = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, tok, tok, tok > -1)["params"])(jax.random.PRNGKey(0))
@@ -115,8 +123,9 @@ def _txs() -> tuple[Any, Any]:
 
 
 def _step_cfg() -> step_lib.StepConfig:
-  return step_lib.StepConfig(loss="sao", critic_updates_per_step=2,
-                             temperature=_TEMP)
+  return step_lib.StepConfig(
+      loss="sao", critic_updates_per_step=2, temperature=_TEMP,
+      router_aux_loss_coef=0.01 if _CASE["moe"] else 0.0)
 
 
 def _flat(prefix: str, tree: Any) -> dict[str, np.ndarray]:
@@ -192,7 +201,8 @@ def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
                                batch_sharding=bsharding)
          for f in (False, True)}
 
-  gate = state.policy_params["decoder"]["layers_0"]["mlp"]["gate_proj"]
+  first = cfg.stages()[0][0]  # 'layers', or a MoE model's 'dense_layers'.
+  gate = state.policy_params["decoder"][first]["mlp"]["gate_proj"]
   info = dict(
       gate_shape=list(gate.shape),
       gate_spec=[str(a) for a in gate.sharding.spec],
@@ -203,8 +213,13 @@ def _sharded(cfg, policy, value, local_batch) -> tuple[Any, list, dict]:
   )
   state, history = _run_steps(
       fns, state, batch, functools.partial(sharding.mesh_rules, mesh, rules))
-  mu = _leaf(state.policy_opt_state, ".mu", "layers_0", "gate_proj")
-  out_gate = state.policy_params["decoder"]["layers_0"]["mlp"]["gate_proj"]
+  if cfg.moe is not None:
+    experts = state.policy_params["decoder"]["moe_layers"]["moe"]["up_proj"]
+    info.update(expert_spec=[str(a) for a in experts.sharding.spec],
+                expert_shard_shapes=sorted({str(list(s.data.shape))
+                                            for s in experts.addressable_shards}))
+  mu = _leaf(state.policy_opt_state, ".mu", f"['{first}']", "gate_proj")
+  out_gate = state.policy_params["decoder"][first]["mlp"]["gate_proj"]
   info.update(
       out_gate_spec=[str(a) for a in out_gate.sharding.spec],
       adam_mu_spec=[str(a) for a in mu.sharding.spec],
@@ -369,11 +384,12 @@ def test_mesh_2x2x2_three_steps_match_one_device(runs):
   assert _max_param_diff(ref_params, init_params) > 1e-3
   # gate_proj [embed=64, mlp=128] is split fsdp x tensor into 8 [32, 64]
   # shards, before and after the steps, and so is its Adam moment.
-  assert info["gate_shape"] == [64, 128]
-  assert info["gate_spec"] == ["fsdp", "tensor"]
-  assert info["gate_shard_shapes"] == ["[32, 64]"]
-  assert info["out_gate_spec"] == ["fsdp", "tensor"]
-  assert info["adam_mu_spec"] == ["fsdp", "tensor"]
+  # Stacked layers (scan_layers): the leading [L] axis is never split.
+  assert info["gate_shape"] == [2, 64, 128]
+  assert info["gate_spec"] == ["None", "fsdp", "tensor"]
+  assert info["gate_shard_shapes"] == ["[2, 32, 64]"]
+  assert info["out_gate_spec"] == ["None", "fsdp", "tensor"]
+  assert info["adam_mu_spec"] == ["None", "fsdp", "tensor"]
   # 8 rows over data x fsdp = 4: 2 rows per shard.
   assert info["batch_shard_shapes"] == [f"[2, {_T}]"]
   assert info["process"] == [0, 1, 8, 8]
@@ -387,9 +403,9 @@ def test_two_processes_gloo_match_single_process(runs):
   single_path, path = runs.single_path, runs.multi_path
   for i, info in enumerate(infos):
     assert info["process"] == [i, 2, 8, 4]
-    assert info["gate_spec"] == ["fsdp", "tensor"]
-    assert info["gate_shard_shapes"] == ["[32, 64]"]
-    assert info["out_gate_spec"] == ["fsdp", "tensor"]
+    assert info["gate_spec"] == ["None", "fsdp", "tensor"]
+    assert info["gate_shard_shapes"] == ["[2, 32, 64]"]
+    assert info["out_gate_spec"] == ["None", "fsdp", "tensor"]
     # This process's 4 rows over its 2 (data, fsdp) slots, 2 rows each.
     assert info["batch_shard_shapes"] == [f"[2, {_T}]"]
   ref_hist, ref_params = _load(single_path, "ref")
@@ -398,8 +414,29 @@ def test_two_processes_gloo_match_single_process(runs):
   assert _max_param_diff(params, ref_params) <= _TOL
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_expert_parallel_moe_step_matches_one_device(tmp_path):
+  """Experts split over fsdp (the 'expert' rule): the SAO step's losses,
+  metrics (incl. the router's load-balancing loss) and updated parameters
+  equal the one-device run."""
+  path = str(tmp_path / "moe.npz")
+  info = _result(_run_self("moe", path, devices=8,
+                           log=str(tmp_path / "moe.log")))
+  ref_hist, ref_params = _load(path, "ref")
+  hist, params = _load(path, "mesh")
+  _check_history(hist, ref_hist)
+  assert ref_hist[1]["policy/moe_aux_loss"] > 0
+  assert _max_param_diff(params, ref_params) <= _TOL
+  # up_proj [L=1, expert=8, embed=64, mlp=32]: experts over fsdp, mlp over
+  # tensor: each of the 8 devices holds 4 experts' halves.
+  assert info["expert_spec"] == ["None", "fsdp", "None", "tensor"]
+  assert info["expert_shard_shapes"] == ["[1, 4, 64, 16]"]
+
+
 if __name__ == "__main__":
-  if sys.argv[1] == "single":
+  if sys.argv[1] in ("single", "moe"):
+    _CASE["moe"] = sys.argv[1] == "moe"
     print(json.dumps(_single_process_main(sys.argv[2])))
   else:
     print(json.dumps(_multi_process_main(int(sys.argv[2]), int(sys.argv[3]),

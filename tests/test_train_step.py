@@ -152,12 +152,12 @@ def test_frozen_attention_critic_keeps_attention():
   fn = step_lib.make_step(CFG, step_lib.StepConfig(temperature=TEMP), ptx, vtx,
                           update_policy=False)
   new, _ = fn(jax.tree.map(jnp.copy, state), _batch(p))  # state is donated.
-  old_attn = v["decoder"]["layers_0"]["attn"]["q_proj"]
+  old_attn = v["decoder"]["layers"]["attn"]["q_proj"]
   np.testing.assert_array_equal(
-      new.value_params["decoder"]["layers_0"]["attn"]["q_proj"], old_attn)
+      new.value_params["decoder"]["layers"]["attn"]["q_proj"], old_attn)
   assert not np.allclose(
-      new.value_params["decoder"]["layers_0"]["mlp"]["up_proj"],
-      v["decoder"]["layers_0"]["mlp"]["up_proj"])
+      new.value_params["decoder"]["layers"]["mlp"]["up_proj"],
+      v["decoder"]["layers"]["mlp"]["up_proj"])
   assert not np.allclose(new.value_params["value_head"]["kernel"],
                          v["value_head"]["kernel"])
 

@@ -11,7 +11,8 @@ sizes:
   vocab 294, batch 32 x seq 128;
 - `smollm2` (`--model=smollm2`): the `configs/smollm2.py` model
   (SmolLM2-135M: hidden 576, MLP 1536, 30 layers, 9 heads / 3 kv heads of 64,
-  vocab 49,152, tied embeddings), its dtype and remat, at the config's
+  vocab 49,152, tied embeddings), its dtype, remat policy and layer layout
+  (`--remat_policy`, `--scan_layers` override them), at the config's
   `train.batch_size` x `train.max_seq_len` (16 x 128), random weights (FLOPs
   do not depend on them).
 
@@ -54,6 +55,7 @@ import numpy as np
 
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import REMAT_POLICIES
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
@@ -146,8 +148,10 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
   batch_size, seq = args.batch or batch_size, args.seq or seq
   if args.dtype:
     cfg = dataclasses.replace(cfg, dtype=args.dtype)
-  if args.remat:
-    cfg = dataclasses.replace(cfg, remat=args.remat == "true")
+  if args.remat_policy:
+    cfg = dataclasses.replace(cfg, remat_policy=args.remat_policy)
+  if args.scan_layers:
+    cfg = dataclasses.replace(cfg, scan_layers=args.scan_layers == "true")
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
@@ -185,7 +189,8 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
   achieved = flops / med_step
   out = {
       "figure": f"train_step_{name}", "batch": batch_size, "seq": seq,
-      "dtype": cfg.dtype, "remat": cfg.remat,
+      "dtype": cfg.dtype, "remat_policy": cfg.remat_policy,
+      "scan_layers": cfg.scan_layers,
       "num_params": cfg.num_params(), "xla_flops": flops,
       **analytic_flops(cfg, batch_size, seq),
       "compile_s": round(compile_s, 2),
@@ -220,8 +225,10 @@ def main():
   parser.add_argument("--dtype", default="",
                       help="Override the models' compute dtype (e.g. "
                       "bfloat16 on an accelerator); params stay float32.")
-  parser.add_argument("--remat", choices=("", "true", "false"), default="",
-                      help="Override the models' `remat`.")
+  parser.add_argument("--remat_policy", choices=("",) + REMAT_POLICIES,
+                      default="", help="Override the models' `remat_policy`.")
+  parser.add_argument("--scan_layers", choices=("", "true", "false"),
+                      default="", help="Override the models' `scan_layers`.")
   parser.add_argument("--matmul_dtype", default="float32",
                       help="dtype of the peak matmul: float32 on CPU, "
                       "bfloat16 for an accelerator's bf16 peak.")

@@ -59,6 +59,10 @@ class Trajectory:
     finish_reason: A FinishReason.
     group_id: Group index for group-sampling baselines (GRPO); -1 for SAO.
     error: Error message when finish_reason is ERROR, else "".
+    routed_experts: uint16[T, M, k], for a mixture-of-experts policy: the k
+      experts the sampler routed each token to in each of its M MoE layers
+      (prompt, actions and observations), replayed by the trainer's forward
+      with `model.routing_replay='rollout'` (R3); None for a dense policy.
     episode: The consumer's episode number (``ConsumedEpisodes.add``); not
       part of the record's bytes, -1 until counted.
   """
@@ -73,6 +77,7 @@ class Trajectory:
   finish_reason: FinishReason = FinishReason.STOP
   group_id: int = -1
   error: str = ""
+  routed_experts: np.ndarray | None = None
   episode: int = dataclasses.field(default=-1, compare=False)
 
   def __post_init__(self):
@@ -90,6 +95,12 @@ class Trajectory:
             f"Trajectory.{name} has shape {arr.shape}; expected {n} to match "
             "tokens (every per-token field must be 1-D and the same length)."
         )
+    if self.routed_experts is not None:
+      self.routed_experts = np.asarray(self.routed_experts, dtype=np.uint16)
+      if self.routed_experts.ndim != 3 or self.routed_experts.shape[0] != n[0]:
+        raise ValueError(
+            f"Trajectory.routed_experts has shape {self.routed_experts.shape};"
+            f" expected ({n[0]}, moe_layers, top_k).")
 
   @property
   def length(self) -> int:
@@ -136,11 +147,17 @@ class EpisodeRecord:
   rewards: list[float] = dataclasses.field(default_factory=list)
   finish: FinishReason | None = None
   error: str = ""
+  experts: list[np.ndarray] = dataclasses.field(default_factory=list)
 
-  def add(self, toks, mask: int, logp=None, version: int = NO_VERSION) -> None:
+  def add(self, toks, mask: int, logp=None, version: int = NO_VERSION,
+          experts: np.ndarray | None = None) -> None:
     """Appends ``toks`` with one action-mask value (1: sampled by the policy
-    ``version``, with log-probs ``logp``; 0: prompt or observation)."""
+    ``version``, with log-probs ``logp``; 0: prompt or observation) and, for
+    a MoE policy, the experts they were routed to (``[len(toks), M, k]``)."""
     n = len(toks)
+    if experts is not None:
+      self.experts.append(np.asarray(experts, np.uint16).reshape(
+          n, *np.shape(experts)[-2:]))
     self.tokens += [int(t) for t in toks]
     self.mask += [mask] * n
     self.logp += [0.0] * n if logp is None else [float(x) for x in logp]
@@ -156,7 +173,9 @@ class EpisodeRecord:
         rewards=self.rewards, task=env.name,
         finish_reason=(FinishReason.TURNS if self.finish is None
                        else self.finish),
-        error=self.error)
+        error=self.error,
+        routed_experts=(np.concatenate(self.experts) if self.experts
+                        else None))
 
 
 # ------------------------------------------------------------ the bytes ---
@@ -164,22 +183,26 @@ class EpisodeRecord:
 # Trajectory <-> bytes without pickle: a small header plus raw array bytes.
 # Layout (little-endian)::
 #
-#     header  <4sHHIqqII : magic b"SAOT", codec version, finish_reason,
-#                          T, prompt_id, group_id, len(task), len(error)
+#     header  <4sHHIqqIIHH : magic b"SAOT", codec version, finish_reason,
+#                          T, prompt_id, group_id, len(task), len(error),
+#                          M, k (MoE layers and experts per token; 0, 0 dense)
 #     tokens          int32[T]
 #     rollout_logp    float32[T]
 #     policy_version  int32[T]
 #     rewards         float32[T]
+#     routed_experts  uint16[T, M, k]
 #     action_mask     uint8[T]
 #     task, error     utf-8
 #
-# The 4-byte arrays follow the 32-byte header, so every array starts aligned
-# and ``decode`` returns NumPy views into the given buffer (no copy).
+# The arrays follow the 40-byte header, widest first, so every array starts
+# aligned and ``decode`` returns NumPy views into the given buffer (no copy).
+# Version 1 (no M, k: dense records written before MoE) still decodes.
 
 _MAGIC = b"SAOT"
-_VERSION = 1
-_HEADER = struct.Struct("<4sHHIqqII")
-HEADER_BYTES = _HEADER.size  # 36 -> padded below to keep arrays aligned.
+_VERSION = 2
+_HEADER = struct.Struct("<4sHHIqqIIHH")
+_HEADER_V1 = struct.Struct("<4sHHIqqII")
+HEADER_BYTES = _HEADER.size  # 40: the arrays start 8-byte aligned.
 _PAD = (-HEADER_BYTES) % 8
 _ARRAYS = (
     ("tokens", "<i4"),
@@ -194,12 +217,16 @@ def encode(traj: Trajectory) -> list:
   """Buffers whose concatenation is the record (for ``RingWriter.write``)."""
   task = traj.task.encode("utf-8")
   error = traj.error.encode("utf-8")
+  experts = traj.routed_experts
+  m, k = (0, 0) if experts is None else experts.shape[1:]
   header = _HEADER.pack(
       _MAGIC, _VERSION, int(traj.finish_reason), traj.length,
-      int(traj.prompt_id), int(traj.group_id), len(task), len(error),
+      int(traj.prompt_id), int(traj.group_id), len(task), len(error), m, k,
   ) + b"\0" * _PAD
   bufs = [header]
   for field, dtype in _ARRAYS:
+    if field == "action_mask" and experts is not None:
+      bufs.append(np.ascontiguousarray(experts, dtype="<u2"))
     bufs.append(np.ascontiguousarray(getattr(traj, field), dtype=dtype))
   bufs.append(task + error)
   return bufs
@@ -213,24 +240,33 @@ def decode(buf) -> Trajectory:
         f"Trajectory record of {mv.nbytes} bytes is shorter than its "
         f"{HEADER_BYTES}-byte header: not produced by trajectory.encode."
     )
-  magic, version, finish, length, prompt_id, group_id, n_task, n_err = (
-      _HEADER.unpack_from(mv, 0)
-  )
-  if magic != _MAGIC or version != _VERSION:
+  magic, version = struct.unpack_from("<4sH", mv, 0)
+  if magic != _MAGIC or version not in (1, _VERSION):
     raise ValueError(
         f"Not a trajectory record (magic {magic!r}, version {version}; "
-        f"expected {_MAGIC!r} v{_VERSION}): the ring carries raw payloads or "
-        "another codec version."
+        f"expected {_MAGIC!r} v1 or v{_VERSION}): the ring carries raw "
+        "payloads or another codec version."
     )
-  expected = HEADER_BYTES + _PAD + 17 * length + n_task + n_err
+  if version == 1:
+    fields, m, k = _HEADER_V1.unpack_from(mv, 0), 0, 0
+  else:
+    *fields, m, k = _HEADER.unpack_from(mv, 0)
+  _, _, finish, length, prompt_id, group_id, n_task, n_err = fields
+  start = HEADER_BYTES + _PAD if version == _VERSION else 40
+  expected = start + (17 + 2 * m * k) * length + n_task + n_err
   if mv.nbytes != expected:
     raise ValueError(
         f"Trajectory record has {mv.nbytes} bytes; its header says {expected} "
         f"(T={length}). The record is truncated or corrupted."
     )
-  off = HEADER_BYTES + _PAD
+  off = start
   arrays = {}
   for field, dtype in _ARRAYS:
+    if field == "action_mask" and m * k:
+      arr = np.frombuffer(mv, dtype="<u2", count=length * m * k, offset=off)
+      arrays["routed_experts"] = arr.astype(np.uint16, copy=False).reshape(
+          length, m, k)
+      off += arr.nbytes
     arr = np.frombuffer(mv, dtype=dtype, count=length, offset=off)
     arrays[field] = arr.astype(arr.dtype.newbyteorder("="), copy=False)
     off += arr.nbytes
@@ -258,6 +294,8 @@ TOKEN_FIELDS = {
     "rewards": (np.float32, 0.0),
     "attention_mask": (np.bool_, False),  # True on real tokens.
 }
+# A MoE policy's rows also hold "routed_experts", int32 [B, T, M, k] (0 on
+# padding; Trajectory.routed_experts).
 # Per-row fields, [B], all int32.
 ROW_FIELDS = (
     "prompt_id",  # Trajectory.prompt_id.
@@ -287,6 +325,10 @@ def pad_row(traj: Trajectory, staleness: int, seq_len: int,
     row["rewards"][acts[-1] if acts.size else t - 1] += float(
         traj.rewards[t:].sum())
   row["attention_mask"][:keep] = True
+  if traj.routed_experts is not None:  # [T, M, k]: replayed by the trainer.
+    row["routed_experts"] = np.zeros((t, *traj.routed_experts.shape[1:]),
+                                     np.int32)
+    row["routed_experts"][:keep] = traj.routed_experts[:keep]
   row["prompt_id"] = np.int32(traj.prompt_id)
   row["group_id"] = np.int32(traj.group_id)
   row["staleness"] = np.int32(staleness)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import abc
 from typing import Any, NamedTuple, Sequence
 
-from sao_jax.chat_template import ChatTemplate
-from sao_jax.chat_template import SAO_MARKUP
+from sao_jax.tokenization.chat_template import ChatTemplate
+from sao_jax.tokenization.chat_template import SAO_MARKUP
 
 Observation = str | Sequence[int]
 

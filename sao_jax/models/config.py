@@ -1,4 +1,4 @@
-"""Hyper-parameters of the decoder LM (one family: Llama and Qwen2)."""
+"""Hyper-parameters of the decoder LM (one family: Llama 2/3.x and Qwen2)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,60 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from sao_jax.models.layers import rope as rope_lib
+
 # HF `architectures` entries we can read and write.
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                           "Glm4MoeForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                "glm4_moe": "Glm4MoeForCausalLM"}
+# Mixture-of-experts architectures and the router each uses.
+MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "softmax",
+                     "Glm4MoeForCausalLM": "sigmoid"}
 # `ModelConfig.attention` values (layers/attention.choose).
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
+
+
+# `ModelConfig.remat_policy` values (transformer.remat_policy maps them).
+REMAT_POLICIES = ("none", "full", "dots_saveable",
+                  "dots_with_no_batch_dims_saveable")
+# Logical axis name of the stacked layer axis (scan_layers); the sharding
+# rules map it to no mesh axis.
+LAYERS_AXIS = "layers"
+
+
+# `MoeConfig.router` values (models/layers/moe.py).
+ROUTERS = ("softmax", "sigmoid")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+  """The experts of a MoE layer (HF names in comments)."""
+
+  num_experts: int  # num_experts / n_routed_experts / num_local_experts
+  top_k: int  # num_experts_per_tok
+  intermediate_size: int  # moe_intermediate_size, per expert
+  router: str = "softmax"
+  norm_topk_prob: bool = True
+  n_group: int = 1  # sigmoid router: expert groups
+  topk_group: int = 1  # sigmoid router: groups a token may use
+  routed_scaling_factor: float = 1.0
+  n_shared_experts: int = 0  # dense experts on every token (GLM)
+
+  def __post_init__(self):
+    if self.router not in ROUTERS:
+      raise ValueError(f"MoE router {self.router!r} is not one of {ROUTERS}.")
+    if not 0 < self.top_k <= self.num_experts:
+      raise ValueError(f"MoE top_k={self.top_k} must be in [1, num_experts="
+                       f"{self.num_experts}].")
+    if self.num_experts % self.n_group or not 0 < self.topk_group <= (
+        self.n_group):
+      raise ValueError(
+          f"MoE n_group={self.n_group} must divide num_experts="
+          f"{self.num_experts} and topk_group={self.topk_group} be in "
+          f"[1, n_group].")
 
 
 class UnsupportedConfigError(ValueError):
@@ -30,20 +80,42 @@ class ModelConfig:
     num_kv_heads: Key/value heads ('kv_heads'); must divide num_heads (GQA).
     head_dim: Per-head width ('head_dim').
     rope_theta: RoPE base frequency.
+    rope_scaling: RoPE scaling, () for none: the HF `rope_parameters` without
+      rope_theta (rope_type 'linear', 'llama3', 'yarn' or 'dynamic' and its
+      keys; `layers/rope.py`), a mapping or sorted (key, value) pairs
+      (stored as the pairs).
     rms_norm_eps: RMSNorm epsilon.
     qkv_bias: Bias on the q/k/v projections (Qwen2: True).
+    qk_norm: RMSNorm over each head's q and k before RoPE (Qwen3: True).
     tie_embeddings: Output projection = input embedding transposed.
     dtype: Compute dtype of activations (logits are always float32); e.g.
       'bfloat16' with float32 `param_dtype` (master weights and optimizer
       moments stay float32, matmuls run in bf16).
     param_dtype: Storage dtype of parameters.
-    remat: Recompute each decoder block's activations in the backward pass
-      (`nn.remat`): less activation memory for one more forward.
+    logits_chunk: Tokens per chunk of the trainer's log-probs and entropy
+      (`sao_jax.models.logprobs.policy_token_stats`): the output head and
+      log-softmax run on max(1, logits_chunk // B) positions of every row at
+      a time, recomputed in the backward, so no [B, T, V] float32 array
+      exists; 0 = full-vocab logits in one piece (the reference path). A run
+      setting: the numbers are the same.
     attention: Attention core: 'auto' (per backend), 'dense' (reference),
       'blockwise' (plain JAX, no [T, S] array), 'cudnn' (GPU), 'splash'
       (TPU); layers/attention.choose, docs/DESIGN.md §5 "Attention".
     attention_block_q: Query block of the blockwise and splash paths.
     attention_block_kv: Key/value block of the blockwise path.
+    scan_layers: Run the layers under `nn.scan` over parameters stacked on a
+      leading 'layers' axis (one compiled layer body whatever the depth);
+      False keeps one `layers_{i}` subtree per layer (the unrolled reference).
+    remat_policy: What each decoder block keeps for the backward pass
+      (`nn.remat`, one of REMAT_POLICIES): 'none' keeps everything, 'full'
+      recomputes the block, 'dots_saveable' / 'dots_with_no_batch_dims_saveable'
+      keep (some) matmul outputs.
+    moe: The experts of the mixture-of-experts layers (None: a dense model).
+    first_dense_layers: With `moe`, layers [0, first_dense_layers) keep the
+      dense SwiGLU MLP (GLM-4.5 / DeepSeek-V3 `first_k_dense_replace`); the
+      rest are MoE layers.
+    rotary_dim: Leading channels of each head that RoPE rotates (GLM's
+      partial rotary); 0 means all of head_dim.
   """
 
   vocab_size: int
@@ -59,18 +131,36 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
-  remat: bool = False
+  logits_chunk: int = 0
   attention: str = "auto"
   attention_block_q: int = 512
   attention_block_kv: int = 512
+  scan_layers: bool = True
+  remat_policy: str = "none"
+  moe: MoeConfig | None = None
+  first_dense_layers: int = 0
+  rotary_dim: int = 0
+  rope_scaling: Any = ()
+  qk_norm: bool = False
 
   def __post_init__(self):
+    object.__setattr__(self, "rope_scaling",
+                       rope_lib.normalize_scaling(self.rope_scaling))
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads={self.num_heads} must be a multiple of "
           f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
       )
     jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)  # Fail early on typos.
+    if not 0 <= self.first_dense_layers <= self.num_layers:
+      raise ValueError(f"first_dense_layers={self.first_dense_layers} must be "
+                       f"in [0, num_layers={self.num_layers}].")
+    if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+      raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in "
+                       f"[0, head_dim={self.head_dim}].")
+    if self.logits_chunk < 0:
+      raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 "
+                       "(0: full-vocab logits).")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r}; expected one of "
                        f"{ATTENTION_IMPLEMENTATIONS}.")
@@ -78,6 +168,30 @@ class ModelConfig:
       raise ValueError(
           f"attention_block_q={self.attention_block_q} and attention_block_kv="
           f"{self.attention_block_kv} must be positive.")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of "
+                       f"{REMAT_POLICIES}.")
+
+  def is_moe_layer(self, i: int) -> bool:
+    """Whether decoder layer i has routed experts."""
+    return self.moe is not None and i >= self.first_dense_layers
+
+  def stages(self) -> list[tuple[str, int, int, bool]]:
+    """The runs of alike layers the scanned decoder stacks, in order:
+    (subtree name, first layer, number of layers, sparse).
+
+    A dense model is one run, `layers`; a MoE model `dense_layers` (its
+    `first_dense_layers`, if any) then `moe_layers`.
+    """
+    if self.moe is None:
+      return [("layers", 0, self.num_layers, False)]
+    k = self.first_dense_layers
+    return ([("dense_layers", 0, k, False)] if k else []) + [
+        ("moe_layers", k, self.num_layers - k, True)]
+
+  @property
+  def num_moe_layers(self) -> int:
+    return sum(map(self.is_moe_layer, range(self.num_layers)))
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -88,10 +202,11 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   def same_architecture(self, other: ModelConfig) -> bool:
-    """Equal up to the run settings dtype, param_dtype, remat, attention."""
-    run = dict(dtype="float32", param_dtype="float32", remat=False,
-               attention="auto", attention_block_q=512,
-               attention_block_kv=512)
+    """Equal up to the run settings dtype, param_dtype, attention,
+    logits_chunk, scan_layers and remat_policy."""
+    run = dict(dtype="float32", param_dtype="float32", attention="auto",
+               attention_block_q=512, attention_block_kv=512, logits_chunk=0,
+               scan_layers=True, remat_policy="none")
     return (dataclasses.replace(self, **run) ==
             dataclasses.replace(other, **run))
 
@@ -101,9 +216,19 @@ class ModelConfig:
     attn = d * dh * (self.num_heads * 2 + self.num_kv_heads * 2)
     if self.qkv_bias:
       attn += dh * (self.num_heads + 2 * self.num_kv_heads)
-    layer = attn + 3 * d * f + 2 * d
+    if self.qk_norm:
+      attn += 2 * dh
+    dense = attn + 3 * d * f + 2 * d
+    layers = self.num_layers * dense
+    if self.moe is not None:
+      moe = self.moe
+      sparse = attn + 2 * d + d * moe.num_experts + 3 * d * (
+          moe.intermediate_size * (moe.num_experts + moe.n_shared_experts))
+      if moe.router == "sigmoid":
+        sparse += moe.num_experts  # The score-correction bias.
+      layers += self.num_moe_layers * (sparse - dense)
     head = 0 if self.tie_embeddings else d * self.vocab_size
-    return self.vocab_size * d + self.num_layers * layer + d + head
+    return self.vocab_size * d + layers + d + head
 
   @classmethod
   def tiny(cls, vocab_size: int = 128, **overrides) -> ModelConfig:
@@ -134,13 +259,12 @@ class ModelConfig:
             f"{list(SUPPORTED_ARCHITECTURES)}."
         )
       arch = archs[0]
-    elif model_type in ("llama", "qwen2"):
-      arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[
-          model_type]
+    elif model_type in _MODEL_TYPES:
+      arch = _MODEL_TYPES[model_type]
     else:
       raise UnsupportedConfigError(
           f"config has neither a supported `architectures` entry nor "
-          f"model_type in ('llama', 'qwen2') (got architectures={archs}, "
+          f"model_type in {tuple(_MODEL_TYPES)} (got architectures={archs}, "
           f"model_type={model_type!r})."
       )
 
@@ -148,14 +272,25 @@ class ModelConfig:
     if act != "silu":
       raise UnsupportedConfigError(
           f"hidden_act={act!r}; only 'silu' is supported.")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-      raise UnsupportedConfigError(
-          f"rope_type={rope_type!r} (RoPE scaling) is not supported; only "
-          "'default' RoPE is implemented."
-      )
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in ("dynamic", "yarn") and hf.get("max_position_embeddings"):
+      rope.setdefault("max_position_embeddings", hf["max_position_embeddings"])
+    if rope.get("partial_rotary_factor", 1.0) != 1.0 and (
+        arch != "Glm4MoeForCausalLM"):
+      raise UnsupportedConfigError(
+          "partial_rotary_factor != 1 (RoPE on part of a head) is only "
+          "supported for Glm4MoeForCausalLM.")
+    partial = rope.pop("partial_rotary_factor", None)
+    try:
+      rope_scaling = rope_lib.normalize_scaling(rope)
+    except ValueError as e:
+      raise UnsupportedConfigError(f"RoPE scaling: {e}") from e
+    num_heads = hf["num_attention_heads"]
+    hidden = hf["hidden_size"]
+    head_dim = hf.get("head_dim") or hidden // num_heads
+    extra: dict[str, Any] = {}
 
     if arch == "LlamaForCausalLM":
       if hf.get("attention_bias", False):
@@ -164,14 +299,19 @@ class ModelConfig:
       if hf.get("mlp_bias", False):
         raise UnsupportedConfigError("Llama mlp_bias=True is not supported.")
       qkv_bias = False
+    elif arch == "Glm4MoeForCausalLM":
+      qkv_bias, extra = _glm4_moe_from_hf(hf, partial or 1.0, head_dim)
+    elif arch == "Qwen3MoeForCausalLM":
+      qkv_bias, extra = False, _qwen3_moe_from_hf(hf)
     else:
       if hf.get("use_sliding_window", False):
         raise UnsupportedConfigError(
-            "Qwen2 use_sliding_window=True is not supported.")
-      qkv_bias = True
+            f"{arch} use_sliding_window=True is not supported.")
+      qkv_bias = arch == "Qwen2ForCausalLM"
+      if arch == "Qwen3ForCausalLM" and hf.get("attention_bias", False):
+        raise UnsupportedConfigError(
+            "Qwen3 attention_bias=True (bias on o_proj too) is not supported.")
 
-    num_heads = hf["num_attention_heads"]
-    hidden = hf["hidden_size"]
     return cls(
         vocab_size=hf["vocab_size"],
         hidden_size=hidden,
@@ -179,11 +319,14 @@ class ModelConfig:
         num_layers=hf["num_hidden_layers"],
         num_heads=num_heads,
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-        head_dim=hf.get("head_dim") or hidden // num_heads,
+        head_dim=head_dim,
         rope_theta=float(rope_theta),
+        rope_scaling=rope_scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias,
+        qk_norm=extra.pop("qk_norm", arch == "Qwen3ForCausalLM"),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        **extra,
     )
 
   def to_hf_config(self, arch: str = "LlamaForCausalLM") -> dict[str, Any]:
@@ -197,13 +340,25 @@ class ModelConfig:
       raise UnsupportedConfigError(
           "LlamaForCausalLM cannot express qkv_bias=True (its attention_bias "
           "also adds an o_proj bias); export as Qwen2ForCausalLM instead.")
+    if (arch in MOE_ARCHITECTURES) != (self.moe is not None) or (
+        self.moe is not None and MOE_ARCHITECTURES[arch] != self.moe.router):
+      raise UnsupportedConfigError(
+          f"{arch} cannot express moe={self.moe}: export as "
+          f"{self.hf_architecture()}.")
     if arch == "Qwen2ForCausalLM" and not self.qkv_bias:
       raise UnsupportedConfigError(
           "Qwen2ForCausalLM always has q/k/v biases; this config has "
           "qkv_bias=False, export as LlamaForCausalLM instead.")
+    qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+    if arch != "Glm4MoeForCausalLM" and (
+        self.qk_norm != qwen3 or (qwen3 and self.qkv_bias)):
+      raise UnsupportedConfigError(
+          f"{arch} cannot express qk_norm={self.qk_norm}, qkv_bias="
+          f"{self.qkv_bias} (Qwen3ForCausalLM: q/k norms, no biases); export "
+          f"as {self.hf_architecture()}.")
     cfg = {
         "architectures": [arch],
-        "model_type": "llama" if arch == "LlamaForCausalLM" else "qwen2",
+        "model_type": {v: k for k, v in _MODEL_TYPES.items()}[arch],
         "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size,
         "intermediate_size": self.intermediate_size,
@@ -214,14 +369,115 @@ class ModelConfig:
         "hidden_act": "silu",
         "rms_norm_eps": self.rms_norm_eps,
         "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_type": "default",
-                            "rope_theta": self.rope_theta},
+        "rope_parameters": self._hf_rope_parameters(),
         "tie_word_embeddings": self.tie_embeddings,
         "torch_dtype": self.param_dtype,
         "dtype": self.param_dtype,
     }
     if arch == "LlamaForCausalLM":
       cfg.update(attention_bias=False, mlp_bias=False)
+    elif arch == "Glm4MoeForCausalLM":
+      cfg.update(_glm4_moe_to_hf(self))
+    elif arch == "Qwen3MoeForCausalLM":
+      cfg.update(_qwen3_moe_to_hf(self))
     else:
       cfg.update(use_sliding_window=False)
+    if qwen3:
+      cfg.update(attention_bias=False)
+    max_pos = dict(self.rope_scaling).get("max_position_embeddings")
+    if max_pos:
+      cfg["max_position_embeddings"] = max_pos
     return cfg
+
+  def hf_architecture(self) -> str:
+    """The HF architecture this config exports as by default."""
+    if self.moe is not None:
+      return {v: k for k, v in MOE_ARCHITECTURES.items()}[self.moe.router]
+    if self.qk_norm:
+      return "Qwen3ForCausalLM"
+    return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"
+
+  def _hf_rope_parameters(self) -> dict[str, Any]:
+    """HF `rope_parameters` (max_position_embeddings is a top-level key)."""
+    params = {k: v for k, v in self.rope_scaling
+              if k != "max_position_embeddings"}
+    params.setdefault("rope_type", "default")
+    return {**params, "rope_theta": self.rope_theta}
+
+def _glm4_moe_from_hf(hf: Mapping[str, Any], partial_rotary_factor: float,
+                      head_dim: int) -> tuple[bool, dict[str, Any]]:
+  """(qkv_bias, the MoE and rotary fields) of a GLM-4.5-style config."""
+  moe = MoeConfig(
+      num_experts=int(hf["n_routed_experts"]),
+      top_k=int(hf["num_experts_per_tok"]),
+      intermediate_size=int(hf["moe_intermediate_size"]),
+      router="sigmoid", norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+      n_group=int(hf.get("n_group", 1)),
+      topk_group=int(hf.get("topk_group", 1)),
+      routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+      n_shared_experts=int(hf.get("n_shared_experts", 0)))
+  rotary = int(head_dim * float(partial_rotary_factor))
+  return bool(hf.get("attention_bias", False)), dict(
+      moe=moe, first_dense_layers=int(hf.get("first_k_dense_replace", 0)),
+      rotary_dim=0 if rotary == head_dim else rotary,
+      qk_norm=bool(hf.get("use_qk_norm", False)))
+
+
+def _qwen3_moe_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """The MoE fields of a Qwen3-MoE config (q/k norms, softmax routing)."""
+  if hf.get("use_sliding_window", False):
+    raise UnsupportedConfigError(
+        "Qwen3-MoE use_sliding_window=True is not supported.")
+  n = int(hf["num_hidden_layers"])
+  step = int(hf.get("decoder_sparse_step", 1))
+  dense = sorted(int(i) for i in hf.get("mlp_only_layers") or [])
+  if step != 1 or dense != list(range(len(dense))):
+    raise UnsupportedConfigError(
+        f"Qwen3-MoE decoder_sparse_step={step}, mlp_only_layers={dense}: only "
+        "MoE layers after an optional dense prefix (step 1, mlp_only_layers "
+        "= [0, ..., k-1]) are supported.")
+  moe = MoeConfig(
+      # transformers 5 writes num_local_experts; the hub's configs num_experts.
+      num_experts=int(hf["num_experts"] if "num_experts" in hf
+                      else hf["num_local_experts"]),
+      top_k=int(hf["num_experts_per_tok"]),
+      intermediate_size=int(hf["moe_intermediate_size"]),
+      router="softmax", norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+  return dict(moe=moe, first_dense_layers=min(len(dense), n), qk_norm=True)
+
+
+def _qwen3_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+  """The Qwen3-MoE fields of `cfg.to_hf_config`."""
+  moe = cfg.moe
+  if moe.n_shared_experts or moe.routed_scaling_factor != 1.0:
+    raise UnsupportedConfigError(
+        "Qwen3MoeForCausalLM has no shared experts and no routed scaling.")
+  return {"num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+          "moe_intermediate_size": moe.intermediate_size,
+          "norm_topk_prob": moe.norm_topk_prob, "decoder_sparse_step": 1,
+          "mlp_only_layers": list(range(cfg.first_dense_layers)),
+          "use_sliding_window": False}
+
+
+def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+  """The GLM-4.5-style fields of `cfg.to_hf_config`."""
+  moe = cfg.moe
+  if moe.router != "sigmoid":
+    raise UnsupportedConfigError(
+        f"Glm4MoeForCausalLM routes with sigmoid scores; this config's router "
+        f"is {moe.router!r}.")
+  factor = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
+  return {
+      "attention_bias": cfg.qkv_bias, "use_qk_norm": cfg.qk_norm,
+      "n_routed_experts": moe.num_experts,
+      "num_experts_per_tok": moe.top_k,
+      "moe_intermediate_size": moe.intermediate_size,
+      "norm_topk_prob": moe.norm_topk_prob, "n_group": moe.n_group,
+      "topk_group": moe.topk_group,
+      "routed_scaling_factor": moe.routed_scaling_factor,
+      "n_shared_experts": moe.n_shared_experts,
+      "first_k_dense_replace": cfg.first_dense_layers,
+      "num_nextn_predict_layers": 0,
+      "rope_parameters": {**cfg._hf_rope_parameters(),  # pylint: disable=protected-access
+                          "partial_rotary_factor": factor},
+  }

@@ -6,7 +6,7 @@
 The output directory holds `config.json`, `model.safetensors` (float32) and
 the tokenizer files (`tokenizer.json`, `tokenizer_config.json` with the chat
 template, ...), loadable by `sao_jax.models.hf.load_hf_checkpoint` and by the
-HF tokenizer of `sao_jax.hf_tokenizer`.
+HF tokenizer of `sao_jax.tokenization.hf_tokenizer`.
 
 transformers dequantizes the GGUF tensors (it needs the `gguf` package);
 `save_pretrained` refuses a GGUF-loaded model, so its state dict is copied into

@@ -8,7 +8,11 @@ loadable by `transformers.AutoModelForCausalLM.from_pretrained`.
 
 HF stores `nn.Linear` weights as [out, in]; ours are [in, ...out] with heads
 split out, e.g. q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. RoPE uses the HF
-`rotate_half` layout, so no q/k permutation is needed.
+`rotate_half` layout, so no q/k permutation is needed. With
+`ModelConfig.scan_layers` the L per-layer HF tensors of one parameter form one
+stacked [L, ...] leaf of `decoder/layers/...` (docs/DESIGN.md "Layer layout");
+the reader and writer go parameter by parameter, so the host holds one stacked
+leaf at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from sao_jax.models import layout
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
 
@@ -49,58 +54,118 @@ class _Entry:
   hf_shape: tuple[int, ...]
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  layer: int | None = None  # Index on the stacked leaf's [L] axis.
+  expert: int | None = None  # Index on an expert leaf's [E] axis.
+
+
+def _attention_entries(cfg: ModelConfig, hf: str,
+                       attn: tuple[str, ...]) -> list[_Entry]:
+  """One layer's attention tensors."""
+  d, dh, h = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+  entries = []
+  for name, heads in (("q", h), ("k", cfg.num_kv_heads),
+                      ("v", cfg.num_kv_heads)):
+    entries.append(_Entry(
+        attn + (f"{name}_proj",), f"{hf}self_attn.{name}_proj.weight",
+        (heads * dh, d), lambda w, n=heads: w.T.reshape(d, n, dh),
+        lambda k, n=heads: k.reshape(d, n * dh).T))
+    if cfg.qkv_bias:
+      entries.append(_Entry(
+          attn + (f"{name}_bias",), f"{hf}self_attn.{name}_proj.bias",
+          (heads * dh,), lambda b, n=heads: b.reshape(n, dh),
+          lambda b, n=heads: b.reshape(n * dh)))
+    if cfg.qk_norm and name != "v":  # Qwen3, GLM-4.5.
+      entries.append(_Entry(attn + (f"{name}_norm", "scale"),
+                            f"{hf}self_attn.{name}_norm.weight", (dh,),
+                            lambda x: x, lambda x: x))
+  entries.append(_Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight",
+                        (d, h * dh), lambda w: w.T.reshape(h, dh, d),
+                        lambda k: k.reshape(h * dh, d).T))
+  return entries
+
+
+def _moe_entries(cfg: ModelConfig, hf: str,
+                 moe: tuple[str, ...]) -> list[_Entry]:
+  """One MoE layer's router, experts (one HF tensor per expert) and shared
+  experts (HF Qwen3-MoE / GLM-4.5 names)."""
+  d, m = cfg.hidden_size, cfg.moe
+  f, e_count = m.intermediate_size, m.num_experts
+  same, t = (lambda x: x), (lambda x: x.T)
+  entries = [_Entry(moe + ("router_kernel",), f"{hf}mlp.gate.weight",
+                    (e_count, d), t, t)]
+  if m.router == "sigmoid":
+    entries.append(_Entry(moe + ("router_bias",),
+                          f"{hf}mlp.gate.e_score_correction_bias", (e_count,),
+                          same, same))
+  for e in range(e_count):
+    for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
+      entries.append(_Entry(moe + (f"{name}_proj",),
+                            f"{hf}mlp.experts.{e}.{name}_proj.weight", shape,
+                            t, t, expert=e))
+  if m.n_shared_experts:
+    fs = f * m.n_shared_experts
+    for name, shape in (("gate", (fs, d)), ("up", (fs, d)), ("down", (d, fs))):
+      entries.append(_Entry(moe + (f"shared_{name}_proj",),
+                            f"{hf}mlp.shared_experts.{name}_proj.weight",
+                            shape, t, t))
+  return entries
+
+
+def _stacked(group: list[_Entry], xs: list[np.ndarray]) -> np.ndarray:
+  """One leaf from its entries' tensors: [L?, E?, ...] by layer, expert."""
+  e = group[0]
+  if e.layer is None and e.expert is None:
+    return xs[0]
+  lead = tuple(len({getattr(g, a) for g in group}) for a in ("layer", "expert")
+               if getattr(e, a) is not None)
+  return np.stack(xs).reshape(lead + xs[0].shape)
 
 
 def _layout(cfg: ModelConfig) -> list[_Entry]:
   """The full HF <-> ours correspondence for `cfg`."""
-  d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  d, f = cfg.hidden_size, cfg.intermediate_size
   same = lambda x: x
   t = lambda x: x.T
-
-  def split_heads(heads):  # [heads*Dh, D] -> [D, heads, Dh] and back.
-    return (lambda w: w.T.reshape(d, heads, dh),
-            lambda k: k.reshape(d, heads * dh).T)
-
-  def split_bias(heads):
-    return (lambda b: b.reshape(heads, dh), lambda b: b.reshape(heads * dh))
 
   entries = [_Entry(("decoder", "embedder", "embedding"),
                     "model.embed_tokens.weight", (cfg.vocab_size, d), same,
                     same)]
-  for i in range(cfg.num_layers):
-    hf, ours = f"model.layers.{i}.", ("decoder", f"layers_{i}")
-    attn = ours + ("attn",)
-    for name, heads in (("q", cfg.num_heads), ("k", cfg.num_kv_heads),
-                        ("v", cfg.num_kv_heads)):
-      entries.append(_Entry(attn + (f"{name}_proj",),
-                            f"{hf}self_attn.{name}_proj.weight",
-                            (heads * dh, d), *split_heads(heads)))
-      if cfg.qkv_bias:
-        entries.append(_Entry(attn + (f"{name}_bias",),
-                              f"{hf}self_attn.{name}_proj.bias",
-                              (heads * dh,), *split_bias(heads)))
-    h = cfg.num_heads
-    entries += [
-        _Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight", (d, h * dh),
-               lambda w: w.T.reshape(h, dh, d),
-               lambda k: k.reshape(h * dh, d).T),
-        _Entry(ours + ("mlp", "gate_proj"), f"{hf}mlp.gate_proj.weight", (f, d),
-               t, t),
-        _Entry(ours + ("mlp", "up_proj"), f"{hf}mlp.up_proj.weight", (f, d), t,
-               t),
-        _Entry(ours + ("mlp", "down_proj"), f"{hf}mlp.down_proj.weight", (d, f),
-               t, t),
-        _Entry(ours + ("attn_norm", "scale"), f"{hf}input_layernorm.weight",
-               (d,), same, same),
-        _Entry(ours + ("mlp_norm", "scale"),
-               f"{hf}post_attention_layernorm.weight", (d,), same, same),
-    ]
+  for name, first, count, sparse in cfg.stages():
+    for i in range(first, first + count):
+      start = len(entries)
+      hf = f"model.layers.{i}."
+      ours = ("decoder", name if cfg.scan_layers else f"layers_{i}")
+      entries += _attention_entries(cfg, hf, ours + ("attn",))
+      entries += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
+          _Entry(ours + ("mlp", "gate_proj"), f"{hf}mlp.gate_proj.weight",
+                 (f, d), t, t),
+          _Entry(ours + ("mlp", "up_proj"), f"{hf}mlp.up_proj.weight", (f, d),
+                 t, t),
+          _Entry(ours + ("mlp", "down_proj"), f"{hf}mlp.down_proj.weight",
+                 (d, f), t, t)]
+      entries += [
+          _Entry(ours + ("attn_norm", "scale"), f"{hf}input_layernorm.weight",
+                 (d,), same, same),
+          _Entry(ours + ("mlp_norm", "scale"),
+                 f"{hf}post_attention_layernorm.weight", (d,), same, same),
+      ]
+      if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
+        entries[start:] = [dataclasses.replace(e, layer=i - first)
+                           for e in entries[start:]]
   entries.append(_Entry(("decoder", "final_norm", "scale"), "model.norm.weight",
                         (d,), same, same))
   if not cfg.tie_embeddings:
     entries.append(_Entry(("lm_head",), "lm_head.weight", (cfg.vocab_size, d),
                           t, t))
   return entries
+
+
+def _groups(entries: list[_Entry]) -> list[list[_Entry]]:
+  """Entries by parameter: one per leaf, a stacked leaf's L in layer order."""
+  groups: dict[tuple[str, ...], list[_Entry]] = {}
+  for e in entries:
+    groups.setdefault(e.path, []).append(e)
+  return list(groups.values())
 
 
 def _read_config(path: str) -> tuple[dict[str, Any], ModelConfig]:
@@ -210,6 +275,7 @@ def load_hf_checkpoint(
     *,
     shardings: Any = None,
     param_dtype: str = "float32",
+    scan_layers: bool = True,
 ) -> tuple[ModelConfig, dict[str, Any]]:
   """Reads a HF LlamaForCausalLM / Qwen2ForCausalLM safetensors checkpoint.
 
@@ -224,6 +290,8 @@ def load_hf_checkpoint(
       (e.g. from `nn.logical_to_mesh_sharding`).
     param_dtype: dtype to store parameters in (bf16 checkpoints are upcast to
       float32 by default).
+    scan_layers: the layer layout to build (`ModelConfig.scan_layers`):
+      stacked `decoder/layers` leaves, or one `decoder/layers_{i}` per layer.
 
   Returns:
     (config, params): params is the `Transformer` `variables['params']` dict,
@@ -235,7 +303,8 @@ def load_hf_checkpoint(
   """
   path = os.fspath(path)
   _, config = _read_config(path)
-  config = dataclasses.replace(config, param_dtype=param_dtype)
+  config = dataclasses.replace(config, param_dtype=param_dtype,
+                               scan_layers=scan_layers)
   files = _tensor_files(path)
   entries = _layout(config)
 
@@ -259,7 +328,8 @@ def load_hf_checkpoint(
   params: dict[str, Any] = {}
   with contextlib.ExitStack() as stack:
     handles = {}
-    for e in entries:
+
+    def read(e: _Entry) -> np.ndarray:
       if e.hf_name not in files:
         raise CheckpointError(
             f"Tensor {e.hf_name!r} is missing from the checkpoint in {path} "
@@ -272,8 +342,12 @@ def load_hf_checkpoint(
         raise CheckpointError(
             f"Tensor {e.hf_name!r} in {file} has shape {shape}, expected "
             f"{e.hf_shape} from config.json.")
-      x = e.to_ours(_read_tensor(handles[file], e.hf_name, file)).astype(
+      return e.to_ours(_read_tensor(handles[file], e.hf_name, file)).astype(
           dtype)
+
+    for group in _groups(entries):
+      e = group[0]
+      x = _stacked(group, [read(g) for g in group])
       if shardings is None:
         sharding = None
       elif isinstance(shardings, jax.sharding.Sharding):
@@ -296,26 +370,39 @@ def _iter_hf_tensors(config: ModelConfig,
   if "params" in params and "decoder" not in params:
     params = params["params"]
   params = nn.unbox(params)
-  for e in _layout(config):
+  # The params' own layout wins over config.scan_layers (either is exported).
+  config = dataclasses.replace(
+      config, scan_layers="per_layer" not in layout.layouts(params))
+  for group in _groups(_layout(config)):
+    e = group[0]
     try:
-      x = _get(params, e.path)
+      whole = np.asarray(jax.device_get(_get(params, e.path)))
     except KeyError as err:
       raise CheckpointError(
           f"params lack {'/'.join(e.path)} (for HF tensor {e.hf_name!r}); do "
           "they belong to this config?") from err
-    x = np.ascontiguousarray(e.to_hf(np.asarray(jax.device_get(x))))
-    if x.shape != e.hf_shape:
+    lead = _stacked(group, [np.zeros(())] * len(group)).shape
+    if whole.shape[:len(lead)] != lead:
       raise CheckpointError(
-          f"Parameter {'/'.join(e.path)} gives {e.hf_name!r} of shape "
-          f"{x.shape}, expected {e.hf_shape}.")
-    yield e.hf_name, x
+          f"Parameter {'/'.join(e.path)} has shape {whole.shape}; this config "
+          f"expects leading (layers, experts) axes {lead}.")
+    for e in group:
+      x = whole
+      for index in (e.layer, e.expert):
+        x = x if index is None else x[index]
+      x = np.ascontiguousarray(e.to_hf(x))
+      if x.shape != e.hf_shape:
+        raise CheckpointError(
+            f"Parameter {'/'.join(e.path)} gives {e.hf_name!r} of shape "
+            f"{x.shape}, expected {e.hf_shape}.")
+      yield e.hf_name, x
 
 
 def save_hf_checkpoint(
     config: ModelConfig,
     params: Any,
     path: str | os.PathLike[str],
-    arch: str = "LlamaForCausalLM",
+    arch: str | None = None,
 ) -> None:
   """Writes config.json + model.safetensors loadable by transformers.
 
@@ -324,10 +411,12 @@ def save_hf_checkpoint(
     params: `Transformer` params (`variables['params']` or the whole variables
       dict; boxed or plain; any sharding: gathered to host per tensor).
     path: output directory (created).
-    arch: 'LlamaForCausalLM' or 'Qwen2ForCausalLM' (the latter needs
-      qkv_bias=True, the former qkv_bias=False).
+    arch: 'LlamaForCausalLM', 'Qwen2ForCausalLM' (needs qkv_bias=True) or
+      'Qwen3ForCausalLM' (needs qk_norm=True); None: the config's own
+      (`ModelConfig.hf_architecture`).
   """
   path = os.fspath(path)
+  arch = arch or config.hf_architecture()
   try:
     hf_config = config.to_hf_config(arch)
   except UnsupportedConfigError as e:

@@ -7,17 +7,22 @@ optional q/k/v bias (Qwen2), tied or untied output embedding. Parameters carry
 logical axis names ('vocab', 'embed', 'mlp', 'heads', 'kv_heads', 'head_dim')
 for sharding; activations are constrained to ('batch', 'length', ...).
 
-Parameter tree (`variables['params']`) of `Transformer`:
+Parameter tree (`variables['params']`) of `Transformer` with
+`scan_layers=True` (the default; docs/DESIGN.md "Layer layout"): every layer's
+parameters stacked on a leading axis of size L (logical name 'layers', which
+the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/embedder/embedding              [vocab, embed]
-  decoder/layers_{i}/attn_norm/scale      [embed]
-  decoder/layers_{i}/attn/{q,k,v}_proj    [embed, (kv_)heads, head_dim]
-  decoder/layers_{i}/attn/{q,k,v}_bias    [(kv_)heads, head_dim]  (qkv_bias)
-  decoder/layers_{i}/attn/o_proj          [heads, head_dim, embed]
-  decoder/layers_{i}/mlp_norm/scale       [embed]
-  decoder/layers_{i}/mlp/{gate,up}_proj   [embed, mlp]
-  decoder/layers_{i}/mlp/down_proj        [mlp, embed]
+  decoder/layers/attn_norm/scale          [L, embed]
+  decoder/layers/attn/{q,k,v}_proj        [L, embed, (kv_)heads, head_dim]
+  decoder/layers/attn/{q,k,v}_bias        [L, (kv_)heads, head_dim]  (qkv_bias)
+  decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
+  decoder/layers/mlp_norm/scale           [L, embed]
+  decoder/layers/mlp/{gate,up}_proj       [L, embed, mlp]
+  decoder/layers/mlp/down_proj            [L, mlp, embed]
   decoder/final_norm/scale                [embed]
   lm_head                                 [embed, vocab]  (untied only)
+With `scan_layers=False` (the unrolled reference) layer i is
+`decoder/layers_{i}/...` with the same leaves without the L axis.
 `ValueModel` shares `decoder/...` and adds
   value_head/kernel [embed, 1], value_head/bias [1].
 """
@@ -30,6 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao_jax.models.config import LAYERS_AXIS
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers.attention import Attention
 from sao_jax.models.layers.base import INIT_STD
@@ -41,54 +47,162 @@ from sao_jax.models.layers.kv_cache import init_cache  # pylint: disable=unused-
 from sao_jax.models.layers.masks import mask_spec
 from sao_jax.models.layers.masks import positions_from_mask  # pylint: disable=unused-import
 from sao_jax.models.layers.mlp import MLP
+from sao_jax.models.layers.moe import MoeBlock
 from sao_jax.models.layers.norms import RMSNorm
 
 Array = jax.Array
 
 
 class DecoderLayer(nn.Module):
-  """Pre-norm block: x + attn(norm(x)); x + mlp(norm(x))."""
+  """Pre-norm block: x + attn(norm(x)); x + ffn(norm(x)).
+
+  The ffn is the SwiGLU MLP, or with ``sparse`` the routed experts of
+  `layers/moe.MoeBlock` (``forced``: experts to replay, int32 [B, T, k]).
+  Returns (x, new kv or None, (experts [B, T, k], load-balancing loss) or
+  None).
+  """
 
   config: ModelConfig
+  sparse: bool = False
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None):
+  def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None):
     y, new_kv = Attention(self.config, name="attn")(
         RMSNorm(self.config, name="attn_norm")(x), positions, mask, kv)
     x = x + y
     y = RMSNorm(self.config, name="mlp_norm")(x)
-    x = x + MLP(self.config, name="mlp")(y)
-    return nn.with_logical_constraint(x, ("batch", "length", "embed")), new_kv
+    routed = None
+    if self.sparse:
+      y, experts, aux, own = MoeBlock(
+          self.config, self.config.moe, name="moe")(y, tokens, forced)
+      routed = (experts, aux, own)
+    else:
+      y = MLP(self.config, name="mlp")(y)
+    x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
+    return x, new_kv, routed
 
+
+def remat_policy(name: str) -> Any:
+  """The `jax.checkpoint` policy of a `ModelConfig.remat_policy` != 'none'.
+
+  'full' saves nothing but the layer's inputs (recompute the whole layer);
+  'dots_saveable' keeps every matmul output; 'dots_with_no_batch_dims_saveable'
+  keeps the weight projections' outputs and recomputes attention's scores.
+  """
+  policies = jax.checkpoint_policies
+  return {"full": None, "dots_saveable": policies.dots_saveable,
+          "dots_with_no_batch_dims_saveable":
+              policies.dots_with_no_batch_dims_saveable}[name]
+
+
+def _block(cfg: ModelConfig) -> type[nn.Module]:
+  """DecoderLayer under the config's remat policy (docs/DESIGN.md)."""
+  if cfg.remat_policy == "none":
+    return DecoderLayer
+  # Under scan the loop already keeps XLA from merging the recomputation
+  # with the forward, so no CSE barrier is needed (JAX's advice).
+  return nn.remat(DecoderLayer, policy=remat_policy(cfg.remat_policy),
+                  prevent_cse=not cfg.scan_layers)
+
+
+def _scan_body(layer, x, kv, forced, positions, mask, end, tokens):
+  """One scanned layer; kv is this layer's (k, v) cache slices or None."""
+  layer_kv = None if kv is None else (kv[0][None], kv[1][None], 0, end)
+  x, new_kv, routed = layer(x, positions, mask, layer_kv, forced, tokens)
+  return x, (None if new_kv is None else (new_kv[0][0], new_kv[1][0]),
+             routed)
 
 
 class Decoder(nn.Module):
-  """Embedding + decoder layers + final norm (the shared backbone)."""
+  """Embedding + decoder layers + final norm (the shared backbone).
+
+  `scan_layers`: one layer body under `nn.scan` over stacked parameters (and
+  over the KV cache's leading layer axis), so a step compiles one layer
+  whatever the depth; else a Python loop (the unrolled reference).
+  """
 
   config: ModelConfig
 
   def setup(self):
     cfg = self.config
     self.embedder = Embedder(cfg)
-    block = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
-    self.layers = [block(cfg) for _ in range(cfg.num_layers)]
+    block = _block(cfg)
+    if cfg.scan_layers:
+      self.stacks = [block(cfg, sparse, name=name)
+                     for name, _, _, sparse in cfg.stages()]
+      self._scans = [nn.scan(
+          _scan_body, variable_axes={"params": 0},
+          split_rngs={"params": True},
+          in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast,
+                   nn.broadcast),
+          length=n, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+                     for _, _, n, _ in cfg.stages()]
+    else:
+      self.layers = [block(cfg, cfg.is_moe_layer(i), name=f"layers_{i}")
+                     for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
 
+  def _run_layers(self, x, positions, mask, cache, forced, tokens):
+    """x through every layer; returns (x, (k, v) of the cache or None,
+    [(experts [B, T, k], aux)] of the MoE layers in order)."""
+    cfg = self.config
+    end = None if cache is None else cache.end
+    routed = []
+    if not cfg.scan_layers:
+      kv = None if cache is None else (cache.k, cache.v)
+      for i, layer in enumerate(self.layers):
+        m = len(routed)
+        x, kv, r = layer(
+            x, positions, mask, None if cache is None else (*kv, i, end),
+            None if forced is None or not cfg.is_moe_layer(i) else forced[m],
+            tokens)
+        routed += [] if r is None else [r]
+      return x, kv, routed
+    ks, vs = [], []
+    m = 0
+    for stack, scan, (_, first, n, sparse) in zip(self.stacks, self._scans,
+                                                  cfg.stages()):
+      kv = None if cache is None else (cache.k[first:first + n],
+                                       cache.v[first:first + n])
+      f = None if forced is None or not sparse else forced[m:m + n]
+      x, (kv, r) = scan(stack, x, kv, f, positions, mask, end, tokens)
+      if kv is not None:
+        ks.append(kv[0])
+        vs.append(kv[1])
+      if sparse:
+        routed += [tuple(x[j] for x in r) for j in range(n)]
+        m += n
+    kv = None if cache is None else (
+        jnp.concatenate(ks) if len(ks) > 1 else ks[0],
+        jnp.concatenate(vs) if len(vs) > 1 else vs[0])
+    return x, kv, routed
+
   def __call__(self, tokens, positions, attention_mask, cache=None,
-               segment_ids=None):
+               segment_ids=None, routing=None):
     """Returns (hidden [B,T,D], new cache or None).
 
     segment_ids: optional int32[B,T] (no cache): 0 on padding, 1, 2, ... for
     the trajectories packed into a row, each causal on its own
     (layers/masks.py); None = one trajectory per row.
+
+    A MoE model also sows, in the 'moe' collection (apply with
+    ``mutable=['moe']`` to read them; `moe_outputs`), `experts` int32
+    [B, T, M, k] (what each token was routed to in each of its M MoE layers)
+    and `aux_loss` (the load-balancing loss, mean over those layers).
+    ``routing`` int32 [B, T, M, k]: experts to use instead of the router's
+    choice (replay, R3).
     """
     mask, valid = mask_spec(attention_mask, cache, segment_ids)
     x = self.embedder(tokens)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    kv = None if cache is None else (cache.k, cache.v)
-    for i, layer in enumerate(self.layers):
-      x, kv = layer(x, positions, mask,
-                    None if cache is None else (*kv, i, cache.end))
+    forced = None if routing is None else jnp.moveaxis(
+        routing.astype(jnp.int32), 2, 0)
+    x, kv, routed = self._run_layers(x, positions, mask, cache, forced,
+                                     attention_mask.astype(jnp.bool_))
+    if routed:
+      self.sow("moe", "experts", jnp.stack([r[0] for r in routed], axis=2))
+      self.sow("moe", "aux_loss", jnp.mean(jnp.stack([r[1] for r in routed])))
+      self.sow("moe", "own_experts", jnp.stack([r[2] for r in routed], axis=2))
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=kv[0], v=kv[1], valid=valid,
@@ -97,6 +211,16 @@ class Decoder(nn.Module):
 
   def attend(self, x: Array) -> Array:
     return self.embedder.attend(x)
+
+
+def moe_outputs(state: Any) -> dict[str, Array]:
+  """What a MoE model sowed in the 'moe' collection of an apply with
+  ``mutable=['moe']`` (its state dict, or the collection itself):
+  {'experts': int32 [B, T, M, k] used, 'own_experts': the router's own
+  choice (differs under replay), 'aux_loss': load-balancing loss}; {} for a
+  dense model."""
+  sown = state.get("moe", state).get("decoder", {})
+  return {k: v[0] for k, v in sown.items()}
 
 
 class Transformer(nn.Module):
@@ -116,17 +240,25 @@ class Transformer(nn.Module):
   (multi-turn observations). The caller must keep
   end + T <= max_len (out-of-range writes are clamped by XLA with a shared
   end, dropped with a per-row one; neither is detected).
+
+  With `outputs='hidden'` it returns the final-norm hidden states [B,T,D]
+  instead of the logits, for a head applied in chunks of tokens
+  (`sao_jax.models.logprobs.chunked_token_stats`, docs/DESIGN.md §2); the
+  output weight is then read from the params (`output_weight`).
   """
 
   config: ModelConfig
+  outputs: str = "logits"  # 'logits' or 'hidden'.
 
   @nn.compact
   def __call__(self, tokens, positions, attention_mask,
-               cache: KVCache | None = None, segment_ids=None):
+               cache: KVCache | None = None, segment_ids=None, routing=None):
     cfg = self.config
     decoder = Decoder(cfg, name="decoder")
     x, new_cache = decoder(tokens, positions, attention_mask, cache,
-                           segment_ids)
+                           segment_ids, routing)
+    if self.outputs == "hidden":
+      return x, new_cache
     if cfg.tie_embeddings:
       logits = decoder.attend(x)
     else:
@@ -137,6 +269,17 @@ class Transformer(nn.Module):
     logits = nn.with_logical_constraint(
         logits.astype(jnp.float32), ("batch", "length", "vocab"))
     return logits, new_cache
+
+
+def output_weight(params: Any, config: ModelConfig) -> tuple[Array, str]:
+  """The policy's output projection and its einsum layout ('vd' or 'dv').
+
+  Tied: `decoder/embedder/embedding` [V, D]; untied: `lm_head` [D, V], as
+  `Transformer.__call__` applies them (`params` is its plain params tree).
+  """
+  if config.tie_embeddings:
+    return params["decoder"]["embedder"]["embedding"], "vd"
+  return params["lm_head"], "dv"
 
 
 class ValueHead(nn.Module):

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data.trajectory import EpisodeRecord
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import StalenessPolicy

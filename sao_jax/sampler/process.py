@@ -336,7 +336,7 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   """The sampler loop (see module docstring)."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from sao_jax import text_tokenizer  # pylint: disable=g-import-not-at-top
+  from sao_jax.tokenization import text_tokenizer  # pylint: disable=g-import-not-at-top
   from sao_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.envs import build as env_build  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top

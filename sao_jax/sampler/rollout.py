@@ -27,7 +27,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs.base import Environment
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler.generate import MIN_BUCKET

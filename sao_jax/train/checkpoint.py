@@ -13,7 +13,10 @@ No RNG key is saved: the sampler derives each batch's key from the seed and
 the batch index. Saves are atomic (orbax writes to a temporary
 directory and renames), so a trainer killed mid-save leaves the previous
 checkpoint as the newest complete one. A state with a NaN/Inf leaf is never
-saved (the previous checkpoints stay the newest).
+saved (the previous checkpoints stay the newest). A checkpoint written in the
+other layer layout (per-layer ``layers_{i}`` vs stacked ``layers``,
+``model.scan_layers``; docs/DESIGN.md "Layer layout") is restored in its own
+layout and converted to the state's (``models/layout.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from sao_jax.models import layout
 from sao_jax.train import health
 
 _STATE = "state"
@@ -96,11 +100,22 @@ class Checkpointer:
           f"No checkpoint found in {self.directory}; start a fresh run or point "
           "--workdir at a run that has saved one.")
     abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    saved = self._saved_layout(step)
+    wanted = layout.layouts(abstract_state)
+    convert = bool(saved and wanted and saved != wanted)
+    if convert and (len(saved) > 1 or len(wanted) > 1):
+      raise CheckpointError(
+          f"Checkpoint step {step} in {self.directory} holds layer layouts "
+          f"{sorted(saved)}, the state {sorted(wanted)}: cannot convert a "
+          "mixed layout; restore it with the model.scan_layers it was written "
+          "with.")
+    target = (layout.to_layout(abstract_state, "stacked" in saved)
+              if convert else abstract_state)
     try:
       restored = self._manager.restore(
           step,
           args=ocp.args.Composite(**{
-              _STATE: ocp.args.StandardRestore(abstract_state),
+              _STATE: ocp.args.StandardRestore(target),
               _META: ocp.args.JsonRestore(),
           }))
     except Exception as e:  # Orbax raises many types; name the directory.
@@ -109,7 +124,34 @@ class Checkpointer:
           f"({type(e).__name__}: {e}). It is malformed or was written by a run "
           "with a different model/optimizer config; delete it or use the "
           "matching config.") from e
-    return restored[_STATE], dict(restored[_META]), step
+    state = restored[_STATE]
+    if convert:
+      state = self._convert(state, abstract_state, step, saved, wanted)
+    return state, dict(restored[_META]), step
+
+  def _saved_layout(self, step: int) -> set[str]:
+    """The layer layouts of the state saved at ``step`` (empty if unknown)."""
+    try:
+      meta = self._manager.item_metadata(step)[_STATE]
+    except Exception:  # pylint: disable=broad-except
+      return set()  # No metadata: the restore below reports what is wrong.
+    return layout.layouts(getattr(meta, "tree", meta))
+
+  def _convert(self, state: Any, abstract_state: Any, step: int,
+               saved: set[str], wanted: set[str]) -> Any:
+    """``state`` (restored in layout ``saved``) in the layout ``wanted``."""
+    logging.warning(
+        "Checkpoint step %d in %s has the %s layer layout, the run the %s one "
+        "(model.scan_layers): converting it on restore; the next save is in "
+        "the run's layout.", step, self.directory, saved.pop(), wanted.pop())
+    state = layout.to_layout(state, "stacked" in layout.layouts(
+        abstract_state))
+
+    def place(x, target):
+      sharding = getattr(target, "sharding", None)
+      return x if sharding is None else jax.device_put(x, sharding)
+
+    return jax.tree.map(place, state, abstract_state)
 
   def restore_newest(self, abstract_state: Any
                      ) -> tuple[Any, dict[str, Any], int]:

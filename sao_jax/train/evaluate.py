@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
 from sao_jax.models.config import ModelConfig

@@ -49,6 +49,8 @@ def attention_params(config: ModelConfig) -> int:
   per_layer = d * dh * (2 * config.num_heads + 2 * config.num_kv_heads) + d
   if config.qkv_bias:
     per_layer += dh * (config.num_heads + 2 * config.num_kv_heads)
+  if config.qk_norm:
+    per_layer += 2 * dh
   return config.num_layers * per_layer
 
 

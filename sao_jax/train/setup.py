@@ -21,14 +21,15 @@ import optax
 from absl import logging
 
 from sao_jax import sharding
-from sao_jax import text_tokenizer
-from sao_jax import tokenizer as tok_lib
+from sao_jax.tokenization import text_tokenizer
+from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data import packing
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import task_sizing
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import MoeConfig
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import registry
 from sao_jax.train import checkpoint as ckpt_lib
@@ -45,7 +46,10 @@ StepFn = Callable[[step_lib.TrainState, Any], tuple[step_lib.TrainState, Any]]
 def model_config_from(config: Any, tokenizer: text_tokenizer.TextTokenizer
                       ) -> ModelConfig:
   """``ModelConfig`` from ``config.model``; its vocabulary fits the tokenizer."""
-  mcfg = ModelConfig(**{k: config.model[k] for k in _MODEL_FIELDS})
+  fields = {k: config.model[k] for k in _MODEL_FIELDS if k != "moe"}
+  moe = config.model.moe
+  fields["moe"] = MoeConfig(**moe) if int(moe.num_experts) else None
+  mcfg = ModelConfig(**fields)
   if mcfg.vocab_size < tokenizer.vocab_size:
     raise ValueError(
         f"config.model.vocab_size={mcfg.vocab_size} < tokenizer vocab "
@@ -125,6 +129,8 @@ def step_config_from(config: Any) -> step_lib.StepConfig:
       temperature=float(config.sampler.temperature),
       value_clip=rl.value_clip,
       max_groups=packing.trajectories_per_step_bound(config),
+      routing_replay=str(config.model.routing_replay) == "rollout",
+      router_aux_loss_coef=float(config.model.router_aux_loss_coef),
       running_mean_global=rl.running_mean_scope == "global")
 
 

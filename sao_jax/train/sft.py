@@ -19,6 +19,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.train import optim
@@ -85,17 +86,21 @@ def sft_dataset(examples: Sequence[Example], cfg: SFTConfig,
 
 def nll_loss(model: transformer.Transformer, params: Any,
              batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, Any]]:
-  """Token-mean NLL of ``loss_mask`` tokens (next-token prediction)."""
+  """Token-mean NLL of ``loss_mask`` tokens (next-token prediction).
+
+  The log-probs come in chunks of ``model.logits_chunk`` positions when set
+  (``models.logprobs.policy_token_stats``), as in the RL step.
+  """
   tokens = batch["tokens"]
   positions = transformer.positions_from_mask(batch["attention_mask"])
-  logits, _ = model.apply({"params": params}, tokens, positions,
-                          batch["attention_mask"])
-  logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-  target_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+  stats = logprobs_lib.policy_token_stats(
+      params, model.config, tokens, positions, batch["attention_mask"],
+      with_entropy=False, with_argmax=True)
   mask = batch["loss_mask"][:, 1:]
   n = jnp.maximum(mask.sum(), 1.0)
-  loss = -(target_logp * mask).sum() / n
-  correct = (jnp.argmax(logp, -1) == tokens[:, 1:]).astype(jnp.float32)
+  loss = -(stats["logp"][:, 1:] * mask).sum() / n
+  # argmax[:, t] is the prediction made at t - 1 for token t.
+  correct = (stats["argmax"][:, 1:] == tokens[:, 1:]).astype(jnp.float32)
   return loss, {"sft/loss": loss, "sft/token_accuracy": (correct * mask).sum() / n}
 
 

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
@@ -94,6 +95,10 @@ class StepConfig:
     max_groups: Static bound on groups per batch (group estimators).
     running_mean_global: 'running_mean' over the last k rewards of all
       prompts (one table row; the online simulation) instead of per prompt.
+    routing_replay: A MoE policy's forward uses the experts the sampler
+      recorded (batch['routed_experts']; R3) instead of routing on its own.
+    router_aux_loss_coef: Weight of the MoE load-balancing loss in the
+      policy loss.
   """
 
   loss: str = "sao"
@@ -107,6 +112,8 @@ class StepConfig:
   value_clip: float | None = None
   max_groups: int = 1
   running_mean_global: bool = False
+  routing_replay: bool = False
+  router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
     registry.get_spec(self.loss)  # Raises listing the known names.
@@ -185,32 +192,29 @@ def _aligned_values(critic: transformer.ValueModel, params: Any,
 
 
 def _policy_logp(policy: transformer.Transformer, params: Any, batch: Batch,
-                 temperature: float) -> tuple[Array, Array]:
-  """Trainer log-probs of each token (at the sampler's temperature) and entropy.
+                 temperature: float, replay: bool = False
+                 ) -> tuple[Array, Array, dict[str, Array]]:
+  """Trainer log-probs of each token (at the sampler's temperature), entropy
+  and, for a MoE policy, its routing (`logprobs.policy_token_stats`).
 
-  One log-softmax over the vocabulary gives both; out[:, t] is about token t
-  given its prefix (as ``models.logprobs.logprobs_from_logits``), 0 at t = 0
-  and on the first token of each packed trajectory.
+  One log-softmax over the vocabulary gives both, in chunks of
+  ``model.logits_chunk`` tokens when set (``models.logprobs``); out[:, t] is
+  about token t given its prefix, 0 at t = 0 and on the first token of each
+  packed trajectory. With ``replay`` the forward uses the sampler's recorded
+  experts (R3).
   """
-  tokens = batch["tokens"]
   positions, seg = _model_inputs(batch)
-  logits, _ = policy.apply({"params": params}, tokens, positions,
-                           batch["attention_mask"], **seg)
-  scaled = jax.nn.log_softmax(
-      logits[:, :-1].astype(jnp.float32) / jnp.float32(temperature), axis=-1)
-  logp = jnp.take_along_axis(scaled, tokens[:, 1:, None].astype(jnp.int32),
-                             axis=-1)[..., 0]
-  ent = -(jnp.exp(scaled) * scaled).sum(-1)
+  if replay:
+    seg["routing"] = batch["routed_experts"]
+  stats = logprobs_lib.policy_token_stats(
+      params, policy.config, batch["tokens"], positions,
+      batch["attention_mask"], temperature=temperature, **seg)
+  logp, ent = stats["logp"], stats["entropy"]
+  moe = {k: v for k, v in stats.items() if k.startswith("moe_")}
   if "segment_ids" not in batch:
-    return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
-  seg = batch["segment_ids"]
-  return _first_token_zero(logp, seg), _first_token_zero(ent, seg)
-
-
-def _first_token_zero(x: Array, segment_ids: Array) -> Array:
-  """[B, T−1] about tokens 1..T−1 -> [B, T], 0 on each segment's first."""
-  out = jnp.pad(x, ((0, 0), (1, 0)))
-  return jnp.where(segments.segment_starts(segment_ids), 0.0, out)
+    return logp, ent, moe
+  starts = segments.segment_starts(batch["segment_ids"])
+  return jnp.where(starts, 0.0, logp), jnp.where(starts, 0.0, ent), moe
 
 
 def trajectory_rewards(batch: Batch, rewards: Array
@@ -307,10 +311,12 @@ def _policy_update(policy, tx, cfg: StepConfig, policy_loss: PolicyLoss,
   ref_logp = None
   if state.ref_params is not None:
     ref_logp = jax.lax.stop_gradient(_policy_logp(
-        policy, state.ref_params, batch, cfg.temperature)[0])
+        policy, state.ref_params, batch, cfg.temperature,
+        cfg.routing_replay)[0])
 
   def objective(p):
-    logp, ent = _policy_logp(policy, p, batch, cfg.temperature)
+    logp, ent, moe = _policy_logp(policy, p, batch, cfg.temperature,
+                                  cfg.routing_replay)
     sg = jax.lax.stop_gradient(logp)
     inputs = {"rollout_logp": batch["rollout_logp"], "old_logp": sg,
               "prox_logp": sg, "ref_logp": ref_logp}
@@ -319,6 +325,12 @@ def _policy_update(policy, tx, cfg: StepConfig, policy_loss: PolicyLoss,
         **{k: inputs[k] for k in policy_loss.keywords})
     m = dict(m)
     m["entropy"] = rl_metrics.masked_mean(ent, mask)
+    # The train/inference mismatch DIS masks (and routing replay narrows).
+    m["logp_abs_diff"] = rl_metrics.masked_mean(
+        jnp.abs(sg - batch["rollout_logp"]), mask)
+    if moe:
+      m.update(_moe_metrics(moe, batch))
+      loss = loss + cfg.router_aux_loss_coef * moe["moe_aux_loss"]
     return loss, m
 
   (loss, m), grads = jax.value_and_grad(objective, has_aux=True)(
@@ -333,6 +345,21 @@ def _policy_update(policy, tx, cfg: StepConfig, policy_loss: PolicyLoss,
   metrics["policy/loss"] = loss
   metrics["policy/grad_norm"] = optax.global_norm(grads)
   return state, metrics
+
+
+def _moe_metrics(moe: Mapping[str, Array], batch: Batch) -> dict[str, Array]:
+  """The router's load-balancing loss and, where the sampler recorded its
+  routing, the fraction of (token, MoE layer) pairs whose expert sets the
+  trainer's own router agrees with."""
+  out = {"moe_aux_loss": moe["moe_aux_loss"]}
+  if "routed_experts" in batch:
+    own = jnp.sort(moe["moe_own_experts"], axis=-1)
+    recorded = jnp.sort(batch["routed_experts"].astype(jnp.int32), axis=-1)
+    same = jnp.all(own == recorded, axis=-1).astype(jnp.float32)  # [B,T,M]
+    real = batch["attention_mask"].astype(jnp.float32)[..., None]
+    out["routing_agreement"] = jnp.sum(same * real) / jnp.maximum(
+        jnp.sum(real) * same.shape[-1], 1.0)
+  return out
 
 
 def _is_finite(metrics: Mapping[str, Array], new_state: TrainState) -> Array:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from sao_jax import text_tokenizer
+from sao_jax.tokenization import text_tokenizer
 from sao_jax.envs import demonstrations
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.models import hf
@@ -162,7 +162,8 @@ def initial_policy(config: Any, mcfg: ModelConfig,
   """
   if config.model.init_from:
     loaded_cfg, params = hf.load_hf_checkpoint(
-        config.model.init_from, param_dtype=mcfg.param_dtype)
+        config.model.init_from, param_dtype=mcfg.param_dtype,
+        scan_layers=mcfg.scan_layers)
     if not loaded_cfg.same_architecture(mcfg):
       raise ValueError(
           f"config.model does not match the checkpoint at "
@@ -181,7 +182,8 @@ def initial_policy(config: Any, mcfg: ModelConfig,
     fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
     if os.path.exists(os.path.join(sft_dir, "config.json")):
       logging.info("Using the SFT warm start cached in %s", sft_dir)
-      return hf.load_hf_checkpoint(sft_dir)[1]
+      return hf.load_hf_checkpoint(sft_dir,
+                                   scan_layers=mcfg.scan_layers)[1]
     params = _run_sft(config, mcfg, tokenizer,
                       sft_tasks(config, train_tasks, eval_tasks), writer)
     if os.path.exists(sft_dir):  # Left by a run killed while saving.

@@ -26,6 +26,7 @@ from sao_jax.models.layers.fused import splash_attention
 from sao_jax.models.layers.kv_cache import write
 from sao_jax.models.layers.masks import dense_mask
 from sao_jax.models.layers.masks import MaskSpec
+from sao_jax.models.layers.norms import RMSNorm
 from sao_jax.models.layers.rope import apply_rope
 
 Array = jax.Array
@@ -149,8 +150,14 @@ reference (materialised scores and mask), the blockwise online-softmax path
         y = y + bias.astype(x.dtype)
       return y
 
-    q = apply_rope(proj("q", h, "heads"), positions, cfg.rope_theta)
-    k = apply_rope(proj("k", hkv, "kv_heads"), positions, cfg.rope_theta)
+    q, k = proj("q", h, "heads"), proj("k", hkv, "kv_heads")
+    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE.
+      q = RMSNorm(cfg, dh, "head_dim", name="q_norm")(q).astype(x.dtype)
+      k = RMSNorm(cfg, dh, "head_dim", name="k_norm")(k).astype(x.dtype)
+    q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling,
+                   cfg.rotary_dim)
+    k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling,
+                   cfg.rotary_dim)
     v = proj("v", hkv, "kv_heads")
 
     new_kv = None

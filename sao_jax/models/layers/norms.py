@@ -13,14 +13,20 @@ Array = jax.Array
 
 
 class RMSNorm(nn.Module):
-  """y = x / sqrt(mean(x^2) + eps) * scale, in float32 (HF LlamaRMSNorm)."""
+  """y = x / sqrt(mean(x^2) + eps) * scale, in float32 (HF LlamaRMSNorm).
+
+  Over the last axis: `features` wide (0: hidden_size), logical `axis`
+  (Qwen3's per-head q/k norms: head_dim, 'head_dim').
+  """
 
   config: ModelConfig
+  features: int = 0
+  axis: str = "embed"
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     scale = param(self, "scale", nn.initializers.ones,
-                   (self.config.hidden_size,), ("embed",))
+                   (self.features or self.config.hidden_size,), (self.axis,))
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(
         jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.rms_norm_eps)

@@ -6,11 +6,14 @@ the `tokenizers` library, the special tokens from `tokenizer_config.json`,
 and the chat template from `chat_template.jinja` (or the config's
 `chat_template`). transformers is not needed at run time.
 
-The chat template becomes a `ChatTemplate` by rendering the Jinja source once
-with sentinel messages (`template_from_jinja`, the same sandboxed Jinja
-settings as transformers' `apply_chat_template`), so the sampler, the
-environments and SFT write exactly the text the model was tuned on. For
-SmolLM2 (ChatML) an episode with a tool call reads:
+The chat template becomes a `ChatTemplate` by rendering the Jinja source with
+sentinel messages (`jinja_template.template_from_jinja`, the same sandboxed
+Jinja settings as transformers' `apply_chat_template`), so the sampler, the
+environments and SFT write exactly the text the model was tuned on. Template
+variables (`env.chat_template_kwargs`, e.g. Qwen3's `enable_thinking`), a
+system message (`env.system_prompt`) and the declared tools travel with the
+tokenizer (`serialized_proto`). For SmolLM2 (ChatML) an episode with a tool
+call reads:
 
   <|im_start|>system\\n...<|im_end|>\\n<|im_start|>user\\nQ<|im_end|>\\n
   <|im_start|>assistant\\n                                   (prompt)
@@ -26,102 +29,45 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import tokenizers
 
-from sao_jax.chat_template import ChatTemplate
+from sao_jax.tokenization import jinja_template
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
-# Tool-call markup inside an assistant turn (the Hermes / Qwen2.5 convention).
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # Prefix of `serialized_proto()`, which tells the blob from a SentencePiece one.
 SERIAL_MAGIC = b"sao_jax.hf_tokenizer/1\n"
-
-
-class TemplateError(ValueError):
-  """A chat template this project cannot express as a `ChatTemplate`."""
-
-
-def _render(source: str, messages: list[dict[str, str]],
-            specials: dict[str, Any]) -> str:
-  from jinja2 import ext  # pylint: disable=g-import-not-at-top
-  from jinja2 import sandbox  # pylint: disable=g-import-not-at-top
-
-  def raise_exception(message):
-    raise TemplateError(f"the chat template raised: {message}")
-
-  env = sandbox.ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True,
-      extensions=[ext.loopcontrols])
-  env.globals["raise_exception"] = raise_exception
-  return env.from_string(source).render(
-      messages=messages, add_generation_prompt=True, **specials)
-
-
-def template_from_jinja(source: str, turn_end: str,
-                        specials: dict[str, Any] | None = None
-                        ) -> ChatTemplate:
-  """The `ChatTemplate` a HF Jinja chat template renders.
-
-  Args:
-    source: the Jinja chat template.
-    turn_end: the token closing an assistant turn (the tokenizer's eos).
-    specials: variables the template may use (bos_token, eos_token, ...).
-
-  Raises:
-    TemplateError: the template does not render a user turn, an assistant
-      turn ending in `turn_end` and a `tool` turn as plain concatenation.
-  """
-  specials = dict(specials or {})
-  q, a, t = "\x01Q\x01", "\x01A\x01", "\x01T\x01"
-  prompt = _render(source, [{"role": "user", "content": q}], specials)
-  if prompt.count(q) != 1:
-    raise TemplateError("the chat template does not render the user message "
-                        "verbatim once.")
-  prefix, suffix = prompt.split(q)
-  dialog = _render(source, [{"role": "user", "content": q},
-                            {"role": "assistant", "content": a},
-                            {"role": "tool", "content": t}], specials)
-  head = prompt + a
-  if not dialog.startswith(head) or dialog.count(t) != 1:
-    raise TemplateError(
-        "the chat template renders an assistant turn differently from its "
-        "generation prompt followed by the reply (e.g. it rewrites earlier "
-        "turns); sao_jax needs append-only episodes.")
-  between, after = dialog[len(head):].split(t)
-  if not between.startswith(turn_end):
-    raise TemplateError(
-        f"the chat template does not close an assistant turn with the eos "
-        f"token {turn_end!r} (got {between[:20]!r}).")
-  return ChatTemplate(
-      prompt_prefix=prefix, prompt_suffix=suffix, turn_end=turn_end,
-      call_open=CALL_OPEN, call_close=CALL_CLOSE, call_ends_turn=True,
-      result_prefix=between[len(turn_end):], result_suffix=after,
-      stop_tokens=(turn_end,),
-      special_tokens=tuple(dict.fromkeys(
-          v for v in specials.values()
-          if isinstance(v, str) and v and v in prompt + dialog)))
+TemplateError = jinja_template.TemplateError
 
 
 class HFTokenizer:
   """`tokenizers` tokenizer + special tokens + chat template of a HF model."""
 
   def __init__(self, tokenizer_json: str, config: dict[str, Any],
-               chat_template: str):
+               chat_template: str,
+               template_kwargs: Mapping[str, Any] | None = None,
+               system: str = "",
+               tools: Sequence[Mapping[str, Any]] | None = None):
     self._json = tokenizer_json
     self._config = dict(config)
     self._chat_template = chat_template
+    self._template_args = {"template_kwargs": dict(template_kwargs or {}),
+                           "system": system,
+                           "tools": [dict(t) for t in tools or ()]}
     self._tok = tokenizers.Tokenizer.from_str(tokenizer_json)
     self._specials = {k: self._token_text(config.get(k)) for k in (
         "bos_token", "eos_token", "pad_token", "unk_token")}
-    eos = self._specials["eos_token"]
-    if not eos:
-      raise ValueError(f"{CONFIG_FILE} names no eos_token; the sampler needs "
-                       "one to end a turn.")
-    self.template = template_from_jinja(chat_template, eos, self._specials)
+    added = [t.content for t in self._tok.get_added_tokens_decoder().values()]
+    self.template = jinja_template.template_from_jinja(
+        chat_template, added,
+        {**self._specials, **self._template_args["template_kwargs"]},
+        system=system, tools=self._template_args["tools"])
+    # No eos in the config (a base model's): the template's stop token.
+    self._specials["eos_token"] = (self._specials["eos_token"]
+                                   or self.template.turn_end)
     self._ids = {}
     for tok in set(self.template.special_tokens) | set(
         self.template.stop_tokens) | {v for v in self._specials.values() if v}:
@@ -140,8 +86,14 @@ class HFTokenizer:
     return value or ""
 
   @classmethod
-  def load(cls, path: str | os.PathLike[str]) -> HFTokenizer:
-    """Reads `tokenizer.json`, `tokenizer_config.json` and the template."""
+  def load(cls, path: str | os.PathLike[str],
+           template_kwargs: Mapping[str, Any] | None = None, system: str = "",
+           tools: Sequence[Mapping[str, Any]] | None = None) -> HFTokenizer:
+    """Reads `tokenizer.json`, `tokenizer_config.json` and the template.
+
+    `template_kwargs`, `system` and `tools`: as `template_from_jinja`'s
+    `variables`, `system` and `tools`.
+    """
     path = os.fspath(path)
     files = {}
     for name in (TOKENIZER_FILE, CONFIG_FILE):
@@ -163,12 +115,17 @@ class HFTokenizer:
       raise ValueError(
           f"{path} has no chat template ({TEMPLATE_FILE} or `chat_template` in "
           f"{CONFIG_FILE}); sao_jax needs one for a pretrained model.")
-    return cls(files[TOKENIZER_FILE], config, template)
+    return cls(files[TOKENIZER_FILE], config, template, template_kwargs,
+               system, tools)
 
   def serialized_proto(self) -> bytes:
     """Everything needed to rebuild this tokenizer (`from_serialized`)."""
+    args = dict(self._template_args)
+    # Key order of a tool schema shows in the prompt (tojson): kept as is.
+    args["tools"] = json.dumps(args["tools"])
     blob = json.dumps({"tokenizer_json": self._json, "config": self._config,
-                       "chat_template": self._chat_template}, sort_keys=True)
+                       "chat_template": self._chat_template, **args},
+                      sort_keys=True)
     return SERIAL_MAGIC + blob.encode("utf-8")
 
   @classmethod
@@ -176,7 +133,9 @@ class HFTokenizer:
     if not blob.startswith(SERIAL_MAGIC):
       raise ValueError("not a serialized HFTokenizer.")
     d = json.loads(blob[len(SERIAL_MAGIC):].decode("utf-8"))
-    return cls(d["tokenizer_json"], d["config"], d["chat_template"])
+    return cls(d["tokenizer_json"], d["config"], d["chat_template"],
+               d.get("template_kwargs"), d.get("system", ""),
+               json.loads(d.get("tools", "[]")))
 
   def _special_id(self, key: str, fallback: str) -> int:
     tok = self._specials[key] or self._specials[fallback]

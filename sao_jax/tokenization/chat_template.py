@@ -11,13 +11,21 @@ A `ChatTemplate` is the whole text protocol of an episode (docs/DESIGN.md §3):
 Each tokenizer carries its own template (`tokenizer.template`): the
 sentencepiece tokenizer of from-scratch models uses `SAO_MARKUP` (single-token
 markup), a pretrained model's HF tokenizer uses its own chat template (ChatML
-for SmolLM2 / Qwen2, see `hf_tokenizer.template_from_jinja`). `stop_tokens` end
-an action segment in the sampler; each must be one token of its tokenizer.
+for SmolLM2 / Qwen2, see `jinja_template.template_from_jinja`). `stop_tokens`
+end an action segment in the sampler; each must be one token of its tokenizer.
+
+A template whose assistant turns carry structured tool calls (Qwen3, Hermes:
+`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`) writes the
+expression as a JSON string inside that call (`call_json_arg`); one that trims
+message text (Gemma, Llama 3) trims the question and tool value
+(`trims_content`); one that writes a tool message as JSON (Llama 3's ipython
+turn) escapes the value (`result_json_escaped`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 
@@ -38,6 +46,12 @@ class ChatTemplate:
     result_suffix: text after it, ending with the assistant header.
     stop_tokens: the tokens on which the sampler ends an action segment.
     special_tokens: markup that must encode to single tokens.
+    call_json_arg: "" (the call is `call_open + EXPR + call_close`) or the
+      argument key of a JSON tool call: `call_open` then ends just before the
+      JSON string of the expression, `call_close` starts just after it.
+    trims_content: the template strips the question and tool value.
+    result_json_escaped: the tool value is written as the inside of a JSON
+      string (quotes, backslashes and newlines escaped).
   """
 
   prompt_prefix: str
@@ -50,9 +64,14 @@ class ChatTemplate:
   result_suffix: str
   stop_tokens: tuple[str, ...]
   special_tokens: tuple[str, ...]
+  call_json_arg: str = ""
+  trims_content: bool = False
+  result_json_escaped: bool = False
 
   def format_prompt(self, user_text: str) -> str:
     """A user turn followed by the assistant header the policy continues."""
+    if self.trims_content:
+      user_text = user_text.strip()
     return self.prompt_prefix + user_text + self.prompt_suffix
 
   def format_assistant_turn(self, text: str) -> str:
@@ -61,12 +80,25 @@ class ChatTemplate:
 
   def format_tool_call(self, expr: str) -> str:
     """The action text that calls the tool with `expr` (ends the action)."""
+    if self.call_json_arg:
+      expr = json.dumps(expr, ensure_ascii=False)  # As the template's tojson.
     call = self.call_open + expr + self.call_close
     return call + self.turn_end if self.call_ends_turn else call
 
   def format_tool_result(self, value: str) -> str:
     """The observation the environment appends after a tool call."""
+    if self.trims_content:
+      value = value.strip()
+    if self.result_json_escaped:
+      value = json.dumps(value, ensure_ascii=False)[1:-1]
     return self.result_prefix + value + self.result_suffix
+
+  def _call_tags(self) -> tuple[str, str]:
+    """The markers around one call (without the JSON body, if any)."""
+    if not self.call_json_arg:
+      return self.call_open, self.call_close
+    return (self.call_open[:self.call_open.index("{")].strip(),
+            self.call_close[self.call_close.rindex("}") + 1:].strip())
 
   def _strip_turn_end(self, action_text: str) -> str:
     text = action_text.rstrip()
@@ -75,15 +107,24 @@ class ChatTemplate:
     return text
 
   def parse_tool_call(self, action_text: str) -> str | None:
-    """The expression of the last complete tool call in `action_text`."""
-    pattern = re.escape(self.call_open) + r"(.*?)" + re.escape(self.call_close)
+    """The expression of the last complete tool call in `action_text`.
+
+    A JSON call whose body is not a JSON object with
+    `arguments[call_json_arg]` is no call (None).
+    """
+    call_open, call_close = self._call_tags()
+    pattern = re.escape(call_open) + r"(.*?)" + re.escape(call_close)
     calls = re.findall(pattern, action_text, re.DOTALL)
-    return calls[-1] if calls else None
+    if not calls:
+      return None
+    if not self.call_json_arg:
+      return calls[-1]
+    return _json_call_argument(calls[-1], self.call_json_arg)
 
   def is_tool_call(self, action_text: str) -> bool:
     """Whether the action ends in a complete tool call (else it answers)."""
     return (self.parse_tool_call(action_text) is not None and
-            self._strip_turn_end(action_text).endswith(self.call_close))
+            self._strip_turn_end(action_text).endswith(self._call_tags()[1]))
 
   def reply_text(self, action_text: str) -> str:
     """The final reply of an action: after the last tool result, before the
@@ -91,6 +132,21 @@ class ChatTemplate:
     text = action_text.rsplit(self.result_suffix, 1)[-1]
     text = text.split(self.turn_end, 1)[0]
     return text.strip()
+
+
+def _json_call_argument(body: str, key: str) -> str | None:
+  """`arguments[key]` of a JSON tool call body (arguments may be a string)."""
+  try:
+    call = json.loads(body)
+    args = call.get("arguments") if isinstance(call, dict) else None
+    if isinstance(args, str):
+      args = json.loads(args)
+  except json.JSONDecodeError:
+    return None
+  if not isinstance(args, dict) or key not in args:
+    return None
+  value = args[key]
+  return value if isinstance(value, str) else json.dumps(value)
 
 
 # The markup of sao_jax's own sentencepiece models (one id per piece):

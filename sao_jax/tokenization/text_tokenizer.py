@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence, runtime_checkable
 
-from sao_jax.chat_template import ChatTemplate
+from sao_jax.tokenization.chat_template import ChatTemplate
 
 
 @runtime_checkable
@@ -43,8 +43,8 @@ class TextTokenizer(Protocol):
 
 def from_serialized(blob: bytes) -> TextTokenizer:
   """The tokenizer `blob = tokenizer.serialized_proto()` came from."""
-  from sao_jax import hf_tokenizer  # pylint: disable=g-import-not-at-top
-  from sao_jax import tokenizer  # pylint: disable=g-import-not-at-top
+  from sao_jax.tokenization import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  from sao_jax.tokenization import tokenizer  # pylint: disable=g-import-not-at-top
 
   if blob.startswith(hf_tokenizer.SERIAL_MAGIC):
     return hf_tokenizer.HFTokenizer.from_serialized(blob)

@@ -22,8 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from absl import logging
 import sentencepiece as spm
 
-from sao_jax.chat_template import ChatTemplate
-from sao_jax.chat_template import SAO_MARKUP
+from sao_jax.tokenization.chat_template import ChatTemplate
+from sao_jax.tokenization.chat_template import SAO_MARKUP
 
 # The SAO markup under its historical module-level names (one definition:
 # `chat_template.SAO_MARKUP`).
@@ -68,14 +68,14 @@ class Tokenizer:
       if want != got:
         raise ValueError(
             f"SentencePiece model has {name}_id={got}, sao_jax needs {want}; "
-            "train it with sao_jax.tokenizer.train_tokenizer.")
+            "train it with sao_jax.tokenization.tokenizer.train_tokenizer.")
     self._special = {}
     for tok in SPECIAL_TOKENS:
       tid = self._sp.piece_to_id(tok)
       if tid == self._sp.unk_id() or self._sp.id_to_piece(tid) != tok:
         raise ValueError(
             f"SentencePiece model lacks the special token {tok!r}; train it "
-            "with sao_jax.tokenizer.train_tokenizer.")
+            "with sao_jax.tokenization.tokenizer.train_tokenizer.")
       self._special[tok] = tid
 
   @classmethod
@@ -296,7 +296,8 @@ def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str],
   """The run's tokenizer from the `config.tokenizer` section.
 
   `config.path` set: that model file, or that HF model directory (its
-  `tokenizer.json` and chat template, `hf_tokenizer.HFTokenizer`).
+  `tokenizer.json` and chat template, `hf_tokenizer.HFTokenizer`, rendered
+  with `_template_settings(env)`).
   Otherwise `<workdir>/tokenizer.model`, trained on `task_corpus(
   config.datasets, config.corpus_size, config.seed)` on the first start and
   loaded again on restarts (so a resumed run keeps its ids). Settings that
@@ -306,8 +307,9 @@ def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str],
   is the size the corpus supports (`train_tokenizer_soft`).
   """
   if config.path and os.path.isdir(config.path):  # A pretrained model's own.
-    from sao_jax import hf_tokenizer  # pylint: disable=g-import-not-at-top
-    return hf_tokenizer.HFTokenizer.load(config.path)
+    from sao_jax.tokenization import hf_tokenizer  # pylint: disable=g-import-not-at-top
+    return hf_tokenizer.HFTokenizer.load(config.path,
+                                         **_template_settings(env))
   if config.path:
     return Tokenizer.load(config.path)
   path = os.path.join(os.fspath(workdir), "tokenizer.model")
@@ -325,3 +327,23 @@ def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str],
   if not config.vocab_size:
     return train_tokenizer_soft(texts, path, seed=config.seed)
   return train_tokenizer(texts, path, config.vocab_size, seed=config.seed)
+
+
+TOOL_ENVS = ("tool", "tool_longtail")  # env.name values that call the tool.
+
+
+def _template_settings(env: Any) -> dict[str, Any]:
+  """A HF chat template's inputs from the `env` section (docs/DESIGN.md §3).
+
+  `env.chat_template_kwargs`: template variables (Qwen3's
+  `enable_thinking=False`, Llama 3's `date_string`); `env.system_prompt`: a
+  system message ("" for none; Gemma folds it into the first user turn); the
+  calculator tool is declared to the template when `env.name` calls it.
+  """
+  if env is None:
+    return {}
+  from sao_jax.tokenization import jinja_template  # pylint: disable=g-import-not-at-top
+  return {"template_kwargs": dict(env.get("chat_template_kwargs") or {}),
+          "system": str(env.get("system_prompt") or ""),
+          "tools": ([jinja_template.CALCULATOR_TOOL]
+                    if env.get("name") in TOOL_ENVS else None)}
