@@ -12,6 +12,7 @@ Parameter tree (`variables['params']`) of `Transformer`:
   decoder/layers_{i}/attn_norm/scale      [embed]
   decoder/layers_{i}/attn/{q,k,v}_proj    [embed, (kv_)heads, head_dim]
   decoder/layers_{i}/attn/{q,k,v}_bias    [(kv_)heads, head_dim]  (qkv_bias)
+  decoder/layers_{i}/attn/{q,k}_norm/scale [head_dim]  (qk_norm, Qwen3)
   decoder/layers_{i}/attn/o_proj          [heads, head_dim, embed]
   decoder/layers_{i}/mlp_norm/scale       [embed]
   decoder/layers_{i}/mlp/{gate,up}_proj   [embed, mlp]
