@@ -343,9 +343,18 @@ def _check_free_form_model_and_template(c: Any) -> None:
   from sao_jax.models.layers import rope  # pylint: disable=g-import-not-at-top
 
   try:
-    rope.normalize_scaling(dict(c.model.rope_scaling))
+    scaling = dict(rope.normalize_scaling(dict(c.model.rope_scaling)))
   except ValueError as e:
     raise ConfigError(f"config.model.rope_scaling: {e}") from None
+  longest = max(int(c.sampler.max_total_tokens), int(c.train.max_seq_len))
+  if (scaling.get("rope_type") == "dynamic"
+      and longest > scaling["max_position_embeddings"]):
+    raise ConfigError(
+        "config.model.rope_scaling: dynamic NTK RoPE rescales past "
+        f"max_position_embeddings={scaling['max_position_embeddings']}, so "
+        "the sampler's incremental log-probs would differ from the trainer's "
+        "full forward; keep sampler.max_total_tokens and train.max_seq_len "
+        f"<= it (got {longest}) or use rope_type 'yarn' or 'linear'")
   try:
     json.dumps(c.env.chat_template_kwargs.to_dict()
                if hasattr(c.env.chat_template_kwargs, "to_dict")

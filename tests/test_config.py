@@ -233,6 +233,13 @@ def test_rope_scaling_and_template_kwargs_are_checked(config):
   config.env.chat_template_kwargs = ml_collections.ConfigDict(
       {"enable_thinking": False})
   cv.validate_config(config)
+  config.model.rope_scaling = ml_collections.ConfigDict(
+      {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64})
+  assert _error(config).startswith(
+      "config.model.rope_scaling: dynamic NTK RoPE rescales past "
+      "max_position_embeddings=64")
+  config.model.rope_scaling.max_position_embeddings = 4096
+  cv.validate_config(config)
 
 
 def test_consistent_unusual_values_pass(config):

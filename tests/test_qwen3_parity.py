@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import decode_parity
+
 from sao_jax.models import hf
 from sao_jax.models import transformer as tm
 from sao_jax.models.config import ModelConfig
@@ -68,11 +70,11 @@ def reference(request, tmp_path_factory):
         p.copy_(0.2 * torch.randn_like(p))
   path = tmp_path_factory.mktemp("qwen3") / "hf"
   model.save_pretrained(path)
-  return path, _hf_logits(model, *_batch())
+  return path, _hf_logits(model, *_batch()), model
 
 
 def test_qwen3_matches_transformers_and_exports(reference, tmp_path):
-  path, want = reference
+  path, want, _ = reference
   config, params = hf.load_hf_checkpoint(path)
   assert config.qk_norm and not config.qkv_bias and config.head_dim == 24
   assert config.hf_architecture() == "Qwen3ForCausalLM"
@@ -107,6 +109,16 @@ def test_qwen3_matches_transformers_and_exports(reference, tmp_path):
   again = _hf_logits(reloaded, tokens, mask, positions)
   assert np.abs(again[mask] - want[mask]).max() <= 1e-4
   assert ModelConfig.from_hf_config(saved) == config
+
+
+def test_sampler_decode_matches_transformers(reference):
+  """Greedy 32 tokens = HF generate; sampler log-probs = full forward."""
+  path, _, _ = reference
+  config, params = hf.load_hf_checkpoint(path)
+  decode_parity.check_greedy_matches_generate(
+      config, params, lambda: transformers.AutoModelForCausalLM.from_pretrained(
+          path, attn_implementation="eager").eval(), torch)
+  decode_parity.check_sampler_logprobs_equal_full_forward(config, params)
 
 
 def test_qwen3_config_errors():

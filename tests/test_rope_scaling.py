@@ -7,11 +7,14 @@ batch within 1e-4 of transformers, and export -> transformers load -> the
 same logits.
 """
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import decode_parity
 
 from sao_jax.models import hf
 from sao_jax.models import transformer as tm
@@ -115,11 +118,11 @@ def reference(request, tmp_path_factory):
         p.copy_(0.3 * torch.randn_like(p))
   path = tmp_path_factory.mktemp(request.param) / "hf"
   model.save_pretrained(path)
-  return request.param, path, _hf_logits(model, *_batch())
+  return request.param, path, _hf_logits(model, *_batch()), model
 
 
 def test_llama_with_rope_scaling_matches_transformers(reference, tmp_path):
-  name, path, want = reference
+  name, path, want, _ = reference
   config, params = hf.load_hf_checkpoint(path)
   assert dict(config.rope_scaling)["rope_type"] == SCALINGS[name]["rope_type"]
   tokens, mask, positions = _batch()
@@ -140,6 +143,28 @@ def test_llama_with_rope_scaling_matches_transformers(reference, tmp_path):
   again = _hf_logits(reloaded, tokens, mask, positions)
   assert np.abs(again[mask] - want[mask]).max() <= 1e-4
   assert ModelConfig.from_hf_config(saved) == config
+
+
+def test_sampler_decode_matches_transformers(reference):
+  """Greedy 32 tokens = HF generate (positions run past every context
+  length above); the sampler's log-probs = the trainer's forward."""
+  name, path, _, _ = reference
+  config, params = hf.load_hf_checkpoint(path)
+  decode_parity.check_greedy_matches_generate(
+      config, params, lambda: transformers.AutoModelForCausalLM.from_pretrained(
+          path, attn_implementation="eager").eval(), torch)
+  if name != "dynamic":
+    decode_parity.check_sampler_logprobs_equal_full_forward(config, params)
+    return
+  # Dynamic NTK rescales by the sequence's length: past max_position_embeddings
+  # the sampler's incremental steps and the trainer's full forward use other
+  # frequencies (as transformers' do), so the log-probs differ; within it they
+  # are equal. config_validation refuses runs whose sequences pass it.
+  with pytest.raises(AssertionError, match="Mismatched elements"):
+    decode_parity.check_sampler_logprobs_equal_full_forward(config, params)
+  within = dataclasses.replace(config, rope_scaling={
+      **dict(config.rope_scaling), "max_position_embeddings": 64})
+  decode_parity.check_sampler_logprobs_equal_full_forward(within, params)
 
 
 def test_config_round_trip_and_errors():

@@ -1,4 +1,4 @@
-"""Decoder LM (Llama/Qwen2 family), value network, HF checkpoint import/export.
+"""Decoder LM (Llama 2/3.x, Qwen2/Qwen3 family), value network, HF checkpoint import/export.
 
 - `config.ModelConfig`: hyper-parameters (+ HF config conversion).
 - `transformer`: `Transformer` (policy), `ValueModel` (critic), `KVCache`,

@@ -15,6 +15,7 @@ the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/layers/attn_norm/scale          [L, embed]
   decoder/layers/attn/{q,k,v}_proj        [L, embed, (kv_)heads, head_dim]
   decoder/layers/attn/{q,k,v}_bias        [L, (kv_)heads, head_dim]  (qkv_bias)
+  decoder/layers/attn/{q,k}_norm/scale    [L, head_dim]  (qk_norm: Qwen3, GLM)
   decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
   decoder/layers/mlp_norm/scale           [L, embed]
   decoder/layers/mlp/{gate,up}_proj       [L, embed, mlp]
