@@ -1,0 +1,105 @@
+"""configs/paper_smollm2.py (the paper's main comparison) runs, in a tiny form.
+
+The sweep's own arms, through `experiments/sweep.py`, on a tiny random
+checkpoint that speaks SmolLM2-135M-Instruct's own tokenizer and chat
+template (its files copied from the converted checkpoint), so the command of
+experiments/RESULTS.md §10 cannot rot: every arm's config validates, two arms
+(single-rollout SAO and grouped GRPO+DIS) train and evaluate end to end, and
+a rerun skips them.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from configs import paper_smollm2
+import smollm2_checkpoint
+from sao_jax.models import hf
+from sao_jax.models.config import ModelConfig
+from sao_jax.train import warm_start
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The tiny model: SmolLM2's vocabulary, everything else small.
+_TINY = {"model.hidden_size": 32, "model.intermediate_size": 64,
+         "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2,
+         "model.head_dim": 8}
+# Two policy steps, evaluations on 8 problems after each, short replies.
+_SHORT = {"train.num_steps": 2, "train.eval_every": 1, "env.eval_size": 8,
+          "train.checkpoint_every": 1, "sampler.max_new_tokens": 8,
+          "train.max_seq_len": 80, "sampler.max_total_tokens": 80}
+
+
+def test_arms_compare_at_equal_rollouts():
+  config = paper_smollm2.get_config()
+  points = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  assert set(points) == {"sao", "grpo_dis", "grpo", "sao_no_warmup", "sao_k1",
+                         "sao_lam_equal"}
+  assert config.train.mode == "async"
+  assert config.train.batch_size == config.sampler.batch_size == 8
+  assert (config.train.num_steps, config.train.eval_every) == (40, 10)
+  assert config.env.eval_size == 256
+  for name in ("grpo_dis", "grpo"):
+    assert points[name]["sampler.n_rollouts"] == 4
+    assert 8 % points[name]["sampler.n_rollouts"] == 0  # Whole groups a step.
+  assert points["grpo"]["rl.loss"] == "grpo"
+  assert points["grpo_dis"]["rl.loss"] == "grpo_dis"
+  assert config.rl.loss == "sao" and config.sampler.n_rollouts == 1
+
+
+def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
+  mcfg = ModelConfig(vocab_size=49152, hidden_size=32, intermediate_size=64,
+                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                     rope_theta=100000.0, rms_norm_eps=9.999999747378752e-06,
+                     tie_embeddings=True)
+  hf.save_hf_checkpoint(mcfg, warm_start.random_policy(mcfg, 0), out)
+  for name in os.listdir(smollm2_dir):
+    if "token" in name or "template" in name or name.startswith("special"):
+      shutil.copy(os.path.join(smollm2_dir, name), out)
+
+
+def _sweep(config_path, workdir):
+  return subprocess.run(
+      [sys.executable, "experiments/sweep.py", f"--config={config_path}",
+       f"--workdir={workdir}", "--only=sao,grpo_dis"],
+      capture_output=True, text=True, timeout=1500, cwd=_REPO,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.ref
+def test_tiny_paper_sweep_runs_then_skips(tmp_path, pytestconfig):
+  ckpt = tmp_path / "tiny_smollm2"
+  _tiny_checkpoint(smollm2_checkpoint.converted_dir(pytestconfig), str(ckpt))
+  overrides = {**_TINY, **_SHORT, "model.init_from": str(ckpt),
+               "tokenizer.path": str(ckpt)}
+  config = tmp_path / "tiny_paper.py"
+  config.write_text(textwrap.dedent(f"""
+      from configs import paper_smollm2
+
+      def get_config():
+        config = paper_smollm2.get_config()
+        config.update_from_flattened_dict({overrides!r})
+        return config
+
+      get_sweep = paper_smollm2.get_sweep
+      """))
+  workdir = tmp_path / "sweep"
+  first = _sweep(config, workdir)
+  tails = {n: (workdir / n / "log.txt").read_text()[-3000:]
+           for n in ("sao", "grpo_dis") if (workdir / n / "log.txt").exists()}
+  assert first.returncode == 0, (first.stderr[-3000:], tails)
+  for name, warmup in (("sao", 5), ("grpo_dis", 0)):
+    summary = json.loads((workdir / name / "summary.json").read_text())
+    assert summary["steps"] == warmup + 2, summary
+    assert 0.0 <= summary["accuracy_after"] <= 1.0
+    assert summary["episodes_consumed_twice"] == 0
+  second = _sweep(config, workdir)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert second.stdout.strip().splitlines()[-1] == (
+      f"sweep {workdir}: 0 finished, 2 skipped, 0 failed")
