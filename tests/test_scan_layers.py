@@ -65,6 +65,8 @@ def test_stacked_params_have_a_leading_layers_axis(params):
   unrolled, stacked = params
   init = _init(SCAN)
   assert jax.tree.structure(init) == jax.tree.structure(stacked)
+  fresh = init["decoder"]["layers"]["mlp"]["up_proj"]
+  assert not np.allclose(fresh[0], fresh[1])  # Each layer its own init.
   q = stacked["decoder"]["layers"]["attn"]["q_proj"]
   assert q.shape == (3, 64, 4, 16)
   np.testing.assert_array_equal(

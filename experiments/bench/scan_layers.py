@@ -10,14 +10,17 @@ reference, one HLO per layer):
   2 kv heads of 32, vocab 32,768, remat 'full', 1 critic update), batch 1 x
   `--seq`; one JSON line per (arm, depth) and a summary line with the
   32-layer / 2-layer ratios (the goal: <= 1.5 with scan).
-- `step` (`--model=smollm2`): the SmolLM2-135M step at `--batch` x
-  `--seq_model` (8 x 128), both arms compiled in this process, then timed
+  Each line also has the optimised HLO's size (characters, dot ops), which
+  does not depend on the machine's load.
+- `step` (`--model=smollm2`, or a `train_step.py` size such as `large`): the
+  SmolLM2-135M step at `--batch` x `--seq_model` (8 x 128), both arms compiled in this process, then timed
   alternately (scan, unrolled, scan, ...) so both see the same machine load;
   medians over `--repeats` after `--warmup` untimed steps.
 
 Every line records the 1-minute load average.
 
   .venv/bin/python experiments/bench/scan_layers.py --figures=compile
+  .venv/bin/python experiments/bench/scan_layers.py --figures=step --model=large
   .venv/bin/python experiments/bench/scan_layers.py --figures=step --repeats 3
 """
 
@@ -25,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import time
 
@@ -71,22 +75,34 @@ def compile_seconds(cfg, batch, seq, critic_updates) -> tuple[float, object]:
   return time.perf_counter() - t0, (compiled, state, data)
 
 
+def hlo_size(compiled) -> dict[str, int]:
+  """Size of the optimised HLO (load-free): characters and dot ops."""
+  text = compiled.as_text()
+  return {"hlo_chars": len(text), "hlo_dots": len(re.findall(r" dot\(", text))}
+
+
 def figure_compile(args) -> None:
+  """Depth-major (scan d, unrolled d, scan d', ...): both arms of a depth see
+  about the same load."""
   depths = [int(d) for d in args.depths.split(",")]
+  skip = {int(d) for d in args.skip_unrolled.split(",") if d}
   out = {}
-  for arm in args.arms.split(","):
-    for depth in depths:
+  for depth in depths:
+    for arm in args.arms.split(","):
+      if arm == "unrolled" and depth in skip:
+        continue
       cfg = dataclasses.replace(ISSUE_MODEL, num_layers=depth,
                                 scan_layers=ARMS[arm])
-      secs, _ = compile_seconds(cfg, 1, args.seq, 1)
+      secs, (compiled, _, _) = compile_seconds(cfg, 1, args.seq, 1)
       out[(arm, depth)] = secs
       emit(figure="scan_layers_compile", arm=arm, layers=depth, seq=args.seq,
-           compile_s=round(secs, 2))
+           compile_s=round(secs, 2), **hlo_size(compiled))
   summary = {"figure": "scan_layers_compile_summary", "seq": args.seq}
   for arm in args.arms.split(","):
-    lo, hi = (arm, min(depths)), (arm, max(depths))
-    summary[f"{arm}_ratio_{max(depths)}_over_{min(depths)}"] = round(
-        out[hi] / out[lo], 3)
+    done = sorted(d for a, d in out if a == arm)
+    if len(done) > 1:
+      summary[f"{arm}_ratio_{done[-1]}_over_{done[0]}"] = round(
+          out[(arm, done[-1])] / out[(arm, done[0])], 3)
   emit(**summary)
 
 
@@ -134,6 +150,9 @@ def main():
   parser.add_argument("--figures", default="compile,step")
   parser.add_argument("--arms", default="scan,unrolled")
   parser.add_argument("--depths", default="2,8,32")
+  parser.add_argument("--skip_unrolled", default="",
+                      help="Depths whose unrolled arm is not compiled (e.g. "
+                      "32 on a loaded CPU: minutes).")
   parser.add_argument("--seq", type=int, default=256,
                       help="Tokens of the compile figure's one row.")
   parser.add_argument("--model", default="smollm2")
