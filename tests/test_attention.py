@@ -92,21 +92,20 @@ def test_packed_row_equals_its_segments_run_alone():
   params = nn.unbox(model.init(jax.random.key(0), tokens, positions, mask))
   vparams = {"params": tm.value_params_from_policy(
       params["params"], CFG, jax.random.key(1))}
-  packed, _ = model.apply(params, tokens, positions, mask,
-                          segment_ids=jnp.asarray(seg))
-  values = critic.apply(vparams, tokens, positions, mask, jnp.asarray(seg))
+  apply, value = jax.jit(model.apply), jax.jit(critic.apply)
+  packed, _ = apply(params, tokens, positions, mask, None, jnp.asarray(seg))
+  values = value(vparams, tokens, positions, mask, jnp.asarray(seg))
   for n in (1, 2, 3):
     idx = np.flatnonzero(seg[0] == n)
     sub = tokens[:, idx]
     ones = jnp.ones_like(sub, bool)
     pos = tm.positions_from_mask(ones)
-    alone, _ = model.apply(params, sub, pos, ones)
+    alone, _ = apply(params, sub, pos, ones)
     np.testing.assert_allclose(packed[0, idx], alone[0], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(values[0, idx],
-                               critic.apply(vparams, sub, pos, ones)[0],
+    np.testing.assert_allclose(values[0, idx], value(vparams, sub, pos, ones)[0],
                                atol=1e-5, rtol=0)
   # Without segment ids the later segments see the earlier ones: differs.
-  unpacked, _ = model.apply(params, tokens, positions, mask)
+  unpacked, _ = apply(params, tokens, positions, mask)
   idx2 = np.flatnonzero(seg[0] == 2)
   assert float(jnp.abs(unpacked[0, idx2] - packed[0, idx2]).max()) > 1e-3
 
@@ -187,10 +186,11 @@ def test_cached_chunks_through_blockwise_equal_the_dense_full_forward():
   full, _ = dense.apply(params, tokens, positions, mask)
   cfg = _cfg("blockwise", attention_block_q=2, attention_block_kv=5)
   assert attention.choose(cfg, 5, 16, cached=True) == "blockwise"
-  model, cache, outs = tm.Transformer(cfg), tm.init_cache(cfg, b, 16), []
+  apply = jax.jit(tm.Transformer(cfg).apply)
+  cache, outs = tm.init_cache(cfg, b, 16), []
   for lo, hi in [(0, 5), (5, 6), (6, 13)]:
-    logits, cache = model.apply(params, tokens[:, lo:hi],
-                                positions[:, lo:hi], mask[:, lo:hi], cache)
+    logits, cache = apply(params, tokens[:, lo:hi], positions[:, lo:hi],
+                          mask[:, lo:hi], cache)
     outs.append(logits)
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5,
                              rtol=0)
@@ -198,10 +198,11 @@ def test_cached_chunks_through_blockwise_equal_the_dense_full_forward():
 
 def test_choose_per_backend_and_refusals():
   f32, bf16 = _cfg("auto"), _cfg("auto", dtype="bfloat16")
-  # CPU: dense while [T, S] is one block, blockwise beyond.
+  # CPU: dense while [T, S] is no larger than one block, blockwise beyond.
   assert attention.choose(f32, 512, 512, False, "cpu") == "dense"
   assert attention.choose(f32, 513, 513, False, "cpu") == "blockwise"
-  assert attention.choose(f32, 8, 4096, True, "cpu") == "blockwise"
+  assert attention.choose(f32, 8, 4096, True, "cpu") == "dense"
+  assert attention.choose(f32, 512, 4096, True, "cpu") == "blockwise"
   assert attention.choose(f32, 1, 4096, True, "cpu") == "dense"  # Decode.
   assert attention.choose(bf16, 4096, 4096, False, "gpu") == "cudnn"
   assert attention.choose(f32, 4096, 4096, False, "gpu") == "blockwise"
@@ -347,7 +348,7 @@ def _tpu_device():
 def test_model_with_auto_attention_compiles_splash_for_tpu():
   """Ahead-of-time: the policy loss + gradients for a TPU, with 'auto'."""
   device = _tpu_device()
-  cfg = ModelConfig.tiny(vocab_size=256, head_dim=128, dtype="bfloat16")
+  cfg = ModelConfig.tiny(vocab_size=256, head_dim=64, dtype="bfloat16")
   b, t = 2, 384
   sharding = jax.sharding.SingleDeviceSharding(device)
   sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)

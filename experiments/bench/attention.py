@@ -6,6 +6,8 @@ Figures, one JSON line each (docs/DESIGN.md §5, "Attention"):
   alone (`dense_attention` vs `blockwise_attention`) at SmolLM2's heads
   (9 query / 3 kv heads of 64), batch `--batch`, for each `--lengths` T,
   and the compile-only temp memory (XLA memory_analysis) of that backward;
+- `memory`: that compile-only temp memory alone (nothing runs, so the
+  figure does not depend on load) at batch 1 for each `--memory_lengths` T;
 - `step`: seconds of a jitted value-and-grad of the policy's next-token loss
   of a SmolLM2-width model (hidden 576, MLP 1536, vocab 49,152, tied) with
   `--layers` layers at `--batch` x `--step_len` (8 x 128: the SmolLM2 step's
@@ -18,7 +20,7 @@ default (layers/attention.choose).
 
   .venv/bin/python experiments/bench/attention.py
   .venv/bin/python experiments/bench/attention.py --lengths 64 --layers 1 \
-      --repeats 2 --step_len 32   # A seconds-long smoke run.
+      --repeats 2 --step_len 32 --memory_lengths 256   # A smoke run.
 """
 
 import argparse
@@ -70,10 +72,7 @@ def _core(args, t: int) -> dict:
               block_kv=args.block)}
   fns, temp = {}, {}
   for name, fn in arms.items():
-    def loss(q, k, v, fn=fn):
-      spec, _ = masks.mask_spec(mask, None)
-      return jnp.sum(fn(q, k, v, spec) ** 2)
-    grad = jax.jit(jax.grad(loss, (0, 1, 2)))
+    grad = _grad_of(fn, mask)
     temp[name] = grad.lower(q, *kv).compile().memory_analysis(
     ).temp_size_in_bytes / 2**20
     fns[name] = functools.partial(grad, q, *kv)
@@ -83,6 +82,29 @@ def _core(args, t: int) -> dict:
           "ratio": secs["blockwise"] / secs["dense"],
           "dense_temp_mib": temp["dense"],
           "blockwise_temp_mib": temp["blockwise"]}
+
+
+def _grad_of(fn, mask):
+  def loss(q, k, v):
+    spec, _ = masks.mask_spec(mask, None)
+    return jnp.sum(fn(q, k, v, spec) ** 2)
+  return jax.jit(jax.grad(loss, (0, 1, 2)))
+
+
+def _memory(args, t: int) -> dict:
+  """Compile-only temp MiB of the core's backward at batch 1 x t."""
+  sds = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  shapes = (sds(1, t, 3, 3, 64), sds(1, t, 3, 64), sds(1, t, 3, 64))
+  mask = jnp.ones((1, t), bool)
+  arms = {"dense": attention.dense_attention,
+          "blockwise": functools.partial(
+              blockwise.blockwise_attention, block_q=args.block,
+              block_kv=args.block)}
+  line = {"figure": "memory", "batch": 1, "tokens": t, "block": args.block}
+  for name, fn in arms.items():
+    line[f"{name}_temp_mib"] = _grad_of(fn, mask).lower(
+        *shapes).compile().memory_analysis().temp_size_in_bytes / 2**20
+  return line
 
 
 def _step(args) -> dict:
@@ -118,8 +140,12 @@ def _step(args) -> dict:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--figures", nargs="+", default=["core", "memory", "step"],
+                      choices=["core", "memory", "step"])
   parser.add_argument("--lengths", type=int, nargs="+",
                       default=[128, 512, 2048])
+  parser.add_argument("--memory_lengths", type=int, nargs="*",
+                      default=[1024, 4096, 16384])
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--block", type=int, default=512,
                       help="attention_block_q = attention_block_kv.")
@@ -128,11 +154,16 @@ def main():
   parser.add_argument("--step_len", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=7)
   args = parser.parse_args()
-  for t in args.lengths:
+  for t in args.lengths if "core" in args.figures else ():
     start = _load()
     line = _core(args, t)
     print(json.dumps({**line, "load_before": start, "load_after": _load(),
                       "backend": jax.default_backend()}), flush=True)
+  for t in args.memory_lengths if "memory" in args.figures else ():
+    print(json.dumps({**_memory(args, t), "backend": jax.default_backend()}),
+          flush=True)
+  if "step" not in args.figures:
+    return
   start = _load()
   line = _step(args)
   print(json.dumps({**line, "load_before": start, "load_after": _load(),

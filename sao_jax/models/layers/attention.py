@@ -40,7 +40,8 @@ _TARGET = contextvars.ContextVar("attention_target_backend", default=None)
 @contextlib.contextmanager
 def lowering_for(backend: str) -> Iterator[None]:
   """Choose attention for `backend` ('cpu', 'gpu', 'tpu') while tracing here:
-  ahead-of-time lowering for a device this host does not have."""
+  ahead-of-time lowering for a device this host does not have. The choice is
+  made at trace time, so lower a jitted function not yet traced elsewhere."""
   token = _TARGET.set(backend)
   try:
     yield
@@ -55,8 +56,9 @@ def choose(cfg: ModelConfig, t: int, s: int, cached: bool,
   Decode (a cache, T == 1) is dense. The fused kernels take self-attention
   without a cache; a cached chunk (prefill, observation) with 'cudnn' or
   'splash' uses the blockwise path. 'auto': cuDNN on GPU (bf16/fp16), splash
-  on TPU, blockwise elsewhere, except dense on CPU when all of [T, S] is one
-  block (the same work without the loop; BENCHMARKS.md, "Attention paths").
+  on TPU, blockwise elsewhere, except dense on CPU when [T, S] is no larger
+  than one [block_q, block_kv] block (the same work without the loop;
+  BENCHMARKS.md, "Attention paths").
   `backend` defaults to the `lowering_for` target, else JAX's default. Raises ValueError for an unknown name or a kernel the backend lacks.
   """
   name = cfg.attention
@@ -83,7 +85,7 @@ def choose(cfg: ModelConfig, t: int, s: int, cached: bool,
     return "cudnn"
   if not cached and backend == "tpu":
     return "splash"
-  one_block = t <= cfg.attention_block_q and s <= cfg.attention_block_kv
+  one_block = t * s <= cfg.attention_block_q * cfg.attention_block_kv
   return "dense" if backend == "cpu" and one_block else "blockwise"
 
 
