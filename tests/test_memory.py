@@ -20,6 +20,7 @@ def _nbytes(tree) -> int:
 @pytest.mark.parametrize("overrides", [
     dict(tie_embeddings=True),
     dict(qkv_bias=True, dtype="bfloat16"),
+    dict(qkv_bias=True, scan_layers=False),  # The per-layer layout.
 ])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_estimate_matches_the_allocated_trees(overrides, frozen):

@@ -324,10 +324,11 @@ def _check_equal_to_single_device(r: dict) -> None:
   # Initialising straight into shards gives the same parameters.
   assert r["max_init_diff"] == 0.0 and r["init_spec_equal"], r
   assert r["max_grad_abs"] > 1e-4  # Gradients are not trivially zero.
-  # [embed=64, mlp=128] split fsdp x tensor: 8 shards of [32, 64].
-  assert r["gate_spec"] == ["fsdp", "tensor"]
-  assert r["gate_shard_shapes"] == [[32, 64]]
-  assert r["gate_grad_spec"] == ["fsdp", "tensor"]
+  # Stacked [layers=2, embed=64, mlp=128]: the layer axis never split,
+  # embed x mlp split fsdp x tensor: 8 shards of [2, 32, 64].
+  assert r["gate_spec"] == ["None", "fsdp", "tensor"]
+  assert r["gate_shard_shapes"] == [[2, 32, 64]]
+  assert r["gate_grad_spec"] == ["None", "fsdp", "tensor"]
   # Global batch 8 over data x fsdp = 4: rows of 2 (replicated over tensor).
   assert r["batch_shape"] == [8, 16]
   assert r["batch_shard_shapes"] == [[2, 16]]

@@ -6,7 +6,9 @@ before it allocates it. Counts what the trainer holds (policy and critic
 params in `param_dtype`, AdamW's two moments per trainable parameter in the
 same dtype, none for the critic's frozen attention leaves) and the sampler's
 KV cache (keys and values of every layer, `compute dtype`). Activations and
-the sampler's own copy of the policy are not counted.
+the sampler's own copy of the policy are not counted. The figures do not
+depend on the layer layout (`scan_layers` stacks the same leaves; the KV
+cache is [L, ...] in both).
 """
 
 from __future__ import annotations
