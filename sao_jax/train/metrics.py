@@ -213,10 +213,11 @@ def step_scalars(step_metrics: Mapping[str, float],
       "idle/trainer_frac": trainer_idle_frac,
       "tokens/generated_total": float(generated_tokens),
       "stream/dropped_stale": stream_counters["dropped_stale"],
-      "stream/padding_frac": stream_counters["padding_frac"],
       "stream/multi_version_frac": stream_counters["multi_version"] / max(
           1, stream_counters["admitted"]),
   }
+  if "padding_frac" in stream_counters:  # StreamCounters.as_dict() has it.
+    scalars["stream/padding_frac"] = stream_counters["padding_frac"]
   if span is not None:
     scalars["staleness/version_span"] = float(np.mean(span))
     scalars["staleness/version_span_max"] = float(np.max(span))
