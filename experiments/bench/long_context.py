@@ -37,7 +37,9 @@ Figures (``--figures``, comma-separated), one JSON line each with the load:
   ``async_vs_sync.py``) on ``configs/longtail.py`` and the quickstart,
   unpacked vs packed (``--pack_arms``, JSON of arm -> overrides; an arm whose
   keys the tree lacks is reported skipped): trainer action tokens per second
-  of the run and the batches' padding fraction.
+  of the whole run and the batches' padding fraction. End to end, so the
+  sampler's pace is in it; ``experiments/bench/packing.py`` times the step
+  alone on one recorded stream, packed and unpacked.
 
 Every figure (slow on CPU: SmolLM2 compiles for minutes, the loop runs):
 
@@ -85,7 +87,8 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 # Remat in either tree: the bool before issue 25, the policy after.
 REMAT = {"model.remat": True, "model.remat_policy": "full"}
-PACK_ARMS = {"unpacked": {"train.pack": 0}, "packed": {"train.pack": 8}}
+PACK_ARMS = {"unpacked": {"train.pack": False},
+             "packed": {"train.pack": True}}
 MIB = 2 ** 20
 
 
