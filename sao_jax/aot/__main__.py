@@ -23,7 +23,7 @@ from ml_collections import config_flags
 
 from sao_jax import config_validation
 from sao_jax.aot import check as check_lib
-from sao_jax.aot import topology as topo_lib
+from sao_jax import tpu_topology as topo_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (e.g. configs/smollm2.py).",
@@ -33,6 +33,9 @@ _TOPOLOGY = flags.DEFINE_string(
     "(default: the slice named in sampler.chips).")
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "Slices joined over the data-centre network.")
+_PROGRAMS = flags.DEFINE_list(
+    "programs", [], "Only these programs (default: all the run compiles): "
+    + ", ".join(check_lib.PROGRAMS) + ".")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -46,7 +49,8 @@ def main(argv: Sequence[str]) -> None:
   if not ok:
     sys.exit(f"Cannot compile for TPUs here: {why}")
   try:
-    reports = check_lib.check(config, topology, _NUM_SLICES.value)
+    reports = check_lib.check(config, topology, _NUM_SLICES.value,
+                              tuple(_PROGRAMS.value))
   except (config_validation.ConfigError, topo_lib.TopologyError,
           ValueError) as e:
     sys.exit(str(e))

@@ -16,12 +16,10 @@ import re
 import time
 from typing import Any
 
-import jax
-
 from sao_jax import config_validation
 from sao_jax import sharding
 from sao_jax.aot import programs as programs_lib
-from sao_jax.aot import topology as topo_lib
+from sao_jax import tpu_topology as topo_lib
 from sao_jax.sampler import devices as devices_lib
 
 _GIB = 2**30
@@ -181,9 +179,18 @@ def compile_one(program: programs_lib.Program, topo: topo_lib.Topology,
   return report
 
 
-def check(config: Any, topology: str, num_slices: int = 1
-          ) -> list[dict[str, Any]]:
-  """One report per program the run compiles, then one of sizes."""
+PROGRAMS = ("sft_step", "critic_warmup_step", "sao_step", "sampler_prefill",
+            "sampler_decode")
+
+
+def check(config: Any, topology: str, num_slices: int = 1,
+          only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+  """One report per program the run compiles (those named in ``only``, if
+  given), then one of sizes."""
+  unknown = sorted(set(only) - set(PROGRAMS))
+  if unknown:
+    raise ValueError(f"unknown programs {unknown}; known: {PROGRAMS}.")
+  wanted = lambda p: not only or p.name in only
   config_validation.validate_config(config)
   programs_lib.check_explicit_lengths(config)
   topo = topo_lib.parse(topology)
@@ -195,12 +202,13 @@ def check(config: Any, topology: str, num_slices: int = 1
   reports = []
   # Built outside the mesh context (their eager set-up runs on the host);
   # lowered inside it, where the models' logical constraints take effect.
-  for program in programs_lib.train_programs(config, mcfg, mesh, rules):
+  for program in filter(wanted, programs_lib.train_programs(
+      config, mcfg, mesh, rules)):
     with sharding.mesh_rules(mesh, rules):
       reports.append(compile_one(program, topo, config,
                                  placement.trainer_label, mesh))
-  for program in programs_lib.sampler_programs(config, mcfg,
-                                               placement.sampler[0]):
+  for program in filter(wanted, programs_lib.sampler_programs(
+      config, mcfg, placement.sampler[0])):
     reports.append(compile_one(program, topo, config,
                                placement.sampler_label))
   shapes = programs_lib.sampler_shapes(config)
@@ -228,5 +236,3 @@ def compile_devices_ok() -> tuple[bool, str]:
   return topo_lib.libtpu_available()
 
 
-__all__ = ["check", "failures", "place", "compile_one", "advice",
-           "compile_devices_ok", "jax"]

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 from absl import logging
 
-from sao_jax.aot import topology as topo_lib
+from sao_jax import tpu_topology as topo_lib
 
 ROLES = ("trainer", "sampler")
 # Distinct per process on a host: libtpu's process and mesh-controller ports.
@@ -217,6 +217,11 @@ def process_env(chips: str, role: str,
   return (gpu_env if split.kind == "gpu" else tpu_env)(split, role, environ)
 
 
+def _backend_initialized() -> bool:
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  return xla_bridge.backends_are_initialized()
+
+
 def apply(chips: str, role: str) -> dict[str, str]:
   """Sets ``process_env`` in ``os.environ``; returns what it set.
 
@@ -227,8 +232,7 @@ def apply(chips: str, role: str) -> dict[str, str]:
   env = process_env(chips, role)
   if not env:
     return env
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  if xla_bridge.backends_are_initialized():
+  if _backend_initialized():
     raise RuntimeError(
         f"sampler.chips={chips!r}: the {role}'s JAX backend is already "
         "initialised, so its chips can no longer be chosen; apply the split "

@@ -1,0 +1,94 @@
+"""Ahead-of-time compile for a TPU slice (``python -m sao_jax.aot``).
+
+Skipped where libtpu cannot load (install the ``tpu`` extra). The SmolLM2
+run compiles for a v5e-8 and fits; a deliberately oversized run is reported
+as not fitting, naming the program, the overshoot and what to change.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sao_jax import tpu_topology as topology
+
+_OK, _WHY = topology.libtpu_available()
+needs_libtpu = pytest.mark.skipif(
+    not _OK, reason=f"cannot compile for TPUs here: {_WHY}")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _aot(*flags: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=_ROOT, ALLOW_MULTIPLE_LIBTPU_LOAD="true")
+  return subprocess.run(
+      [sys.executable, "-m", "sao_jax.aot", *flags], cwd=_ROOT, env=env,
+      capture_output=True, text=True, timeout=900, check=False)
+
+
+def _lines(out: str) -> dict[str, dict]:
+  reports = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+  return {r["program"]: r for r in reports}
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_smollm2_fits_a_v5e_8():
+  got = _aot("--config=configs/smollm2.py", "--topology=v5e-8")
+  assert got.returncode == 0, got.stderr[-3000:]
+  reports = _lines(got.stdout)
+  assert set(reports) == {"critic_warmup_step", "sao_step",
+                          "sampler_prefill", "sampler_decode", "sizes"}
+  hbm = 16 * 2**30
+  for name in ("critic_warmup_step", "sao_step", "sampler_prefill",
+               "sampler_decode"):
+    r = reports[name]
+    assert r["fits"] and r["hbm_bytes"] == hbm, r
+    assert 0 < r["peak_bytes"] <= hbm, r
+    assert r["flops"] > 0, r
+    assert r["verdict"].startswith("fits"), r
+  step = reports["sao_step"]
+  assert step["devices"] == 8 and step["mesh"] == {"data": 1, "fsdp": 8,
+                                                   "tensor": 1}
+  # XLA's arguments hold the whole state, sharded 8 ways: at least
+  # memory.py's per-chip estimate of params and moments.
+  assert step["argument_bytes"] >= 0.95 * step["estimate_bytes"], step
+  # The decode chunk is a while loop: its FLOPs are one iteration's.
+  assert "once" in reports["sampler_decode"]["flops_note"]
+  sizes = reports["sizes"]
+  assert sizes["params"] == 134_515_008  # SmolLM2-135M.
+  # Two float32 copies of the policy, plus header and leaf table.
+  assert 2 * 4 * sizes["params"] < sizes["weight_slot_bytes"] < (
+      2 * 4 * sizes["params"] + 2**20)
+  # Keys and values of 30 layers x 3 KV heads x 64 dims, 16 slots x 128.
+  assert sizes["kv_cache_bytes"] == 2 * 30 * 16 * 128 * 3 * 64 * 4
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_oversized_run_exits_nonzero_with_the_fix():
+  # The tiny base model with a 64k vocabulary and 8k rows: its logits alone
+  # are 8 rows x 8192 x 65536 x 4 B = 16 GiB per chip of a v5e-8.
+  got = _aot("--config=configs/base.py", "--topology=v5e-8",
+             "--config.model.vocab_size=65536",
+             "--config.train.batch_size=64", "--config.train.max_seq_len=8192",
+             "--config.sampler.max_total_tokens=8192",
+             "--config.rl.critic_warmup_steps=0")
+  assert got.returncode == 1, got.stdout[-2000:] + got.stderr[-2000:]
+  reports = _lines(got.stdout)
+  step = reports["sao_step"]
+  assert not step["fits"]
+  assert "sao_step does not fit v5e-8" in got.stderr
+  assert "over by" in got.stderr and "model.remat=True" in got.stderr
+  assert "train.batch_size" in got.stderr
+  assert reports["sampler_decode"]["fits"]  # Only the step is too big.
+
+
+def test_unknown_topology_is_refused():
+  got = _aot("--config=configs/base.py", "--topology=v5e-3")
+  assert got.returncode != 0
+  assert ("no slice 'v5e-3'" in got.stderr
+          or "cannot compile for TPUs here" in got.stderr.lower())
