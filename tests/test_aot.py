@@ -32,18 +32,25 @@ def _lines(out: str) -> dict[str, dict]:
   return {r["program"]: r for r in reports}
 
 
+# SmolLM2-135M at its width, heads, vocabulary, lengths and batch, with 2 of
+# its 30 layers: the unrolled 30-layer step takes over 20 minutes and 6 GB
+# to compile on 2 shared cores (BENCHMARKS.md, "TPU slices on paper"); drop
+# the override once the model scans its layers.
+_SMOLLM2 = ("--config=configs/smollm2.py", "--topology=v5e-8",
+            "--config.model.num_layers=2", "--programs=sao_step,sampler_decode")
+
+
 @needs_libtpu
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_smollm2_fits_a_v5e_8():
-  got = _aot("--config=configs/smollm2.py", "--topology=v5e-8")
+  got = _aot(*_SMOLLM2)
   assert got.returncode == 0, got.stderr[-3000:]
   reports = _lines(got.stdout)
-  assert set(reports) == {"critic_warmup_step", "sao_step",
-                          "sampler_prefill", "sampler_decode", "sizes"}
+  assert set(reports) == {"sao_step", "sampler_decode", "shared_chip",
+                          "sizes"}
   hbm = 16 * 2**30
-  for name in ("critic_warmup_step", "sao_step", "sampler_prefill",
-               "sampler_decode"):
+  for name in ("sao_step", "sampler_decode"):
     r = reports[name]
     assert r["fits"] and r["hbm_bytes"] == hbm, r
     assert 0 < r["peak_bytes"] <= hbm, r
@@ -52,18 +59,23 @@ def test_smollm2_fits_a_v5e_8():
   step = reports["sao_step"]
   assert step["devices"] == 8 and step["mesh"] == {"data": 1, "fsdp": 8,
                                                    "tensor": 1}
-  # XLA's arguments hold the whole state, sharded 8 ways: at least
-  # memory.py's per-chip estimate of params and moments.
-  assert step["argument_bytes"] >= 0.95 * step["estimate_bytes"], step
+  # XLA's arguments hold the whole state, sharded 8 ways: memory.py's
+  # per-chip estimate of params and moments, within 5 %.
+  assert 0.95 < step["argument_bytes"] / step["estimate_bytes"] < 1.05, step
   # The decode chunk is a while loop: its FLOPs are one iteration's.
   assert "once" in reports["sampler_decode"]["flops_note"]
+  assert reports["sampler_decode"]["devices"] == 1
+  shared = reports["shared_chip"]  # No sampler.chips: both on chip 0.
+  assert shared["fits"] and shared["peak_bytes"] == (
+      step["peak_bytes"] + reports["sampler_decode"]["peak_bytes"])
   sizes = reports["sizes"]
-  assert sizes["params"] == 134_515_008  # SmolLM2-135M.
+  assert sizes["params"] == 35_392_320  # 2 layers + the 49152 x 576 table.
   # Two float32 copies of the policy, plus header and leaf table.
   assert 2 * 4 * sizes["params"] < sizes["weight_slot_bytes"] < (
       2 * 4 * sizes["params"] + 2**20)
-  # Keys and values of 30 layers x 3 KV heads x 64 dims, 16 slots x 128.
-  assert sizes["kv_cache_bytes"] == 2 * 30 * 16 * 128 * 3 * 64 * 4
+  # Keys and values of 2 layers x 3 KV heads x 64 dims, 16 slots x 128.
+  assert sizes["kv_cache_bytes"] == 2 * 2 * 16 * 128 * 3 * 64 * 4
+  assert sizes["fits"]
 
 
 @needs_libtpu
@@ -76,7 +88,8 @@ def test_oversized_run_exits_nonzero_with_the_fix():
              "--config.model.vocab_size=65536",
              "--config.train.batch_size=64", "--config.train.max_seq_len=8192",
              "--config.sampler.max_total_tokens=8192",
-             "--config.rl.critic_warmup_steps=0")
+             "--config.rl.critic_warmup_steps=0",
+             "--programs=sao_step,sampler_decode")
   assert got.returncode == 1, got.stdout[-2000:] + got.stderr[-2000:]
   reports = _lines(got.stdout)
   step = reports["sao_step"]

@@ -35,6 +35,7 @@ class Placement:
   sampler: list[Any]
   trainer_label: str
   sampler_label: str
+  shared: bool = False  # The sampler's chip is also the trainer's.
 
 
 def place(config: Any, topo: topo_lib.Topology,
@@ -75,16 +76,29 @@ def place(config: Any, topo: topo_lib.Topology,
                                         num_slices=num_slices)
   return Placement(everything, everything[:1],
                    f"all {len(everything)} chips",
-                   "chip 0, shared with the trainer (no sampler.chips split)")
+                   "chip 0, shared with the trainer (no sampler.chips split)",
+                   shared=True)
+
+
+_SCALE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SIZE = r"([\d.]+)([KMGT]?)"
+
+
+def _bytes(number: str, unit: str) -> int:
+  return int(float(number) * _SCALE[unit])
 
 
 def _exceeded(message: str) -> int | None:
   """Bytes over HBM from XLA's RESOURCE_EXHAUSTED message, if it says."""
-  match = re.search(r"Exceeded hbm capacity by ([\d.]+)([KMGT]?)", message)
-  if not match:
-    return None
-  scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-  return int(float(match.group(1)) * scale[match.group(2)])
+  match = re.search(rf"Exceeded hbm capacity by {_SIZE}", message)
+  if match:
+    return _bytes(*match.groups())
+  match = re.search(rf"\({_SIZE}\) exceeds available HBM \({_SIZE}\)",
+                    message)
+  if match:
+    need, have = _bytes(*match.groups()[:2]), _bytes(*match.groups()[2:])
+    return need - have
+  return None
 
 
 def advice(config: Any, role: str, mesh_shards: int, devices: int) -> str:
@@ -171,7 +185,8 @@ def compile_one(program: programs_lib.Program, topo: topo_lib.Topology,
     report["verdict"] = (f"fits: {report['peak_bytes'] / _GIB:.2f} of "
                          f"{hbm / _GIB:.0f} GiB per chip")
   else:
-    by = f"over by {over / _GIB:.2f} GiB" if over else "over HBM"
+    at_least = "" if "peak_bytes" in report else "at least "
+    by = f"over by {at_least}{over / _GIB:.2f} GiB" if over else "over HBM"
     report["verdict"] = (
         f"{program.name} does not fit {topo.name} ({program.role}, "
         f"{label}): {by} of {hbm / _GIB:.0f} GiB per chip. Change: "
@@ -211,6 +226,8 @@ def check(config: Any, topology: str, num_slices: int = 1,
       config, mcfg, placement.sampler[0])):
     reports.append(compile_one(program, topo, config,
                                placement.sampler_label))
+  if placement.shared:
+    reports.extend(_shared_chip(reports, topo, config))
   shapes = programs_lib.sampler_shapes(config)
   est = programs_lib.memory.estimate_memory(
       mcfg, kv_batch=shapes["slots"], kv_len=shapes["cache_len"],
@@ -223,6 +240,35 @@ def check(config: Any, topology: str, num_slices: int = 1,
       "kv_cache_bytes": est.kv_cache, **shapes,
       "fits": all(r["fits"] for r in reports)})
   return reports
+
+
+def _shared_chip(reports: list[dict[str, Any]], topo: topo_lib.Topology,
+                 config: Any) -> list[dict[str, Any]]:
+  """Trainer and sampler on one chip: their largest peaks must fit together
+  (an upper bound: each program's peak includes its own temporaries)."""
+  peaks = {role: max((r.get("peak_bytes", 0) for r in reports
+                      if r["role"] == role), default=0)
+           for role in ("trainer", "sampler")}
+  if not all(peaks.values()):
+    return []
+  total, hbm = sum(peaks.values()), topo.hbm_bytes
+  report = {"program": "shared_chip", "role": "both", "topology": topo.name,
+            "peak_bytes": total, "hbm_bytes": hbm, "fits": total <= hbm,
+            "trainer_peak_bytes": peaks["trainer"],
+            "sampler_peak_bytes": peaks["sampler"]}
+  if report["fits"]:
+    report["verdict"] = (f"fits: trainer and sampler together "
+                         f"{total / _GIB:.2f} of {hbm / _GIB:.0f} GiB on chip 0"
+                         " (on a TPU VM the sampler needs chips of its own: "
+                         "sampler.chips)")
+  else:
+    report["verdict"] = (
+        f"trainer and sampler do not fit chip 0 of {topo.name} together: "
+        f"{peaks['trainer'] / _GIB:.2f} + {peaks['sampler'] / _GIB:.2f} GiB, "
+        f"over by {(total - hbm) / _GIB:.2f} GiB of {hbm / _GIB:.0f}. Change:"
+        f" give the sampler its own chips (sampler.chips='{topo.name}:...'); "
+        f"{advice(config, 'sampler', 1, 1)}.")
+  return [report]
 
 
 def failures(reports: list[dict[str, Any]]) -> list[str]:
