@@ -3,10 +3,10 @@ r"""Qwen2.5-7B-Instruct at real size, for checking against TPU slices (shapes).
 The architecture of Qwen2.5-7B-Instruct (its config.json; ``models/hf.py``
 loads the checkpoint with ``--config.model.init_from=DIR``); ``8k`` or
 ``32k`` context, bfloat16 compute over float32 master weights with remat,
-the state FSDP-sharded over the trainer's chips and one v5p chip of each host
-for the sampler (``sampler.chips``). Check it before renting the slice:
+the state FSDP-sharded over the trainer's 16 chips of a v5p-64 (one row of
+the batch each) and a chip of each host for the sampler (``sampler.chips``). Check it before renting the slice:
 
-  python -m sao_jax.aot --config=configs/qwen2_5_7b.py:8k --topology=v5p-16
+  python -m sao_jax.aot --config=configs/qwen2_5_7b.py:8k --topology=v5p-64
 
 What fits where is in BENCHMARKS.md ("TPU slices on paper").
 """
@@ -48,11 +48,14 @@ def get_config(context: str = "8k") -> ml_collections.ConfigDict:
   s.max_total_tokens = length
   s.max_new_tokens = length // 2
   s.min_prompt_bucket = 64
-  s.batch_size = 16
+  # Each host's sampler fills its host's share of a batch: 16 rows over 8
+  # hosts are 2 episodes per host.
+  s.batch_size = 2
   s.decode_chunk = 16
-  # v5p-16: two hosts of four chips; chips 2, 3 of each are the sampler's
-  # (it runs on the first), 0, 1 the trainer's: 4 chips over both hosts.
-  s.chips = "v5p-16:2,3"
+  # v5p-64: eight hosts of four chips; chips 2, 3 of each are the sampler's
+  # (it runs on the first), 0, 1 the trainer's: 16 chips over all hosts, one
+  # row of the batch each (dense attention's scores are T^2 per head).
+  s.chips = "v5p-64:2,3"
 
   config.rl.critic_warmup_steps = 10
   config.rl.critic_updates_per_step = 2
