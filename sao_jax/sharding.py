@@ -119,8 +119,15 @@ def make_mesh(mesh_config: Any,
         (shape[0] // slices, *shape[1:]), (slices, 1, 1), devices)
     mesh = Mesh(grid, MESH_AXES, axis_types=axis_types)
   else:
-    mesh = jax.make_mesh(shape, MESH_AXES, axis_types=axis_types,
-                         devices=devices)
+    try:
+      mesh = jax.make_mesh(shape, MESH_AXES, axis_types=axis_types,
+                           devices=devices)
+    except AssertionError:  # Not a whole box of chips (a per-host block of
+      # every host, sampler.chips): lay them out in their order.
+      logging.warning("Devices %s are not a box of the slice; mesh in their "
+                      "order.", [d.id for d in devices])
+      mesh = Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
+                  axis_types=axis_types)
   logging.info("Mesh %s over %d %s devices.", dict(mesh.shape), len(devices),
                devices[0].platform)
   return mesh
