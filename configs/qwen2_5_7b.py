@@ -8,7 +8,9 @@ the batch each) and a chip of each host for the sampler (``sampler.chips``). Che
 
   python -m sao_jax.aot --config=configs/qwen2_5_7b.py:8k --topology=v5p-64
 
-What fits where is in BENCHMARKS.md ("TPU slices on paper").
+What fits where is in BENCHMARKS.md ("TPU slices on paper"): at 8k the
+sampler fits and the step extrapolates to ~104 GiB per chip (8 GiB over) with
+the dense attention; 32k needs an attention without T^2 scores.
 """
 
 import ml_collections
