@@ -55,6 +55,10 @@ EXTRAS_REQUIRE = {
     "ref": _HF_STACK,
     # A real pretrained model (README "A real pretrained model").
     "smollm2": _HF_STACK,
+    # Compiling for TPU slices on any machine (python -m sao_jax.aot; README
+    # "Check a config against a TPU pod"): libtpu's compile-only devices. The
+    # libtpu build moves XLA's figures by a few per cent, so it is pinned.
+    "tpu": ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"],
 }
 
 setuptools.setup(

@@ -185,6 +185,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.n_rollouts = 1  # SAO: one rollout per prompt (>1: groups).
   # CPU cores / local devices the sampler process uses ('' = JAX default).
   config.sampler.devices = ""
+  # Accelerators of the sampler's own (docs/DESIGN.md §10): 'gpu:IDS' (it sees
+  # those GPUs, the trainer the rest) or 'SLICE:IDS' ('v5e-8:4-7': on each
+  # host of that TPU slice the sampler takes those chips); '' = no split.
+  config.sampler.chips = ""
   # JAX's persistent compilation cache for the sampler process ('' = off):
   # its decode shapes compile once per machine instead of once per run.
   config.sampler.compilation_cache_dir = ""

@@ -372,6 +372,12 @@ def _check_sampler_devices(c: Any) -> None:
   except ValueError:
     raise _fail("sampler.devices", "CPU core ids such as '0', '0,2' or "
                 "'0-3' ('' for the JAX default)", c.sampler.devices) from None
+  from sao_jax.sampler import devices  # pylint: disable=g-import-not-at-top
+
+  try:  # A TPU split must leave both processes a valid sub-topology.
+    devices.parse_chips(str(c.sampler.chips))
+  except devices.ChipsError as e:
+    raise ConfigError(f"config.{e}") from None
 
 
 def _check_cross_fields(c: Any) -> None:

@@ -28,6 +28,7 @@ from sao_jax import config_overrides
 from sao_jax import config_validation
 from sao_jax import sharding
 from sao_jax.envs import task_sizing
+from sao_jax.sampler import devices as sampler_devices
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (e.g. configs/base.py).",
@@ -97,6 +98,7 @@ def main(argv: Sequence[str]) -> None:
   config.lock()  # Later typos (config.x = ...) fail instead of adding keys.
   # Join the other hosts before anything touches a device, then check the
   # mesh against the global device count.
+  sampler_devices.apply(str(config.sampler.chips), "trainer")
   sharding.initialize_distributed(config.distributed)
   try:
     config_validation.validate_mesh(config, jax.device_count())

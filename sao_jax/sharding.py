@@ -111,9 +111,28 @@ def make_mesh(mesh_config: Any,
   devices = list(jax.devices() if devices is None else devices)
   shape = resolve_mesh_shape(
       [getattr(mesh_config, a) for a in MESH_AXES], len(devices))
-  mesh = jax.make_mesh(
-      shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
-      devices=devices)
+  axis_types = (jax.sharding.AxisType.Auto,) * 3
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if slices > 1:  # Multi-slice: 'data' spans the slices (data-centre network).
+    if shape[0] % slices:
+      raise MeshError(
+          f"mesh.data={shape[0]} must be a multiple of the {slices} slices: "
+          "the data axis spans them; set mesh.data to it (or a multiple).",
+          "mesh.data", f"a multiple of {slices}", shape[0])
+    from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+    grid = mesh_utils.create_hybrid_device_mesh(
+        (shape[0] // slices, *shape[1:]), (slices, 1, 1), devices)
+    mesh = Mesh(grid, MESH_AXES, axis_types=axis_types)
+  else:
+    try:
+      mesh = jax.make_mesh(shape, MESH_AXES, axis_types=axis_types,
+                           devices=devices)
+    except AssertionError:  # Not a whole box of chips (a per-host block of
+      # every host, sampler.chips): lay them out in their order.
+      logging.warning("Devices %s are not a box of the slice; mesh in their "
+                      "order.", [d.id for d in devices])
+      mesh = Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
+                  axis_types=axis_types)
   logging.info("Mesh %s over %d %s devices.", dict(mesh.shape), len(devices),
                devices[0].platform)
   return mesh

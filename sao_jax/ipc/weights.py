@@ -87,6 +87,23 @@ def _leaf_table(template: PyTree) -> list[dict]:
   return table
 
 
+def _layout(template: PyTree) -> tuple[list[dict], bytes, int, int]:
+  """(leaf table, its JSON, bytes of one buffer, bytes of the whole slot)."""
+  table = _leaf_table(template)
+  raw = json.dumps(table).encode("utf-8")
+  data_bytes = max(_ALIGN, table[-1]["offset"] + table[-1]["nbytes"]
+                   if table else 0)
+  data_bytes = _align(data_bytes)
+  size = _HEADER_BYTES + _align(len(raw)) + 2 * (_CTL_BYTES + data_bytes)
+  return table, raw, data_bytes, size
+
+
+def slot_bytes(template: PyTree) -> int:
+  """Shared-memory bytes of a slot for ``template`` (arrays or
+  ``jax.ShapeDtypeStruct``s): header, leaf table and two buffers."""
+  return _layout(template)[3]
+
+
 class WeightSlot:
   """Publisher (``create``) or reader (``attach``) of a versioned pytree."""
 
@@ -143,12 +160,7 @@ class WeightSlot:
       authenticate: Versions carry a MAC under a fresh secret ``key``, which
         readers must be given.
     """
-    table = _leaf_table(template)
-    raw = json.dumps(table).encode("utf-8")
-    data_bytes = max(_ALIGN, table[-1]["offset"] + table[-1]["nbytes"]
-                     if table else 0)
-    data_bytes = _align(data_bytes)
-    size = _HEADER_BYTES + _align(len(raw)) + 2 * (_CTL_BYTES + data_bytes)
+    table, raw, data_bytes, size = _layout(template)
     shm = segment.create("w", size)
     try:
       hdr = np.frombuffer(shm.buf, np.int64, count=8)

@@ -30,6 +30,7 @@ from absl import logging
 
 from sao_jax.data import packing
 from sao_jax.data.trajectory import StalenessPolicy
+from sao_jax.sampler import devices
 
 
 PHASES = ("starting", "waiting for admission (the trainer's step)",
@@ -252,6 +253,7 @@ def sampler_main(spec: SamplerSpec, trainer_step, stop_event, stats,
   try:
     if spec.cores:
       os.sched_setaffinity(0, spec.cores)
+    devices.apply(str(spec.config.sampler.chips), "sampler")
     child_logging.set_verbosity(child_logging.INFO)
     _run(spec, trainer_step, stop_event, stats)
     stats.alive = 2

@@ -104,6 +104,30 @@ def nll_loss(model: transformer.Transformer, params: Any,
   return loss, {"sft/loss": loss, "sft/token_accuracy": (correct * mask).sum() / n}
 
 
+def sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+  """AdamW with warm-up and cosine decay over ``cfg.steps``."""
+  return optim.make_optimizer(
+      cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine",
+      total_steps=cfg.steps, weight_decay=cfg.weight_decay,
+      grad_clip=cfg.grad_clip)
+
+
+def make_sft_step(model_config: ModelConfig, tx: optax.GradientTransformation
+                  ) -> Callable[..., tuple[Any, Any, dict[str, Any]]]:
+  """The jitted step ``(params, opt_state, batch) -> (params, opt_state,
+  metrics)`` (also compiled ahead of time by ``sao_jax.aot``)."""
+  model = transformer.Transformer(model_config)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    (_, metrics), grads = jax.value_and_grad(
+        lambda p: nll_loss(model, p, batch), has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+  return step
+
+
 def run_sft(model_config: ModelConfig, params: Any,
             examples: Sequence[Example], cfg: SFTConfig, *, pad_id: int = 0,
             on_metrics: Callable[[int, dict[str, float]], None] | None = None,
@@ -123,20 +147,9 @@ def run_sft(model_config: ModelConfig, params: Any,
   """
   if not examples:
     raise ValueError("run_sft got no examples; check the task/env config.")
-  model = transformer.Transformer(model_config)
-  tx = optim.make_optimizer(
-      cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine",
-      total_steps=cfg.steps, weight_decay=cfg.weight_decay,
-      grad_clip=cfg.grad_clip)
+  tx = sft_optimizer(cfg)
   opt_state = tx.init(params)
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    (_, metrics), grads = jax.value_and_grad(
-        lambda p: nll_loss(model, p, batch), has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, metrics
-
+  step = make_sft_step(model_config, tx)
   it = iter(sft_dataset(examples, cfg, pad_id))
   metrics: dict[str, float] = {}
   start = time.time()

@@ -1,0 +1,73 @@
+r"""Qwen2.5-7B-Instruct at real size, for checking against TPU slices (shapes).
+
+The architecture of Qwen2.5-7B-Instruct (its config.json; ``models/hf.py``
+loads the checkpoint with ``--config.model.init_from=DIR``); ``8k`` or
+``32k`` context, bfloat16 compute over float32 master weights with remat,
+the state FSDP-sharded over the trainer's 16 chips of a v5p-64 (one row of
+the batch each) and a chip of each host for the sampler (``sampler.chips``). Check it before renting the slice:
+
+  python -m sao_jax.aot --config=configs/qwen2_5_7b.py:8k --topology=v5p-64
+
+What fits where is in BENCHMARKS.md ("TPU slices on paper"): at 8k the
+sampler fits and the step extrapolates to ~104 GiB per chip (8 GiB over) with
+the dense attention; 32k needs an attention without T^2 scores.
+"""
+
+import ml_collections
+
+from configs import base
+
+CONTEXTS = {"8k": 8192, "32k": 32768}
+
+
+def get_config(context: str = "8k") -> ml_collections.ConfigDict:
+  """The run at ``context`` tokens per trajectory ('8k' or '32k')."""
+  if context not in CONTEXTS:
+    raise ValueError(f"context {context!r}: expected one of {list(CONTEXTS)}.")
+  length = CONTEXTS[context]
+  config = base.get_config()
+
+  m = config.model  # Qwen2.5-7B-Instruct's config.json.
+  m.vocab_size = 152064
+  m.hidden_size = 3584
+  m.intermediate_size = 18944
+  m.num_layers = 28
+  m.num_heads = 28
+  m.num_kv_heads = 4
+  m.head_dim = 128
+  m.rope_theta = 1000000.0
+  m.rms_norm_eps = 1e-6
+  m.qkv_bias = True
+  m.tie_embeddings = False
+  m.dtype = "bfloat16"
+  m.param_dtype = "float32"  # Master weights and AdamW moments.
+  m.remat = True
+
+  config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
+  config.tokenizer.vocab_size = 0
+
+  s = config.sampler
+  s.max_total_tokens = length
+  s.max_new_tokens = length // 2
+  s.min_prompt_bucket = 64
+  # Each host's sampler fills its host's share of a batch: 16 rows over 8
+  # hosts are 2 episodes per host.
+  s.batch_size = 2
+  s.decode_chunk = 16
+  # v5p-64: eight hosts of four chips; chips 2, 3 of each are the sampler's
+  # (it runs on the first), 0, 1 the trainer's: 16 chips over all hosts, one
+  # row of the batch each (dense attention's scores are T^2 per head).
+  s.chips = "v5p-64:2,3"
+
+  config.rl.critic_warmup_steps = 10
+  config.rl.critic_updates_per_step = 2
+  config.rl.critic_frozen_attention = True
+
+  t = config.train
+  t.batch_size = 16
+  t.max_seq_len = length
+  config.mesh.data = 1
+  config.mesh.fsdp = -1  # The whole state over every trainer chip.
+  config.mesh.tensor = 1
+  config.ring.capacity_bytes = 256 * 2**20
+  return config

@@ -1,0 +1,149 @@
+"""Ahead-of-time compile for a TPU slice (``python -m sao_jax.aot``).
+
+Skipped where libtpu cannot load (install the ``tpu`` extra). The SmolLM2
+run compiles for a v5e-8 and fits; a deliberately oversized run is reported
+as not fitting, naming the program, the overshoot and what to change.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sao_jax import tpu_topology as topology
+
+_OK, _WHY = topology.libtpu_available()
+needs_libtpu = pytest.mark.skipif(
+    not _OK, reason=f"cannot compile for TPUs here: {_WHY}")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _aot(*flags: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=_ROOT, ALLOW_MULTIPLE_LIBTPU_LOAD="true")
+  return subprocess.run(
+      [sys.executable, "-m", "sao_jax.aot", *flags], cwd=_ROOT, env=env,
+      capture_output=True, text=True, timeout=900, check=False)
+
+
+def _lines(out: str) -> dict[str, dict]:
+  reports = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+  return {r["program"]: r for r in reports}
+
+
+# SmolLM2-135M at its width, heads, vocabulary, lengths and batch, with 2 of
+# its 30 layers: the unrolled 30-layer step takes over 20 minutes and 6 GB
+# to compile on 2 shared cores (BENCHMARKS.md, "TPU slices on paper"); drop
+# the override once the model scans its layers.
+_SMOLLM2 = ("--config=configs/smollm2.py", "--topology=v5e-8",
+            "--config.model.num_layers=2", "--programs=sao_step,sampler_decode")
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_smollm2_fits_a_v5e_8():
+  got = _aot(*_SMOLLM2)
+  assert got.returncode == 0, got.stderr[-3000:]
+  reports = _lines(got.stdout)
+  assert set(reports) == {"sao_step", "sampler_decode", "shared_chip",
+                          "sizes"}
+  hbm = 16 * 2**30
+  for name in ("sao_step", "sampler_decode"):
+    r = reports[name]
+    assert r["fits"] and r["hbm_bytes"] == hbm, r
+    assert 0 < r["peak_bytes"] <= hbm, r
+    assert r["flops"] > 0, r
+    assert r["verdict"].startswith("fits"), r
+  step = reports["sao_step"]
+  assert step["devices"] == 8 and step["mesh"] == {"data": 1, "fsdp": 8,
+                                                   "tensor": 1}
+  # XLA's arguments hold the whole state, sharded 8 ways: memory.py's
+  # per-chip estimate of params and moments, within 5 %.
+  assert 0.95 < step["argument_bytes"] / step["estimate_bytes"] < 1.05, step
+  # The decode chunk is a while loop: its FLOPs are one iteration's.
+  assert "once" in reports["sampler_decode"]["flops_note"]
+  assert reports["sampler_decode"]["devices"] == 1
+  shared = reports["shared_chip"]  # No sampler.chips: both on chip 0.
+  assert shared["fits"] and shared["peak_bytes"] == (
+      step["peak_bytes"] + reports["sampler_decode"]["peak_bytes"])
+  sizes = reports["sizes"]
+  assert sizes["params"] == 35_392_320  # 2 layers + the 49152 x 576 table.
+  # Two float32 copies of the policy, plus header and leaf table.
+  assert 2 * 4 * sizes["params"] < sizes["weight_slot_bytes"] < (
+      2 * 4 * sizes["params"] + 2**20)
+  # Keys and values of 2 layers x 3 KV heads x 64 dims, 16 slots x 128.
+  assert sizes["kv_cache_bytes"] == 2 * 2 * 16 * 128 * 3 * 64 * 4
+  assert sizes["fits"]
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_oversized_run_exits_nonzero_with_the_fix():
+  # The tiny base model with a 64k vocabulary and 8k rows: its logits alone
+  # are 8 rows x 8192 x 65536 x 4 B = 16 GiB per chip of a v5e-8.
+  got = _aot("--config=configs/base.py", "--topology=v5e-8",
+             "--config.model.vocab_size=65536",
+             "--config.train.batch_size=64", "--config.train.max_seq_len=8192",
+             "--config.sampler.max_total_tokens=8192",
+             "--config.rl.critic_warmup_steps=0",
+             "--programs=sao_step,sampler_decode")
+  assert got.returncode == 1, got.stdout[-2000:] + got.stderr[-2000:]
+  reports = _lines(got.stdout)
+  step = reports["sao_step"]
+  assert not step["fits"]
+  assert "sao_step does not fit v5e-8" in got.stderr
+  assert "over by" in got.stderr and "model.remat=True" in got.stderr
+  assert "train.batch_size" in got.stderr
+  assert reports["sampler_decode"]["fits"]  # Only the step is too big.
+
+
+def test_unknown_topology_is_refused():
+  got = _aot("--config=configs/base.py", "--topology=v5e-3")
+  assert got.returncode != 0
+  assert ("no slice 'v5e-3'" in got.stderr
+          or "cannot compile for TPUs here" in got.stderr.lower())
+
+
+@needs_libtpu
+def test_devices_and_meshes_of_each_process():
+  # pylint: disable=g-import-not-at-top
+  from configs import qwen2_5_7b
+  from configs import smollm2
+  from sao_jax import sharding
+  from sao_jax.aot import check
+  # pylint: enable=g-import-not-at-top
+  config = smollm2.get_config()
+  two = check.place(config, topology.parse("v5e-8"), num_slices=2)
+  assert len(two.trainer) == 16 and two.shared
+  with pytest.raises(sharding.MeshError, match="multiple of the 2 slices"):
+    sharding.make_mesh(config.mesh, two.trainer)
+  config.mesh.data = 2  # The data axis spans the slices.
+  mesh = sharding.make_mesh(config.mesh, two.trainer)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 8, "tensor": 1}
+  assert [d.slice_index for d in mesh.devices[:, 0, 0]] == [0, 1]
+  assert {d.slice_index for d in mesh.devices[0].flat} == {0}
+
+  config = qwen2_5_7b.get_config("8k")  # sampler.chips = 'v5p-64:2,3'.
+  topo = topology.parse("v5p-64")
+  split = check.place(config, topo)
+  assert not split.shared
+  # Chips 0 and 1 of each of the 8 hosts: not a box of the slice.
+  assert len(split.trainer) == 16
+  assert {topology.local_chip(d, topo) for d in split.trainer} == {0, 1}
+  assert len({d.process_index for d in split.trainer}) == 8
+  mesh = sharding.make_mesh(config.mesh, split.trainer)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 16, "tensor": 1}
+  assert len(split.sampler) == 1  # It runs on the first of its 2 chips.
+  with pytest.raises(ValueError, match="splits a v5p-64 but the topology "
+                     "is v5p-16"):
+    check.place(config, topology.parse("v5p-16"))
+  # v5e-8 split in halves: each compiles for a 2x2 topology of its own.
+  config = smollm2.get_config()
+  config.sampler.chips = "v5e-8:4-7"
+  halves = check.place(config, topology.parse("v5e-8"))
+  assert len(halves.trainer) == 4
+  assert sorted(tuple(d.coords) for d in halves.trainer) == [
+      (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
