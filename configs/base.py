@@ -69,6 +69,9 @@ def get_config() -> ml_collections.ConfigDict:
       "topk_group": 1, "routed_scaling_factor": 1.0, "n_shared_experts": 0})
   config.model.first_dense_layers = 0  # Dense layers before the MoE ones.
   config.model.rotary_dim = 0  # Channels RoPE rotates (0: all; GLM: half).
+  # Sliding attention window of every layer (Mistral): a query sees keys
+  # fewer than this many tokens back; 0 = full causal attention.
+  config.model.sliding_window = 0
   # Routing replay (R3): 'rollout' makes the trainer's forward use the
   # experts the sampler recorded for every token (gate weights recomputed,
   # so the router still learns); 'off' routes on its own.

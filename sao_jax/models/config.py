@@ -7,15 +7,20 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+# Re-exported: every caller catches it from here.
+from sao_jax.models.families.errors import UnsupportedConfigError  # pylint: disable=unused-import
+from sao_jax.models.families.mistral import mistral_from_hf
+from sao_jax.models.families.mistral import mistral_to_hf
 from sao_jax.models.layers import rope as rope_lib
 
 # HF `architectures` entries we can read and write.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                           "Glm4MoeForCausalLM")
+                           "Glm4MoeForCausalLM", "MistralForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                "glm4_moe": "Glm4MoeForCausalLM"}
+                "glm4_moe": "Glm4MoeForCausalLM",
+                "mistral": "MistralForCausalLM"}
 # Mixture-of-experts architectures and the router each uses.
 MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "softmax",
                      "Glm4MoeForCausalLM": "sigmoid"}
@@ -62,9 +67,6 @@ class MoeConfig:
           f"{self.num_experts} and topk_group={self.topk_group} be in "
           f"[1, n_group].")
 
-
-class UnsupportedConfigError(ValueError):
-  """A HF config describes a model this decoder family cannot represent."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,9 @@ class ModelConfig:
       rest are MoE layers.
     rotary_dim: Leading channels of each head that RoPE rotates (GLM's
       partial rotary); 0 means all of head_dim.
+    sliding_window: Every layer's sliding attention window (Mistral): a
+      query sees keys fewer than this many tokens back, itself included
+      (transformers' convention); 0 = full causal attention.
   """
 
   vocab_size: int
@@ -142,6 +147,7 @@ class ModelConfig:
   rotary_dim: int = 0
   rope_scaling: Any = ()
   qk_norm: bool = False
+  sliding_window: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "rope_scaling",
@@ -158,6 +164,9 @@ class ModelConfig:
     if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
       raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in "
                        f"[0, head_dim={self.head_dim}].")
+    if self.sliding_window < 0:
+      raise ValueError(f"sliding_window={self.sliding_window} must be >= 0 "
+                       "(0: no window).")
     if self.logits_chunk < 0:
       raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 "
                        "(0: full-vocab logits).")
@@ -292,7 +301,9 @@ class ModelConfig:
     head_dim = hf.get("head_dim") or hidden // num_heads
     extra: dict[str, Any] = {}
 
-    if arch == "LlamaForCausalLM":
+    if arch == "MistralForCausalLM":
+      qkv_bias, extra = False, mistral_from_hf(hf)
+    elif arch == "LlamaForCausalLM":
       if hf.get("attention_bias", False):
         raise UnsupportedConfigError(
             "Llama attention_bias=True (bias on o_proj) is not supported.")
@@ -336,7 +347,11 @@ class ModelConfig:
           f"Unsupported architecture {arch!r}; supported: "
           f"{list(SUPPORTED_ARCHITECTURES)}."
       )
-    if arch == "LlamaForCausalLM" and self.qkv_bias:
+    if self.sliding_window and arch != "MistralForCausalLM":
+      raise UnsupportedConfigError(
+          f"{arch} cannot express sliding_window={self.sliding_window}; export "
+          "as MistralForCausalLM.")
+    if arch in ("LlamaForCausalLM", "MistralForCausalLM") and self.qkv_bias:
       raise UnsupportedConfigError(
           "LlamaForCausalLM cannot express qkv_bias=True (its attention_bias "
           "also adds an o_proj bias); export as Qwen2ForCausalLM instead.")
@@ -376,6 +391,8 @@ class ModelConfig:
     }
     if arch == "LlamaForCausalLM":
       cfg.update(attention_bias=False, mlp_bias=False)
+    elif arch == "MistralForCausalLM":
+      cfg.update(mistral_to_hf(self))
     elif arch == "Glm4MoeForCausalLM":
       cfg.update(_glm4_moe_to_hf(self))
     elif arch == "Qwen3MoeForCausalLM":
@@ -393,6 +410,8 @@ class ModelConfig:
     """The HF architecture this config exports as by default."""
     if self.moe is not None:
       return {v: k for k, v in MOE_ARCHITECTURES.items()}[self.moe.router]
+    if self.sliding_window:
+      return "MistralForCausalLM"
     if self.qk_norm:
       return "Qwen3ForCausalLM"
     return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"

@@ -166,6 +166,8 @@ reference (materialised scores and mask), the blockwise online-softmax path
       new_kv = (k_all, v_all)
       k, v = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
 
+    if cfg.sliding_window:  # Mistral: keys fewer than W slots back.
+      spec = spec.replace(window=cfg.sliding_window)
     b, t = x.shape[:2]
     q = q.reshape(b, t, hkv, h // hkv, dh)  # Query head j*G+g uses kv head j.
     out = attend(cfg, q, k, v, spec, kv is not None).reshape(b, t, h, dh)
