@@ -213,6 +213,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.attention_block_q": _POS, "model.attention_block_kv": _POS,
     "model.remat_policy": _in(REMAT_POLICIES),
     "model.scan_layers": ((lambda v: isinstance(v, bool)), "True or False"),
+    "model.sliding_window": (
+        _nonneg, "an int >= 0 (attention window in tokens; 0: none)"),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "sampler.temperature": _GT0,
