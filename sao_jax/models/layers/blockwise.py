@@ -153,7 +153,7 @@ def _backward(q, k, v, q_seg, q_slot, kv_seg, out, lse, dout, block_q,
   return _unblocks(dq, 1), _unblocks(dk, 1), _unblocks(dv, 1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def _attention(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window):
   out, _ = _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window)
   return _unblocks(out, 1).astype(q.dtype)
@@ -163,15 +163,15 @@ def _attention_fwd(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window):
   out, lse = _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv,
                       window)
   out = _unblocks(out, 1).astype(q.dtype)
-  return out, (q, k, v, q_seg, q_slot, kv_seg, out, lse)
+  return out, (q, k, v, q_seg, q_slot, kv_seg, window, out, lse)
 
 
-def _attention_bwd(block_q, block_kv, window, res, dout):
-  q, k, v, q_seg, q_slot, kv_seg, out, lse = res
+def _attention_bwd(block_q, block_kv, res, dout):
+  q, k, v, q_seg, q_slot, kv_seg, window, out, lse = res
   dq, dk, dv = _backward(q, k, v, q_seg, q_slot, kv_seg, out, lse, dout,
                          block_q, block_kv, window)
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-          None, None, None)
+          None, None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -197,5 +197,6 @@ def blockwise_attention(q: Array, k: Array, v: Array, spec: MaskSpec, *,
       _pad_to(q, 1, tp, 0), _pad_to(k, 1, sp, 0), _pad_to(v, 1, sp, 0),
       _pad_to(spec.q_segment, 1, tp, _Q_FILL),
       _pad_to(spec.q_slot, 1, tp, 0),
-      _pad_to(spec.kv_segment, 1, sp, _KV_FILL), bq, bkv, spec.window)
+      _pad_to(spec.kv_segment, 1, sp, _KV_FILL), bq, bkv,
+      jnp.asarray(spec.window, jnp.int32))
   return out[:, :t]

@@ -41,9 +41,10 @@ class MaskSpec:
     q_segment: int32[B, T] segment id of each query (padding: -1 - slot).
     kv_segment: int32[B, S] segment id of each key slot (padding: -1 - slot).
     q_slot: int32[B, T] the key slot each query occupies.
-    window: sliding window (static): a query sees keys fewer than `window`
-      slots back, itself included; 0 = no window (`ModelConfig.sliding_window`
-      and the attention layer set it).
+    window: sliding window: a query sees keys fewer than `window` slots
+      back, itself included; 0 = no window (`ModelConfig.sliding_window`; the
+      attention layer sets it). A Python int, or under a layer scan with
+      per-layer windows (`ModelConfig.layer_types`) a traced int32 scalar.
   """
 
   q_segment: Array
@@ -112,9 +113,13 @@ def block_mask(q_segment: Array, q_slot: Array, kv_segment: Array,
   """
   same = q_segment[:, :, None] == kv_segment[:, None, :]
   mask = same & (kv_slot[..., None, :] <= q_slot[:, :, None])
-  if window:
-    mask &= q_slot[:, :, None] - kv_slot[..., None, :] < window
-  return mask
+  if isinstance(window, int):  # Static: 0 is no window.
+    if window:
+      mask &= q_slot[:, :, None] - kv_slot[..., None, :] < window
+    return mask
+  # Traced (a scanned layer's own window, 0 on global layers).
+  near = q_slot[:, :, None] - kv_slot[..., None, :] < window
+  return mask & ((window <= 0) | near)
 
 
 def dense_mask(spec: MaskSpec) -> Array:
