@@ -86,6 +86,11 @@ def gemma3_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
       norm_style="gemma", mlp_activation="gelu_tanh")
 
 
+def _number(x: float) -> int | float:
+  """An int where x is whole (transformers types query_pre_attn_scalar int)."""
+  return int(x) if float(x).is_integer() else float(x)
+
+
 def gemma3_to_hf(cfg: Any) -> dict[str, Any]:
   """The HF `config.json` dict of a Gemma-style `ModelConfig` `cfg`."""
   if (cfg.norm_style, cfg.mlp_activation) != ("gemma", "gelu_tanh") or (
@@ -115,7 +120,8 @@ def gemma3_to_hf(cfg: Any) -> dict[str, Any]:
               "rope_type": "default",
               "rope_theta": cfg.local_rope_theta or cfg.rope_theta}},
       "sliding_window": cfg.sliding_window or None, "layer_types": types,
-      "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
+      "query_pre_attn_scalar": _number(cfg.query_pre_attn_scalar or
+                                       cfg.head_dim),
       "final_logit_softcapping": None, "attn_logit_softcapping": None,
       "attention_bias": False, "tie_word_embeddings": cfg.tie_embeddings,
       "torch_dtype": cfg.param_dtype, "dtype": cfg.param_dtype,
