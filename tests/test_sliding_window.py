@@ -109,3 +109,37 @@ def test_config_validates_the_window():
   cfg = ModelConfig.tiny(sliding_window=4)
   assert cfg.hf_architecture() == "MistralForCausalLM"
   assert not cfg.same_architecture(ModelConfig.tiny())
+
+
+def test_mixed_layer_types_under_scan_avoid_the_fused_kernels():
+  types = ("sliding_attention", "full_attention")
+  cfg = ModelConfig.tiny(sliding_window=4, layer_types=types,
+                         dtype="bfloat16")
+  assert attention.choose(cfg, 64, 64, False, backend="gpu") == "blockwise"
+  assert attention.choose(cfg, 1024, 1024, False, backend="tpu") == (
+      "blockwise")
+  unrolled = ModelConfig.tiny(sliding_window=4, layer_types=types,
+                              dtype="bfloat16", scan_layers=False)
+  assert attention.choose(unrolled, 64, 64, False, backend="gpu") == "cudnn"
+  for name in ("cudnn", "splash"):
+    backend = "gpu" if name == "cudnn" else "tpu"
+    with pytest.raises(ValueError, match="layer_types"):
+      attention.choose(ModelConfig.tiny(
+          sliding_window=4, layer_types=types, dtype="bfloat16",
+          attention=name), 64, 64, False, backend=backend)
+
+
+def test_traced_window_equals_the_static_one():
+  """A scanned layer's window is a traced scalar; 0 means no window."""
+  rng = np.random.default_rng(3)
+  seg = _rows()
+  q, k, v = _qkv(rng, *seg.shape)
+  for w in (WINDOW, 0):
+    static = attention.dense_attention(q, k, v, _spec(seg, w))
+    traced = jax.jit(lambda w, q=q, k=k, v=v: attention.dense_attention(
+        q, k, v, _spec(seg).replace(window=w)))(jnp.int32(w))
+    np.testing.assert_allclose(traced, static, atol=1e-6, rtol=0)
+    bw = jax.jit(lambda w, q=q, k=k, v=v: blockwise.blockwise_attention(
+        q, k, v, _spec(seg).replace(window=w), block_q=4, block_kv=4))(
+            jnp.int32(w))
+    np.testing.assert_allclose(bw, static, atol=1e-5, rtol=0)

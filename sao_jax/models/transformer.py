@@ -17,6 +17,7 @@ the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/layers/attn/{q,k,v}_bias        [L, (kv_)heads, head_dim]  (qkv_bias)
   decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
   decoder/layers/mlp_norm/scale           [L, embed]
+  decoder/layers/post_{attn,mlp}_norm/scale [L, embed]  (norm_style 'gemma')
   decoder/layers/mlp/{gate,up}_proj       [L, embed, mlp]
   decoder/layers/mlp/down_proj            [L, mlp, embed]
   decoder/final_norm/scale                [embed]
