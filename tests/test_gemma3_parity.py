@@ -25,6 +25,8 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
 from sao_jax.sampler import generate as generate_lib
 from sao_jax.sampler.sampling import SamplingParams
+from sao_jax.train import memory
+from sao_jax.train import optim
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -97,6 +99,9 @@ def test_gemma3_logits_match_transformers(reference, scan, attn):
   assert config.local_rope_theta == 100.0 and config.rope_theta == 10000.0
   assert config.hf_architecture() == "Gemma3ForCausalLM"
   assert sum(x.size for x in jax.tree.leaves(params)) == config.num_params()
+  attention = sum(x.size for k, x in jax.tree_util.tree_leaves_with_path(
+      params) if optim.path_is_attention(k))
+  assert attention == memory.attention_params(config)
   config = dataclasses.replace(config, attention=attn, attention_block_q=3,
                                attention_block_kv=2)
   tokens, mask, positions = _batch()
