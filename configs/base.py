@@ -69,6 +69,19 @@ def get_config() -> ml_collections.ConfigDict:
       "topk_group": 1, "routed_scaling_factor": 1.0, "n_shared_experts": 0})
   config.model.first_dense_layers = 0  # Dense layers before the MoE ones.
   config.model.rotary_dim = 0  # Channels RoPE rotates (0: all; GLM: half).
+  # Sliding attention window of every layer (Mistral): a query sees keys
+  # fewer than this many tokens back; 0 = full causal attention.
+  config.model.sliding_window = 0
+  # Gemma 3 (docs/DESIGN.md §8): per-layer 'sliding_attention' /
+  # 'full_attention' (() = all alike), the sliding layers' RoPE base (0: as
+  # rope_theta), scores / sqrt(query_pre_attn_scalar) (0: head_dim),
+  # 'gemma' norms ((1 + w), post-attention/MLP norms, sqrt(d) embeddings) and
+  # the gated MLP's activation ('silu' or 'gelu_tanh').
+  config.model.layer_types = ()
+  config.model.local_rope_theta = 0.0
+  config.model.query_pre_attn_scalar = 0.0
+  config.model.norm_style = "llama"
+  config.model.mlp_activation = "silu"
   # Routing replay (R3): 'rollout' makes the trainer's forward use the
   # experts the sampler recorded for every token (gate weights recomputed,
   # so the router still learns); 'off' routes on its own.

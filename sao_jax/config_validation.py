@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator
 import ml_collections
 
 from sao_jax.models.config import ATTENTION_IMPLEMENTATIONS
+from sao_jax.models.config import MLP_ACTIVATIONS
+from sao_jax.models.config import NORM_STYLES
 from sao_jax.models.config import REMAT_POLICIES
 
 # Sections whose keys are passed through unchecked (e.g. kwargs of
@@ -213,6 +215,13 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.attention_block_q": _POS, "model.attention_block_kv": _POS,
     "model.remat_policy": _in(REMAT_POLICIES),
     "model.scan_layers": ((lambda v: isinstance(v, bool)), "True or False"),
+    "model.sliding_window": (
+        _nonneg, "an int >= 0 (attention window in tokens; 0: none)"),
+    "model.norm_style": _in(NORM_STYLES),
+    "model.mlp_activation": _in(MLP_ACTIVATIONS),
+    "model.local_rope_theta": ((lambda v: v >= 0), "float >= 0 (0: rope_theta)"),
+    "model.query_pre_attn_scalar": (
+        (lambda v: v >= 0), "float >= 0 (0: head_dim)"),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "env.code_sandbox": _in(("auto", "bwrap", "landlock",

@@ -183,9 +183,9 @@ def test_malformed_checkpoints(reference, tmp_path):
 
   arch = _copy(path, tmp_path / "arch")
   (arch / "config.json").write_text(
-      json.dumps(cfg | {"architectures": ["MistralForCausalLM"]}))
+      json.dumps(cfg | {"architectures": ["Olmo2ForCausalLM"]}))
   with pytest.raises(hf.CheckpointError,
-                     match=r"config\.json.*Unsupported architecture.*Mistral"):
+                     match=r"config\.json.*Unsupported architecture.*Olmo2"):
     hf.load_hf_checkpoint(arch)
 
   no_config = _copy(path, tmp_path / "no_config")

@@ -7,15 +7,29 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+# Re-exported: every caller catches it from here.
+from sao_jax.models.families.errors import UnsupportedConfigError  # pylint: disable=unused-import
+from sao_jax.models.families.gemma3 import gemma3_from_hf
+from sao_jax.models.families.gemma3 import gemma3_to_hf
+from sao_jax.models.families.mistral import mistral_from_hf
+from sao_jax.models.families.mistral import mistral_to_hf
 from sao_jax.models.layers import rope as rope_lib
 
 # HF `architectures` entries we can read and write.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                           "Glm4MoeForCausalLM")
+                           "Glm4MoeForCausalLM", "MistralForCausalLM",
+                           "Gemma3ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                "glm4_moe": "Glm4MoeForCausalLM"}
+                "glm4_moe": "Glm4MoeForCausalLM",
+                "mistral": "MistralForCausalLM",
+                "gemma3_text": "Gemma3ForCausalLM"}
+# `ModelConfig.norm_style` / `mlp_activation` values.
+NORM_STYLES = ("llama", "gemma")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
+# `ModelConfig.layer_types` entries (HF names).
+LAYER_TYPES = ("full_attention", "sliding_attention")
 # Mixture-of-experts architectures and the router each uses.
 MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "softmax",
                      "Glm4MoeForCausalLM": "sigmoid"}
@@ -62,9 +76,6 @@ class MoeConfig:
           f"{self.num_experts} and topk_group={self.topk_group} be in "
           f"[1, n_group].")
 
-
-class UnsupportedConfigError(ValueError):
-  """A HF config describes a model this decoder family cannot represent."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +127,22 @@ class ModelConfig:
       rest are MoE layers.
     rotary_dim: Leading channels of each head that RoPE rotates (GLM's
       partial rotary); 0 means all of head_dim.
+    sliding_window: Every layer's sliding attention window (Mistral): a
+      query sees keys fewer than this many tokens back, itself included
+      (transformers' convention); 0 = full causal attention. With
+      `layer_types`, only the 'sliding_attention' layers use it.
+    layer_types: Per-layer attention kind, HF names ('full_attention' or
+      'sliding_attention'; Gemma 3's interleaved local/global layers); ()
+      means every layer is alike. Under `scan_layers` each layer's kind is a
+      scanned input (one stack).
+    local_rope_theta: RoPE base of the sliding layers (Gemma 3
+      `rope_local_base_freq`; no rope scaling there); 0 = rope_theta.
+    query_pre_attn_scalar: Attention scores are q.k / sqrt(this) (Gemma);
+      0 = / sqrt(head_dim).
+    norm_style: 'llama' (RMSNorm * w, pre-norm blocks) or 'gemma'
+      ((1 + w) RMSNorm, extra norms after attention and after the MLP,
+      embeddings scaled by sqrt(hidden_size)).
+    mlp_activation: The gated MLP's activation: 'silu' or 'gelu_tanh'.
   """
 
   vocab_size: int
@@ -142,6 +169,12 @@ class ModelConfig:
   rotary_dim: int = 0
   rope_scaling: Any = ()
   qk_norm: bool = False
+  sliding_window: int = 0
+  layer_types: Any = ()
+  local_rope_theta: float = 0.0
+  query_pre_attn_scalar: float = 0.0
+  norm_style: str = "llama"
+  mlp_activation: str = "silu"
 
   def __post_init__(self):
     object.__setattr__(self, "rope_scaling",
@@ -158,6 +191,22 @@ class ModelConfig:
     if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
       raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in "
                        f"[0, head_dim={self.head_dim}].")
+    object.__setattr__(self, "layer_types", tuple(self.layer_types))
+    if self.layer_types and (
+        len(self.layer_types) != self.num_layers or
+        not set(self.layer_types) <= set(LAYER_TYPES)):
+      raise ValueError(
+          f"layer_types={self.layer_types} must be () or {self.num_layers} "
+          f"entries from {LAYER_TYPES}.")
+    if self.norm_style not in NORM_STYLES:
+      raise ValueError(f"norm_style={self.norm_style!r}; expected one of "
+                       f"{NORM_STYLES}.")
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(f"mlp_activation={self.mlp_activation!r}; expected "
+                       f"one of {MLP_ACTIVATIONS}.")
+    if self.sliding_window < 0:
+      raise ValueError(f"sliding_window={self.sliding_window} must be >= 0 "
+                       "(0: no window).")
     if self.logits_chunk < 0:
       raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 "
                        "(0: full-vocab logits).")
@@ -189,6 +238,12 @@ class ModelConfig:
     return ([("dense_layers", 0, k, False)] if k else []) + [
         ("moe_layers", k, self.num_layers - k, True)]
 
+  def is_local_layer(self, i: int) -> bool:
+    """Whether layer i attends through the sliding window."""
+    if self.layer_types:
+      return self.layer_types[i] == "sliding_attention"
+    return bool(self.sliding_window)
+
   @property
   def num_moe_layers(self) -> int:
     return sum(map(self.is_moe_layer, range(self.num_layers)))
@@ -218,7 +273,7 @@ class ModelConfig:
       attn += dh * (self.num_heads + 2 * self.num_kv_heads)
     if self.qk_norm:
       attn += 2 * dh
-    dense = attn + 3 * d * f + 2 * d
+    dense = attn + 3 * d * f + (4 if self.norm_style == "gemma" else 2) * d
     layers = self.num_layers * dense
     if self.moe is not None:
       moe = self.moe
@@ -292,7 +347,11 @@ class ModelConfig:
     head_dim = hf.get("head_dim") or hidden // num_heads
     extra: dict[str, Any] = {}
 
-    if arch == "LlamaForCausalLM":
+    if arch == "Gemma3ForCausalLM":
+      return cls(**gemma3_from_hf(hf))
+    if arch == "MistralForCausalLM":
+      qkv_bias, extra = False, mistral_from_hf(hf)
+    elif arch == "LlamaForCausalLM":
       if hf.get("attention_bias", False):
         raise UnsupportedConfigError(
             "Llama attention_bias=True (bias on o_proj) is not supported.")
@@ -336,7 +395,21 @@ class ModelConfig:
           f"Unsupported architecture {arch!r}; supported: "
           f"{list(SUPPORTED_ARCHITECTURES)}."
       )
-    if arch == "LlamaForCausalLM" and self.qkv_bias:
+    gemma = (self.norm_style, self.mlp_activation) != ("llama", "silu") or (
+        self.layer_types or self.query_pre_attn_scalar or
+        self.local_rope_theta)
+    if arch == "Gemma3ForCausalLM":
+      return gemma3_to_hf(self)
+    if gemma:
+      raise UnsupportedConfigError(
+          f"{arch} cannot express a Gemma-style config (norm_style, "
+          "mlp_activation, layer_types, query_pre_attn_scalar, "
+          "local_rope_theta); export as Gemma3ForCausalLM.")
+    if self.sliding_window and arch != "MistralForCausalLM":
+      raise UnsupportedConfigError(
+          f"{arch} cannot express sliding_window={self.sliding_window}; export "
+          "as MistralForCausalLM.")
+    if arch in ("LlamaForCausalLM", "MistralForCausalLM") and self.qkv_bias:
       raise UnsupportedConfigError(
           "LlamaForCausalLM cannot express qkv_bias=True (its attention_bias "
           "also adds an o_proj bias); export as Qwen2ForCausalLM instead.")
@@ -376,6 +449,8 @@ class ModelConfig:
     }
     if arch == "LlamaForCausalLM":
       cfg.update(attention_bias=False, mlp_bias=False)
+    elif arch == "MistralForCausalLM":
+      cfg.update(mistral_to_hf(self))
     elif arch == "Glm4MoeForCausalLM":
       cfg.update(_glm4_moe_to_hf(self))
     elif arch == "Qwen3MoeForCausalLM":
@@ -393,6 +468,10 @@ class ModelConfig:
     """The HF architecture this config exports as by default."""
     if self.moe is not None:
       return {v: k for k, v in MOE_ARCHITECTURES.items()}[self.moe.router]
+    if self.norm_style == "gemma":
+      return "Gemma3ForCausalLM"
+    if self.sliding_window:
+      return "MistralForCausalLM"
     if self.qk_norm:
       return "Qwen3ForCausalLM"
     return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"

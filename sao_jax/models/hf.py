@@ -121,6 +121,17 @@ def _stacked(group: list[_Entry], xs: list[np.ndarray]) -> np.ndarray:
   return np.stack(xs).reshape(lead + xs[0].shape)
 
 
+def _norm_names(cfg: ModelConfig) -> list[tuple[str, str]]:
+  """(ours, HF) names of a layer's norms: Llama's two, Gemma 3's four."""
+  if cfg.norm_style == "gemma":
+    return [("attn_norm", "input_layernorm"),
+            ("post_attn_norm", "post_attention_layernorm"),
+            ("mlp_norm", "pre_feedforward_layernorm"),
+            ("post_mlp_norm", "post_feedforward_layernorm")]
+  return [("attn_norm", "input_layernorm"),
+          ("mlp_norm", "post_attention_layernorm")]
+
+
 def _layout(cfg: ModelConfig) -> list[_Entry]:
   """The full HF <-> ours correspondence for `cfg`."""
   d, f = cfg.hidden_size, cfg.intermediate_size
@@ -144,11 +155,8 @@ def _layout(cfg: ModelConfig) -> list[_Entry]:
           _Entry(ours + ("mlp", "down_proj"), f"{hf}mlp.down_proj.weight",
                  (d, f), t, t)]
       entries += [
-          _Entry(ours + ("attn_norm", "scale"), f"{hf}input_layernorm.weight",
-                 (d,), same, same),
-          _Entry(ours + ("mlp_norm", "scale"),
-                 f"{hf}post_attention_layernorm.weight", (d,), same, same),
-      ]
+          _Entry(ours + (ours_name, "scale"), f"{hf}{hf_name}.weight", (d,),
+                 same, same) for ours_name, hf_name in _norm_names(cfg)]
       if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
         entries[start:] = [dataclasses.replace(e, layer=i - first)
                            for e in entries[start:]]

@@ -18,6 +18,7 @@ the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/layers/attn/{q,k}_norm/scale    [L, head_dim]  (qk_norm: Qwen3, GLM)
   decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
   decoder/layers/mlp_norm/scale           [L, embed]
+  decoder/layers/post_{attn,mlp}_norm/scale [L, embed]  (norm_style 'gemma')
   decoder/layers/mlp/{gate,up}_proj       [L, embed, mlp]
   decoder/layers/mlp/down_proj            [L, mlp, embed]
   decoder/final_norm/scale                [embed]
@@ -60,16 +61,23 @@ class DecoderLayer(nn.Module):
   The ffn is the SwiGLU MLP, or with ``sparse`` the routed experts of
   `layers/moe.MoeBlock` (``forced``: experts to replay, int32 [B, T, k]).
   Returns (x, new kv or None, (experts [B, T, k], load-balancing loss) or
-  None).
+  None). `norm_style='gemma'` adds `post_attn_norm` on the attention output
+  and `post_mlp_norm` on the ffn output (HF Gemma 3's post-attention and
+  post-feedforward norms; `mlp_norm` is its pre-feedforward norm). ``local``:
+  Attention's sliding-layer flag.
   """
 
   config: ModelConfig
   sparse: bool = False
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None):
+  def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None,
+               local=None):
+    gemma = self.config.norm_style == "gemma"
     y, new_kv = Attention(self.config, name="attn")(
-        RMSNorm(self.config, name="attn_norm")(x), positions, mask, kv)
+        RMSNorm(self.config, name="attn_norm")(x), positions, mask, kv, local)
+    if gemma:
+      y = RMSNorm(self.config, name="post_attn_norm")(y)
     x = x + y
     y = RMSNorm(self.config, name="mlp_norm")(x)
     routed = None
@@ -79,6 +87,8 @@ class DecoderLayer(nn.Module):
       routed = (experts, aux, own)
     else:
       y = MLP(self.config, name="mlp")(y)
+    if gemma:
+      y = RMSNorm(self.config, name="post_mlp_norm")(y)
     x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
     return x, new_kv, routed
 
@@ -106,10 +116,12 @@ def _block(cfg: ModelConfig) -> type[nn.Module]:
                   prevent_cse=not cfg.scan_layers)
 
 
-def _scan_body(layer, x, kv, forced, positions, mask, end, tokens):
-  """One scanned layer; kv is this layer's (k, v) cache slices or None."""
+def _scan_body(layer, x, kv, forced, local, positions, mask, end, tokens):
+  """One scanned layer; kv is this layer's (k, v) cache slices or None;
+  local its sliding-window flag (with `layer_types`) or None."""
   layer_kv = None if kv is None else (kv[0][None], kv[1][None], 0, end)
-  x, new_kv, routed = layer(x, positions, mask, layer_kv, forced, tokens)
+  x, new_kv, routed = layer(x, positions, mask, layer_kv, forced, tokens,
+                            local)
   return x, (None if new_kv is None else (new_kv[0][0], new_kv[1][0]),
              routed)
 
@@ -134,7 +146,7 @@ class Decoder(nn.Module):
       self._scans = [nn.scan(
           _scan_body, variable_axes={"params": 0},
           split_rngs={"params": True},
-          in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast,
+          in_axes=(0, 0, 0, nn.broadcast, nn.broadcast, nn.broadcast,
                    nn.broadcast),
           length=n, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
                      for _, _, n, _ in cfg.stages()]
@@ -156,7 +168,7 @@ class Decoder(nn.Module):
         x, kv, r = layer(
             x, positions, mask, None if cache is None else (*kv, i, end),
             None if forced is None or not cfg.is_moe_layer(i) else forced[m],
-            tokens)
+            tokens, cfg.is_local_layer(i))
         routed += [] if r is None else [r]
       return x, kv, routed
     ks, vs = [], []
@@ -166,7 +178,9 @@ class Decoder(nn.Module):
       kv = None if cache is None else (cache.k[first:first + n],
                                        cache.v[first:first + n])
       f = None if forced is None or not sparse else forced[m:m + n]
-      x, (kv, r) = scan(stack, x, kv, f, positions, mask, end, tokens)
+      local = jnp.asarray([cfg.is_local_layer(i) for i in range(
+          first, first + n)]) if len(set(cfg.layer_types)) > 1 else None
+      x, (kv, r) = scan(stack, x, kv, f, local, positions, mask, end, tokens)
       if kv is not None:
         ks.append(kv[0])
         vs.append(kv[1])

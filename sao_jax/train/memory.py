@@ -53,6 +53,8 @@ def attention_params(config: ModelConfig) -> int:
     per_layer += dh * (config.num_heads + 2 * config.num_kv_heads)
   if config.qk_norm:
     per_layer += 2 * dh
+  if config.norm_style == "gemma":
+    per_layer += d  # post_attn_norm (an 'attn' path).
   return config.num_layers * per_layer
 
 

@@ -78,13 +78,21 @@ def choose(cfg: ModelConfig, t: int, s: int, cached: bool,
     raise ValueError(
         f"model.attention='splash' runs on TPU only (backend {backend!r}); "
         "use 'auto' or 'blockwise'.")
+  per_layer = len(set(cfg.layer_types)) > 1
+  if name in ("cudnn", "splash") and per_layer and cfg.scan_layers:
+    raise ValueError(
+        f"model.attention={name!r} takes one static window, but layer_types "
+        "mixes sliding and full layers under scan_layers (a traced window); "
+        "use 'auto' or 'blockwise', or scan_layers=False.")
   if name in ("cudnn", "splash"):
     return "blockwise" if cached else name
   if name != "auto":
     return name
-  if not cached and backend == "gpu" and half:
+  if per_layer and cfg.scan_layers:
+    pass  # A traced per-layer window: the fused kernels need a static one.
+  elif not cached and backend == "gpu" and half:
     return "cudnn"
-  if not cached and backend == "tpu":
+  elif not cached and backend == "tpu":
     return "splash"
   one_block = t * s <= cfg.attention_block_q * cfg.attention_block_kv
   return "dense" if backend == "cpu" and one_block else "blockwise"
@@ -129,9 +137,11 @@ reference (materialised scores and mask), the blockwise online-softmax path
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, spec: MaskSpec, kv=None):
+  def __call__(self, x, positions, spec: MaskSpec, kv=None, local=None):
     """x: [B,T,D]; spec: which keys each query sees (layers/masks.py);
-    kv: (k_all, v_all, layer, end) or None.
+    kv: (k_all, v_all, layer, end) or None; local: whether this is a
+    sliding-window layer (a bool, or a traced bool scalar under a layer scan
+    mixing both kinds; None: every layer is like layer 0).
 
     Returns (out [B,T,D], updated (k_all, v_all) or None).
     """
@@ -154,10 +164,22 @@ reference (materialised scores and mask), the blockwise online-softmax path
     if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE.
       q = RMSNorm(cfg, dh, "head_dim", name="q_norm")(q).astype(x.dtype)
       k = RMSNorm(cfg, dh, "head_dim", name="k_norm")(k).astype(x.dtype)
-    q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling,
-                   cfg.rotary_dim)
-    k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling,
-                   cfg.rotary_dim)
+    local = cfg.is_local_layer(0) if local is None else local
+    static = isinstance(local, bool)
+
+    def rope(y):  # Sliding layers may have their own base (Gemma 3).
+      full = apply_rope(y, positions, cfg.rope_theta, cfg.rope_scaling,
+                        cfg.rotary_dim)
+      if not cfg.local_rope_theta or (static and not local):
+        return full
+      near = apply_rope(y, positions, cfg.local_rope_theta, (),
+                        cfg.rotary_dim)
+      return (near if local else full) if static else jnp.where(
+          local, near, full)
+
+    q, k = rope(q), rope(k)
+    if cfg.query_pre_attn_scalar:  # Scores q.k / sqrt(scalar) (Gemma).
+      q = q * jnp.asarray((dh / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
     v = proj("v", hkv, "kv_heads")
 
     new_kv = None
@@ -168,6 +190,10 @@ reference (materialised scores and mask), the blockwise online-softmax path
       new_kv = (k_all, v_all)
       k, v = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
 
+    if cfg.sliding_window:  # Keys fewer than W slots back.
+      spec = spec.replace(window=(
+          (cfg.sliding_window if local else 0) if static else
+          jnp.where(local, cfg.sliding_window, 0).astype(jnp.int32)))
     b, t = x.shape[:2]
     q = q.reshape(b, t, hkv, h // hkv, dh)  # Query head j*G+g uses kv head j.
     out = attend(cfg, q, k, v, spec, kv is not None).reshape(b, t, h, dh)

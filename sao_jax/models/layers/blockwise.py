@@ -8,7 +8,8 @@ al. 2022) and stores only the output and the log-sum-exp. The backward
 (`jax.custom_vjp`) recomputes each [block_q, block_kv] score block from those
 (FlashAttention-2's backward), so neither pass holds more than one score
 block. Blocks where no query sees any key (causal future, other segments)
-are skipped with `lax.cond`. Grouped-query attention uses each K/V head for
+are skipped with `lax.cond`; so are blocks wholly outside a sliding window
+(`MaskSpec.window`). Grouped-query attention uses each K/V head for
 its G query heads without repeating K/V. docs/DESIGN.md §5, "Attention".
 """
 
@@ -60,7 +61,7 @@ def _scores(qi: Array, kj: Array, scale: float) -> Array:
                     preferred_element_type=jnp.float32) * scale
 
 
-def _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv):
+def _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window):
   """Blocked forward. Returns (out [nq,B,bq,K,G,D] f32, lse [nq,B,K,G,bq])."""
   b, _, kh, g, d = q.shape
   scale = 1.0 / float(np.sqrt(d))
@@ -73,7 +74,7 @@ def _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv):
 
     def kv_step(carry, kv):
       kj, vj, ks, ksl = kv
-      mask = block_mask(qs, qsl, ks, ksl)[:, None, None]
+      mask = block_mask(qs, qsl, ks, ksl, window)[:, None, None]
 
       def compute(carry):
         m, l, acc = carry
@@ -102,7 +103,7 @@ def _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv):
 
 
 def _backward(q, k, v, q_seg, q_slot, kv_seg, out, lse, dout, block_q,
-              block_kv):
+              block_kv, window):
   """Blocked backward (FlashAttention-2): outer kv blocks, inner q blocks."""
   d = q.shape[-1]
   scale = 1.0 / float(np.sqrt(d))
@@ -119,7 +120,7 @@ def _backward(q, k, v, q_seg, q_slot, kv_seg, out, lse, dout, block_q,
 
     def q_step(carry, qa):
       qi, doi, lsei, di, qs, qsl = qa
-      mask = block_mask(qs, qsl, ks, ksl)[:, None, None]
+      mask = block_mask(qs, qsl, ks, ksl, window)[:, None, None]
 
       def compute(_):
         s = _scores(qi, kj, scale)
@@ -153,23 +154,24 @@ def _backward(q, k, v, q_seg, q_slot, kv_seg, out, lse, dout, block_q,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _attention(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv):
-  out, _ = _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv)
+def _attention(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window):
+  out, _ = _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window)
   return _unblocks(out, 1).astype(q.dtype)
 
 
-def _attention_fwd(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv):
-  out, lse = _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv)
+def _attention_fwd(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window):
+  out, lse = _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv,
+                      window)
   out = _unblocks(out, 1).astype(q.dtype)
-  return out, (q, k, v, q_seg, q_slot, kv_seg, out, lse)
+  return out, (q, k, v, q_seg, q_slot, kv_seg, window, out, lse)
 
 
 def _attention_bwd(block_q, block_kv, res, dout):
-  q, k, v, q_seg, q_slot, kv_seg, out, lse = res
+  q, k, v, q_seg, q_slot, kv_seg, window, out, lse = res
   dq, dk, dv = _backward(q, k, v, q_seg, q_slot, kv_seg, out, lse, dout,
-                         block_q, block_kv)
+                         block_q, block_kv, window)
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-          None, None, None)
+          None, None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -195,5 +197,6 @@ def blockwise_attention(q: Array, k: Array, v: Array, spec: MaskSpec, *,
       _pad_to(q, 1, tp, 0), _pad_to(k, 1, sp, 0), _pad_to(v, 1, sp, 0),
       _pad_to(spec.q_segment, 1, tp, _Q_FILL),
       _pad_to(spec.q_slot, 1, tp, 0),
-      _pad_to(spec.kv_segment, 1, sp, _KV_FILL), bq, bkv)
+      _pad_to(spec.kv_segment, 1, sp, _KV_FILL), bq, bkv,
+      jnp.asarray(spec.window, jnp.int32))
   return out[:, :t]

@@ -14,7 +14,9 @@ Array = jax.Array
 
 
 class Embedder(nn.Module):
-  """Token embedding; `attend` is the tied output projection."""
+  """Token embedding (* sqrt(hidden_size) with `norm_style='gemma'`, in the
+  compute dtype as HF Gemma3TextScaledWordEmbedding); `attend` is the tied
+  output projection (unscaled)."""
 
   config: ModelConfig
 
@@ -25,8 +27,11 @@ class Embedder(nn.Module):
         (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"))
 
   def __call__(self, tokens: Array) -> Array:
-    return jnp.take(self.embedding, tokens, axis=0).astype(
-        self.config.compute_dtype)
+    cfg = self.config
+    x = jnp.take(self.embedding, tokens, axis=0).astype(cfg.compute_dtype)
+    if cfg.norm_style == "gemma":
+      x = x * jnp.asarray(cfg.hidden_size ** 0.5, cfg.compute_dtype)
+    return x
 
   def attend(self, x: Array) -> Array:
     return jnp.einsum("btd,vd->btv", x, self.embedding.astype(x.dtype),

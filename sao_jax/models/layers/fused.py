@@ -9,7 +9,9 @@
   spec's segment ids; padding has unique ids, so it matches the contract
   exactly). GQA: the MQA kernel vmapped over the K/V heads, no K/V repeat.
 
-Both are for self-attention without a KV cache (T == S). docs/DESIGN.md §5,
+Both are for self-attention without a KV cache (T == S) and honour a
+sliding window (`MaskSpec.window`: cuDNN's `local_window_size`, splash's
+`LocalMask`; both count q - k <= window - 1 in slots). docs/DESIGN.md §5,
 "Attention".
 """
 
@@ -51,6 +53,7 @@ def cudnn_attention(q: Array, k: Array, v: Array, spec: MaskSpec, *,
     out = jax.nn.dot_product_attention(
         q.reshape(b, t, kh * g, d), k, v, is_causal=True,
         query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+        local_window_size=(spec.window - 1, 0) if spec.window else None,
         implementation=implementation)
     # Padding queries: zero (the contract's value there is never used, and a
     # zero cotangent reaches the kernel).
@@ -79,8 +82,9 @@ def splash_attention(q: Array, k: Array, v: Array, spec: MaskSpec, *,
   pad = lambda x, value: jnp.pad(
       x, [(0, 0), (0, tp - t)] + [(0, 0)] * (x.ndim - 2),
       constant_values=value)
-  mask = splash_mask.MultiHeadMask(
-      [splash_mask.CausalMask((tp, tp)) for _ in range(g)])
+  one_mask = (splash_mask.LocalMask((tp, tp), (spec.window - 1, 0), 0)
+              if spec.window else splash_mask.CausalMask((tp, tp)))
+  mask = splash_mask.MultiHeadMask([one_mask for _ in range(g)])
   sizes = splash.BlockSizes(
       block_q=block, block_kv=block, block_kv_compute=block,
       block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,

@@ -4,7 +4,14 @@ The mask is never built by the model as a [B, T, S] array: it is described
 by a `MaskSpec` (docs/DESIGN.md §5, "Attention"): every query and every key
 carries a segment id and a slot, and
 
-    query t sees key s  iff  q_segment[t] == kv_segment[s]  and  s <= q_slot[t].
+    query t sees key s  iff  q_segment[t] == kv_segment[s]  and  s <= q_slot[t]
+                             (and q_slot[t] - s < window, when window > 0).
+
+`window` is a sliding window (Mistral, Gemma's local layers): the convention
+of transformers' `sliding_window_overlay` (query index - key index < window,
+counted in slots). Slots and positions agree within a segment: real tokens
+of a row are contiguous in the trainer's rows, in left-padded prefill and in
+the sampler's cache (each chunk is written at the row's end of real tokens).
 
 Real tokens carry their (positive) segment id; padding carries the unique id
 ``-1 - slot``, so a padding query sees only its own slot (finite softmax,
@@ -34,11 +41,16 @@ class MaskSpec:
     q_segment: int32[B, T] segment id of each query (padding: -1 - slot).
     kv_segment: int32[B, S] segment id of each key slot (padding: -1 - slot).
     q_slot: int32[B, T] the key slot each query occupies.
+    window: sliding window: a query sees keys fewer than `window` slots
+      back, itself included; 0 = no window (`ModelConfig.sliding_window`; the
+      attention layer sets it). A Python int, or under a layer scan with
+      per-layer windows (`ModelConfig.layer_types`) a traced int32 scalar.
   """
 
   q_segment: Array
   kv_segment: Array
   q_slot: Array
+  window: int = flax.struct.field(pytree_node=False, default=0)
 
   @property
   def kv_len(self) -> int:
@@ -93,17 +105,25 @@ def mask_spec(attention_mask: Array, cache: KVCache | None,
 
 
 def block_mask(q_segment: Array, q_slot: Array, kv_segment: Array,
-               kv_slot: Array) -> Array:
+               kv_slot: Array, window: int = 0) -> Array:
   """bool[B, Tq, Sk]: the rule of the module docstring on one block.
 
   q_segment, q_slot: int32[B, Tq]; kv_segment: int32[B, Sk]; kv_slot:
-  int32[Sk] or [B, Sk].
+  int32[Sk] or [B, Sk]; window: sliding window (0: none).
   """
   same = q_segment[:, :, None] == kv_segment[:, None, :]
-  return same & (kv_slot[..., None, :] <= q_slot[:, :, None])
+  mask = same & (kv_slot[..., None, :] <= q_slot[:, :, None])
+  if isinstance(window, int):  # Static: 0 is no window.
+    if window:
+      mask &= q_slot[:, :, None] - kv_slot[..., None, :] < window
+    return mask
+  # Traced (a scanned layer's own window, 0 on global layers).
+  near = q_slot[:, :, None] - kv_slot[..., None, :] < window
+  return mask & ((window <= 0) | near)
 
 
 def dense_mask(spec: MaskSpec) -> Array:
   """bool[B, T, S], materialised (the dense reference path only)."""
   kv_slot = jnp.arange(spec.kv_len, dtype=jnp.int32)
-  return block_mask(spec.q_segment, spec.q_slot, spec.kv_segment, kv_slot)
+  return block_mask(spec.q_segment, spec.q_slot, spec.kv_segment, kv_slot,
+                    spec.window)

@@ -13,7 +13,8 @@ Array = jax.Array
 
 
 class MLP(nn.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """Gated MLP: down(act(gate(x)) * up(x)); act is `mlp_activation` (SiLU:
+  SwiGLU; 'gelu_tanh': Gemma's GeGLU with the tanh approximation)."""
 
   config: ModelConfig
 
@@ -26,6 +27,8 @@ class MLP(nn.Module):
     gate = param(self, "gate_proj", init, shape_in, ("embed", "mlp"))
     up = param(self, "up_proj", init, shape_in, ("embed", "mlp"))
     down = param(self, "down_proj", init, shape_out, ("mlp", "embed"))
-    hdn = jax.nn.silu(x @ gate.astype(x.dtype)) * (x @ up.astype(x.dtype))
+    act = (jax.nn.silu if cfg.mlp_activation == "silu" else
+           lambda y: jax.nn.gelu(y, approximate=True))
+    hdn = act(x @ gate.astype(x.dtype)) * (x @ up.astype(x.dtype))
     hdn = nn.with_logical_constraint(hdn, ("batch", "length", "mlp"))
     return hdn @ down.astype(x.dtype)

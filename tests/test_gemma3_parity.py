@@ -1,0 +1,202 @@
+"""Gemma 3 text (`Gemma3ForCausalLM`) vs transformers, float32.
+
+A tiny random Gemma 3 (sliding and full layers interleaved, their own RoPE
+bases, linear RoPE scaling on the full layers, query_pre_attn_scalar !=
+head_dim) whose sliding window (4) is shorter than every test sequence,
+every weight perturbed, eager attention: logits on a left-padded
+batch within 1e-4 of transformers through the dense and the blockwise paths,
+scanned and unrolled; packed rows equal their trajectories run alone; a
+greedy 32-token continuation through the sampler's KV cache equals
+transformers' `generate`, and its recorded log-probs equal the trainer's
+full forward; export -> transformers load -> the same logits.
+"""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sao_jax.models import hf
+from sao_jax.models import transformer as tm
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import UnsupportedConfigError
+from sao_jax.sampler import generate as generate_lib
+from sao_jax.sampler.sampling import SamplingParams
+from sao_jax.train import memory
+from sao_jax.train import optim
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.ref
+
+WINDOW = 4
+LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention",
+               "sliding_attention"]
+NEW_TOKENS = 32
+
+
+def _batch():
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, 128, (3, 11)).astype(np.int32)
+  mask = np.ones((3, 11), bool)
+  mask[1, :3] = False  # Left padding.
+  mask[2, :5] = False
+  positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
+  return tokens, mask, positions
+
+
+def _hf_logits(model, tokens, mask, positions):
+  with torch.no_grad():
+    out = model(input_ids=torch.from_numpy(tokens.astype(np.int64)),
+                attention_mask=torch.from_numpy(mask.astype(np.int64)),
+                position_ids=torch.from_numpy(positions.astype(np.int64)))
+  return out.logits.float().numpy()
+
+
+def _our_logits(config, params, tokens, mask, positions, segment_ids=None):
+  logits, _ = tm.Transformer(config).apply(
+      {"params": params}, jnp.asarray(tokens), jnp.asarray(positions),
+      jnp.asarray(mask),
+      segment_ids=None if segment_ids is None else jnp.asarray(segment_ids))
+  return np.asarray(logits)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  torch.manual_seed(0)
+  config = transformers.Gemma3TextConfig(
+      vocab_size=128, hidden_size=64, intermediate_size=96,
+      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+      head_dim=16, rms_norm_eps=1e-6, sliding_window=WINDOW,
+      max_position_embeddings=128, query_pre_attn_scalar=24,
+      layer_types=LAYER_TYPES,
+      rope_parameters={
+          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+          "full_attention": {"rope_type": "linear", "factor": 2.0,
+                             "rope_theta": 10000.0}},
+      attn_implementation="eager")
+  config.architectures = ["Gemma3ForCausalLM"]
+  model = transformers.Gemma3ForCausalLM(config).eval()
+  with torch.no_grad():  # HF inits (1 + w) norms to 0: perturb every weight.
+    for _, p in model.named_parameters():
+      p.copy_(0.2 * torch.randn_like(p))
+  path = tmp_path_factory.mktemp("gemma3") / "hf"
+  model.save_pretrained(path)
+  return path, model, _hf_logits(model, *_batch())
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
+@pytest.mark.parametrize("attn", ["dense", "blockwise"])
+def test_gemma3_logits_match_transformers(reference, scan, attn):
+  path, _, want = reference
+  config, params = hf.load_hf_checkpoint(path, scan_layers=scan)
+  assert config.sliding_window == WINDOW and config.qk_norm
+  assert config.layer_types == tuple(LAYER_TYPES) and config.tie_embeddings
+  assert config.local_rope_theta == 100.0 and config.rope_theta == 10000.0
+  assert config.hf_architecture() == "Gemma3ForCausalLM"
+  assert sum(x.size for x in jax.tree.leaves(params)) == config.num_params()
+  attention = sum(x.size for k, x in jax.tree_util.tree_leaves_with_path(
+      params) if optim.path_is_attention(k))
+  assert attention == memory.attention_params(config)
+  config = dataclasses.replace(config, attention=attn, attention_block_q=3,
+                               attention_block_kv=2)
+  tokens, mask, positions = _batch()
+  got = _our_logits(config, params, tokens, mask, positions)
+  assert np.abs(got[mask] - want[mask]).max() <= 1e-4
+  assert np.abs(want[mask]).max() > 0.1
+  # The window really applies: without it the logits differ.
+  full = _our_logits(dataclasses.replace(config, sliding_window=0), params,
+                     tokens, mask, positions)
+  assert np.abs(full[mask] - want[mask]).max() > 1e-2
+
+
+@pytest.mark.parametrize("attn", ["dense", "blockwise"])
+def test_gemma3_packed_row_equals_trajectories_alone(reference, attn):
+  path, model, _ = reference
+  config, params = hf.load_hf_checkpoint(path)
+  config = dataclasses.replace(config, attention=attn, attention_block_q=4,
+                               attention_block_kv=4)
+  rng = np.random.default_rng(3)
+  lengths = (6, 7)
+  row = rng.integers(0, 128, (1, 15)).astype(np.int32)
+  seg = np.zeros((1, 15), np.int32)
+  seg[0, :6], seg[0, 6:13] = 1, 2  # Two trajectories, then padding.
+  positions = np.zeros((1, 15), np.int32)
+  positions[0, :6], positions[0, 6:13] = np.arange(6), np.arange(7)
+  got = _our_logits(config, params, row, seg > 0, positions, seg)
+  start = 0
+  for n in lengths:
+    alone = row[:, start:start + n]
+    want = _hf_logits(model, alone, np.ones_like(alone, bool),
+                      np.arange(n, dtype=np.int32)[None])
+    assert np.abs(got[0, start:start + n] - want[0]).max() <= 1e-4
+    start += n
+
+
+def test_gemma3_greedy_continuation_through_the_kv_cache(reference):
+  """32 greedy tokens per prompt (far past the window) equal HF `generate`;
+  the recorded log-probs equal the trainer's full forward."""
+  path, model, _ = reference
+  config, params = hf.load_hf_checkpoint(path)
+  tokens, mask, _ = _batch()
+  prompts = [list(map(int, t[m])) for t, m in zip(tokens, mask)]
+  model.generation_config.eos_token_id = None
+  with torch.no_grad():
+    out = model.generate(
+        input_ids=torch.from_numpy(tokens.astype(np.int64)),
+        attention_mask=torch.from_numpy(mask.astype(np.int64)),
+        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+        do_sample=False, pad_token_id=0).numpy()
+  want = out[:, tokens.shape[1]:]
+  segments = generate_lib.generate(
+      params, config, prompts, jax.random.key(0), max_new_tokens=NEW_TOKENS,
+      sampling=SamplingParams(greedy=True))
+  for i, s in enumerate(segments):
+    np.testing.assert_array_equal(s.tokens, want[i])
+    full = np.asarray(prompts[i] + list(map(int, s.tokens)), np.int32)[None]
+    n = full.shape[1]
+    logits = _our_logits(config, params, full, np.ones_like(full, bool),
+                         np.arange(n, dtype=np.int32)[None])
+    logp = jax.nn.log_softmax(logits[0, len(prompts[i]) - 1:n - 1], axis=-1)
+    trainer = np.take_along_axis(np.asarray(logp), s.tokens[:, None], 1)[:, 0]
+    np.testing.assert_allclose(s.logprobs, trainer, atol=1e-4, rtol=0)
+  assert len(set(map(tuple, want))) == len(want)  # Rows really differ.
+
+
+def test_gemma3_export_reloads_in_transformers(reference, tmp_path):
+  path, _, want = reference
+  config, params = hf.load_hf_checkpoint(path)
+  hf.save_hf_checkpoint(config, params, tmp_path)
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert saved["architectures"] == ["Gemma3ForCausalLM"]
+  assert saved["sliding_window"] == WINDOW
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path, attn_implementation="eager").eval()
+  assert type(reloaded).__name__ == "Gemma3ForCausalLM"
+  tokens, mask, positions = _batch()
+  again = _hf_logits(reloaded, tokens, mask, positions)
+  assert np.abs(again[mask] - want[mask]).max() <= 1e-4
+  assert ModelConfig.from_hf_config(saved) == config
+
+
+def test_gemma3_config_conversion_and_refusals():
+  cfg = ModelConfig.tiny(
+      num_layers=3, sliding_window=8, qk_norm=True, tie_embeddings=True,
+      layer_types=("sliding_attention",) * 2 + ("full_attention",),
+      local_rope_theta=10000.0, query_pre_attn_scalar=32.0,
+      norm_style="gemma", mlp_activation="gelu_tanh")
+  hf_cfg = cfg.to_hf_config(cfg.hf_architecture())
+  assert hf_cfg["architectures"] == ["Gemma3ForCausalLM"]
+  assert ModelConfig.from_hf_config(hf_cfg) == cfg
+  with pytest.raises(UnsupportedConfigError, match="export as Gemma3"):
+    cfg.to_hf_config("LlamaForCausalLM")
+  with pytest.raises(UnsupportedConfigError, match="softcapping"):
+    ModelConfig.from_hf_config(hf_cfg | {"final_logit_softcapping": 30.0})
+  with pytest.raises(UnsupportedConfigError, match="Gemma3ForCausalLM needs"):
+    ModelConfig.tiny().to_hf_config("Gemma3ForCausalLM")
+  with pytest.raises(ValueError, match="layer_types"):
+    ModelConfig.tiny(layer_types=("full_attention",))
