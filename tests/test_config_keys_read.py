@@ -28,6 +28,7 @@ import pathlib
 from sao_jax import config_validation as cv
 from sao_jax import sharding
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import MoeConfig
 from sao_jax.rl import registry
 from sao_jax.train import optim
 
@@ -53,6 +54,8 @@ _METHODS = frozenset(("get", "get_ref", "items", "keys", "values", "lock",
 
 def _dynamic_reads() -> set[str]:
   reads = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
+  # setup.model_config_from spreads config.model.moe into MoeConfig.
+  reads |= {f"model.moe.{f.name}" for f in dataclasses.fields(MoeConfig)}
   reads |= {f"rl.{k}" for name in registry.known_losses()
             for k in registry.get_spec(name).defaults}
   params = inspect.signature(optim.make_optimizer).parameters

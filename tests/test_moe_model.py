@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-pytestmark = pytest.mark.ref
+pytestmark = [pytest.mark.ref, pytest.mark.slow]
 V = 96
 
 
@@ -157,8 +157,11 @@ def test_replay_reproduces_recorded_routing(reference):
   changed, used = _ours(config, params, tokens, mask, positions,
                         routing=jnp.asarray(other))
   np.testing.assert_array_equal(used["experts"], other)
-  # The router's own choice is still reported (the agreement metric).
-  np.testing.assert_array_equal(used["own_experts"], recorded)
+  # The router's own choice is still reported (the agreement metric): in
+  # the first MoE layer it is the recorded one (later layers see hidden
+  # states computed with the replayed experts).
+  np.testing.assert_array_equal(used["own_experts"][:, :, 0],
+                                np.asarray(recorded)[:, :, 0])
   assert np.abs(changed[mask] - logits[mask]).max() > 1e-3
 
 
