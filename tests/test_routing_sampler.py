@@ -25,6 +25,8 @@ from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.train import step as step_lib
 
+pytestmark = pytest.mark.slow
+
 E, K = 8, 2
 TEMPERATURE = 0.7
 LIMITS = rollout.RolloutLimits(max_turns=3, max_total_tokens=96,
