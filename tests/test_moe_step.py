@@ -62,8 +62,10 @@ def test_replay_reproduces_the_samplers_logprobs(chunk):
   own_logp, _, _ = step_lib._policy_logp(policy, params, batch, 1.0)
   assert np.abs(np.asarray(own_logp)[act] -
                 np.asarray(batch["rollout_logp"])[act]).max() > 1e-3
-  # Under replay the router's own choice is still what it would pick.
-  np.testing.assert_array_equal(moe["moe_own_experts"], own["moe_experts"])
+  # Under replay the router's own choice is still what it would pick, in
+  # the first MoE layer (later layers see other inputs under replay).
+  np.testing.assert_array_equal(moe["moe_own_experts"][:, :, 0],
+                                own["moe_experts"][:, :, 0])
 
 
 def _step(cfg, replay: bool, coef: float):
