@@ -160,6 +160,8 @@ def test_replay_reproduces_the_samplers_logprobs_and_routing(tok, runner):
     assert t.routed_experts.shape == (t.length, cfg.num_moe_layers, K)
     am = t.action_mask.astype(bool)
     assert np.count_nonzero(np.diff(am.astype(int)) == 1) >= 2  # Multi-turn.
+  if runner == "engine":  # A last observation, fed only to be routed.
+    assert any(t.action_mask[-1] == 0 for t in trajs)
   own, batch = _check_replay(cfg, params, trajs)
   # Same weights, float32: the sampler's cached routing is the trainer's.
   real = np.asarray(batch["attention_mask"], bool)

@@ -301,8 +301,9 @@ class SlotEngine:
   def _finish(self, i: int) -> None:
     """Builds the trajectory, frees the slot, writes the group when whole."""
     slot = self._slots[i]
-    if self._model_config.moe is not None:
-      self._attach_experts(i)
+    # A MoE policy's routing of every token (R3); an unfed tail is fed now.
+    rollout.attach_experts(slot.record, self._gen.routing_of(
+        i, slot.record.tokens))
     traj = slot.record.trajectory(self.envs[i])
     draw = slot.episode // self.opts.n_rollouts
     traj.group_id = draw * self.process_count + self.process_index
@@ -325,25 +326,6 @@ class SlotEngine:
       self.stats.env_errors += int(traj.error != "")
       self.stats.episodes += 1
     return ok
-
-  def _attach_experts(self, i: int) -> None:
-    """A MoE policy's routing of every token of slot ``i``'s record (R3).
-
-    An observation recorded after the last turn was never fed: it is fed
-    now (MoE only), so that each of its tokens is routed as well.
-    """
-    record, gen = self._slots[i].record, self._gen
-    if not record.tokens:  # Failed at reset: nothing was fed.
-      cfg = self._model_config
-      record.experts = [np.zeros((0, cfg.num_moe_layers, cfg.moe.top_k),
-                                 np.uint16)]
-      return
-    fed = gen.row_length(i)
-    if fed < len(record.tokens):
-      chunks = [[] for _ in self._slots]
-      chunks[i] = record.tokens[fed:]
-      gen.append(chunks)
-    rollout.attach_experts(record, gen.row_experts(i))
 
   # -- env turns -------------------------------------------------------------
   def _collect_env(self) -> None:

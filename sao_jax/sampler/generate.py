@@ -138,6 +138,19 @@ class Generator:
                       np.uint16)
     return np.concatenate(self._experts[i])
 
+  def routing_of(self, i: int, tokens: Sequence[int]) -> np.ndarray | None:
+    """Row ``i``'s experts of ``tokens`` (uint16 [len(tokens), M, k]): its
+    history, possibly followed by tokens never fed (an episode's last
+    observation), which are fed now so that they are routed too; None for a
+    dense policy. No token (an episode that failed at reset): empty."""
+    if not self._moe or not len(tokens):
+      return None if not self._moe else self.row_experts(i)[:0]
+    fed = len(self._history[i])
+    if fed < len(tokens):
+      self.append([list(tokens[fed:]) if j == i else []
+                   for j in range(self.batch_size)])
+    return self.row_experts(i)[:len(tokens)]
+
   def _record(self, rows: Sequence[int], experts: Any,
               counts: Sequence[int], starts: Sequence[int] | None = None
               ) -> None:
