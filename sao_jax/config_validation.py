@@ -29,6 +29,9 @@ from sao_jax.models.config import REMAT_POLICIES
 FREE_FORM = ("env.dataset_config", "env.chat_template_kwargs",
              "model.rope_scaling")
 TRAIN_MODES = ("async", "sync", "group", "replay")
+# model.routing_replay: R3 (the sampler's recorded experts) or the trainer's
+# own routing (docs/DESIGN.md §5).
+ROUTING_REPLAY = ("off", "rollout")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -222,6 +225,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.local_rope_theta": ((lambda v: v >= 0), "float >= 0 (0: rope_theta)"),
     "model.query_pre_attn_scalar": (
         (lambda v: v >= 0), "float >= 0 (0: head_dim)"),
+    "model.routing_replay": _in(ROUTING_REPLAY),
     "env.size": _POS, "env.eval_size": _POS, "env.max_turns": _POS,
     "env.max_tool_calls": _NONNEG, "env.step_timeout_s": _FINITE_GT0,
     "env.code_sandbox": _in(("auto", "bwrap", "landlock",
@@ -399,6 +403,11 @@ def _check_cross_fields(c: Any) -> None:
     raise ConfigError(
         f"config.model.num_heads: expected a multiple of model.num_kv_heads="
         f"{m.num_kv_heads} (grouped-query attention), got {m.num_heads}")
+  _check(c, "model.routing_replay",
+         lambda v: v != "rollout" or int(m.moe.num_experts) > 0,
+         "'off' for a dense model ('rollout' replays the experts a "
+         "mixture-of-experts policy routed to: set model.moe.num_experts > 0 "
+         "or model.routing_replay='off')")
   # A length at 0 is derived later (sao_jax.envs.task_sizing), consistently.
   _check(c, "sampler.max_total_tokens",
          lambda v: not (v and s.max_new_tokens) or v >= s.max_new_tokens,

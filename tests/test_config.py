@@ -174,6 +174,10 @@ def test_int_for_float_and_placeholder_are_accepted(config):
     ({"model.num_heads": 6, "model.num_kv_heads": 4},
      "config.model.num_heads: expected a multiple of model.num_kv_heads=4 "
      "(grouped-query attention), got 6"),
+    ({"model.routing_replay": "on"}, "config.model.routing_replay: expected "
+     "one of ('off', 'rollout'), got 'on'"),
+    ({"model.routing_replay": "rollout"}, "config.model.routing_replay: "
+     "expected 'off' for a dense model ('rollout' replays the experts"),
     ({"model.hidden_size": 0},
      "config.model.hidden_size: expected a positive int, got 0"),
     ({"model.vocab_size": 300},
@@ -217,6 +221,13 @@ def test_inconsistent_values(config, updates, expected):
     section, key = path.split(".")
     config[section][key] = value
   assert _error(config).startswith(expected)
+
+
+def test_routing_replay_passes_with_experts(config):
+  config.model.routing_replay = "rollout"
+  config.model.moe.num_experts = 8
+  config.model.moe.intermediate_size = 64
+  cv.validate_config(config)
 
 
 def test_rope_scaling_and_template_kwargs_are_checked(config):

@@ -10,7 +10,9 @@ the stream's ``[B, T]`` shape is kept, but a row holds up to ``S`` (static,
 - ``positions`` int32[B, T]: RoPE positions, restarting at 0 per segment;
 - the per-trajectory fields (``trajectory.ROW_FIELDS``) become ``[B, S]``,
   slot ``s`` of row ``b`` describing segment ``s + 1``; an empty slot has
-  ``length`` 0, ``group_id`` -1, ``staleness`` -1 and ``group_index`` -1.
+  ``length`` 0, ``group_id`` -1, ``staleness`` -1 and ``group_index`` -1;
+- a MoE policy's ``routed_experts`` int32[B, T, M, k] (routing replay, R3)
+  is packed as the per-token fields are (0 on padding).
 
 ``PackedBatches`` packs online, first fit: each trajectory goes into the
 first row with room (tokens and a free slot); one that fits nowhere is held
@@ -71,6 +73,10 @@ def pack_rows(rows: list[list[dict[str, np.ndarray]]], seq_len: int,
            for name, (dtype, fill) in traj_lib.TOKEN_FIELDS.items()}
   batch["segment_ids"] = np.zeros((b, t), np.int32)
   batch["positions"] = np.zeros((b, t), np.int32)
+  routed = [seg["routed_experts"] for segs in rows for seg in segs
+            if "routed_experts" in seg]
+  if routed:  # A MoE policy's routing (R3), packed like the token fields.
+    batch["routed_experts"] = np.zeros((b, t, *routed[0].shape[1:]), np.int32)
   for name, fill in SLOT_FIELDS.items():
     if name != "group_index":
       batch[name] = np.full((b, s), fill, np.int32)
@@ -86,6 +92,8 @@ def pack_rows(rows: list[list[dict[str, np.ndarray]]], seq_len: int,
                          f"at most {t} (train.max_seq_len) fit.")
       for name in traj_lib.TOKEN_FIELDS:
         batch[name][i, start:start + n] = seg[name]
+      if routed:
+        batch["routed_experts"][i, start:start + n] = seg["routed_experts"]
       batch["segment_ids"][i, start:start + n] = j + 1
       batch["positions"][i, start:start + n] = np.arange(n)
       for name in SLOT_FIELDS:

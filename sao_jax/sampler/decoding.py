@@ -17,6 +17,11 @@ Jitted, state-donating operations act on it:
   slot's prompt, one row's observation, the rows still generating): their
   rows are gathered, run and put back, so the work is that of those rows.
 - `clear_rows`: empties rows for new episodes.
+
+For a mixture-of-experts policy (``config.moe``) the appends and decodes
+also return the experts each fed token was routed to in each MoE layer,
+int32 [B, C, M, k] (routing replay, R3: the trainer's forward reuses them);
+a dense policy returns None there (no extra output, no cost).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import jax.numpy as jnp
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.transformer import init_cache
 from sao_jax.models.transformer import KVCache
+from sao_jax.models.transformer import moe_outputs
 from sao_jax.models.transformer import Transformer
 from sao_jax.sampler.sampling import sample
 from sao_jax.sampler.sampling import SamplingParams
@@ -64,6 +70,8 @@ class DecodeOutput:
     num_tokens: int32 [B] tokens sampled per row (stop token included).
     stopped: bool [B] the row ended on one of its stop tokens.
     steps: int32 scalar, iterations the loop ran (it stops once all are done).
+    experts: MoE policy only (else None): int32 [B, N, M, k], the experts
+      each sampled token was routed to when it was fed back (R3).
   """
 
   tokens: Array
@@ -71,6 +79,7 @@ class DecodeOutput:
   num_tokens: Array
   stopped: Array
   steps: Array
+  experts: Array | None = None
 
 
 def init_state(config: ModelConfig, batch_size: int,
@@ -82,15 +91,22 @@ def init_state(config: ModelConfig, batch_size: int,
       pos=jnp.zeros((batch_size,), jnp.int32))
 
 
-def _forward(params, config, state: DecodeState, tokens, mask) -> DecodeState:
+def _forward(params, config, state: DecodeState, tokens, mask
+             ) -> tuple[DecodeState, Array | None]:
   """Feeds tokens [B, C] (real where mask, each row's real tokens first) and
   updates logits, positions and each row's cache end (by its real tokens:
-  the padding after them is overwritten by the next chunk)."""
+  the padding after them is overwritten by the next chunk). Also returns,
+  for a MoE policy, the experts of each token, int32 [B, C, M, k] (None for
+  a dense one)."""
   mask = mask.astype(jnp.bool_)
   positions = state.pos[:, None] + jnp.maximum(
       jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
-  logits, cache = Transformer(config).apply(
-      {"params": params}, tokens, positions, mask, state.cache)
+  args = ({"params": params}, tokens, positions, mask, state.cache)
+  if config.moe is None:
+    (logits, cache), experts = Transformer(config).apply(*args), None
+  else:
+    (logits, cache), sown = Transformer(config).apply(*args, mutable=["moe"])
+    experts = moe_outputs(sown)["experts"]
   cache = cache.replace(
       end=state.cache.end + jnp.sum(mask, axis=1, dtype=jnp.int32))
   # Logits after each row's last real token of the chunk.
@@ -101,16 +117,18 @@ def _forward(params, config, state: DecodeState, tokens, mask) -> DecodeState:
   return DecodeState(
       cache=cache,
       last_logits=jnp.where(has_any[:, None], row_logits, state.last_logits),
-      pos=state.pos + jnp.sum(mask, axis=1, dtype=jnp.int32))
+      pos=state.pos + jnp.sum(mask, axis=1, dtype=jnp.int32)), experts
 
 
 @functools.partial(jax.jit, static_argnames=("config",),
                    donate_argnames=("state",))
 def append_chunk(params: Any, config: ModelConfig, state: DecodeState,
-                 tokens: Array, mask: Array) -> DecodeState:
+                 tokens: Array, mask: Array
+                 ) -> tuple[DecodeState, Array | None]:
   """Appends a [B, C] chunk (prefill or observation) to the cache.
 
   Requires each row's end + real tokens <= max_len (checked by `Generator`).
+  Returns (new state, a MoE policy's experts [B, C, M, k] or None).
   """
   return _forward(params, config, state, tokens, mask)
 
@@ -142,13 +160,15 @@ def _put_rows(state: DecodeState, rows: Array, sub: DecodeState
 @functools.partial(jax.jit, static_argnames=("config",),
                    donate_argnames=("state",))
 def append_rows(params: Any, config: ModelConfig, state: DecodeState,
-                rows: Array, tokens: Array, mask: Array) -> DecodeState:
-  """`append_chunk` for rows int32[K] only (distinct; tokens/mask [K, C]).
+                rows: Array, tokens: Array, mask: Array
+                ) -> tuple[DecodeState, Array | None]:
+  """`append_chunk` for rows int32[K] only (distinct; tokens/mask [K, C]);
+  the experts returned are those K rows'.
 
   A row listed with an all-False mask is put back unchanged (bucket padding).
   """
-  sub = _forward(params, config, _rows_of(state, rows), tokens, mask)
-  return _put_rows(state, rows, sub)
+  sub, experts = _forward(params, config, _rows_of(state, rows), tokens, mask)
+  return _put_rows(state, rows, sub), experts
 
 
 def _decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
@@ -179,11 +199,11 @@ def _decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
   active = active.astype(jnp.bool_) & (budget > 0)
 
   def cond(carry):
-    step, _, _, _, _, _, act, _ = carry
+    step, _, _, _, _, _, act, _, _ = carry
     return (step < max_new_tokens) & jnp.any(act)
 
   def body(carry):
-    step, st, key, toks, logps, count, act, stopped = carry
+    step, st, key, toks, logps, count, act, stopped, experts = carry
     if row_keys is None:
       key, sub = jax.random.split(key)
     else:
@@ -195,17 +215,23 @@ def _decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
         logps, jnp.where(act, lp, 0.0)[:, None], (0, step))
     count = count + act.astype(jnp.int32)
     is_stop = act & jnp.any(tok[:, None] == stop_ids, axis=1)
-    st = _forward(params, config, st, tok[:, None], act[:, None])
+    st, routed = _forward(params, config, st, tok[:, None], act[:, None])
+    if experts is not None:  # The fed token's experts [B, 1, M, k].
+      experts = jax.lax.dynamic_update_slice(experts, routed, (0, step, 0, 0))
     act = act & ~is_stop & (count < budget)
-    return step + 1, st, key, toks, logps, count, act, stopped | is_stop
+    return (step + 1, st, key, toks, logps, count, act, stopped | is_stop,
+            experts)
 
+  experts = None if config.moe is None else jnp.zeros(
+      (b, max_new_tokens, config.num_moe_layers, config.moe.top_k), jnp.int32)
   carry = (jnp.zeros((), jnp.int32), state, rng,
            jnp.full((b, max_new_tokens), PAD_ID, jnp.int32),
            jnp.zeros((b, max_new_tokens), jnp.float32),
-           jnp.zeros((b,), jnp.int32), active, jnp.zeros((b,), jnp.bool_))
-  steps, state, _, toks, logps, count, _, stopped = jax.lax.while_loop(
-      cond, body, carry)
-  return state, DecodeOutput(toks, logps, count, stopped, steps)
+           jnp.zeros((b,), jnp.int32), active, jnp.zeros((b,), jnp.bool_),
+           experts)
+  steps, state, _, toks, logps, count, _, stopped, experts = (
+      jax.lax.while_loop(cond, body, carry))
+  return state, DecodeOutput(toks, logps, count, stopped, steps, experts)
 
 
 decode = functools.partial(

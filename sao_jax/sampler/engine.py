@@ -301,6 +301,9 @@ class SlotEngine:
   def _finish(self, i: int) -> None:
     """Builds the trajectory, frees the slot, writes the group when whole."""
     slot = self._slots[i]
+    # A MoE policy's routing of every token (R3); an unfed tail is fed now.
+    rollout.attach_experts(slot.record, self._gen.routing_of(
+        i, slot.record.tokens))
     traj = slot.record.trajectory(self.envs[i])
     draw = slot.episode // self.opts.n_rollouts
     traj.group_id = draw * self.process_count + self.process_index

@@ -8,6 +8,11 @@ slot's prompt, an observation, the rows still generating: `append_rows`,
 histories unless the caller keeps it, so recorded log-probs come from one set
 of weights over the full context. `generate()` is the one-shot convenience
 for single-turn use.
+
+For a mixture-of-experts policy it also keeps, aligned with each row's
+history, the experts every token was routed to when it was first fed
+(`row_experts`; routing replay, R3). A cache rebuilt under new weights does
+not rewrite them: a token's record is the routing its own weights chose.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ class Segment:
   tokens: np.ndarray  # int32 [n]
   logprobs: np.ndarray  # float32 [n]
   stopped: bool  # ended on a stop token (else: budget exhausted / inactive)
+  experts: np.ndarray | None = None  # MoE: uint16 [n, M, k] (R3); else None
 
 
 class Generator:
@@ -113,11 +119,50 @@ class Generator:
     self._rng = jax.random.PRNGKey(0) if rng is None else rng
     self._history: list[list[int]] = [[] for _ in range(batch_size)]
     self._state: decoding.DecodeState | None = None
+    self._moe = config.moe is not None
+    # MoE only: per row, uint16 [n, M, k] chunks aligned with its history.
+    self._experts: list[list[np.ndarray]] = [[] for _ in range(batch_size)]
     self.last_steps = 0  # Loop iterations of the last `generate` call.
 
   @property
   def histories(self) -> list[list[int]]:
     return [list(h) for h in self._history]
+
+  def row_experts(self, i: int) -> np.ndarray | None:
+    """uint16 [len(history), M, k]: the experts each token of row ``i`` was
+    routed to in each MoE layer when first fed; None for a dense policy."""
+    if not self._moe:
+      return None
+    if not self._experts[i]:
+      return np.zeros((0, self.config.num_moe_layers, self.config.moe.top_k),
+                      np.uint16)
+    return np.concatenate(self._experts[i])
+
+  def routing_of(self, i: int, tokens: Sequence[int]) -> np.ndarray | None:
+    """Row ``i``'s experts of ``tokens`` (uint16 [len(tokens), M, k]): its
+    history, possibly followed by tokens never fed (an episode's last
+    observation), which are fed now so that they are routed too; None for a
+    dense policy. No token (an episode that failed at reset): empty."""
+    if not self._moe or not len(tokens):
+      return None if not self._moe else self.row_experts(i)[:0]
+    fed = len(self._history[i])
+    if fed < len(tokens):
+      self.append([list(tokens[fed:]) if j == i else []
+                   for j in range(self.batch_size)])
+    return self.row_experts(i)[:len(tokens)]
+
+  def _record(self, rows: Sequence[int], experts: Any,
+              counts: Sequence[int], starts: Sequence[int] | None = None
+              ) -> None:
+    """Appends ``experts[j, start:start + counts[j]]`` (device [K, C, M, k])
+    to row ``rows[j]``'s record (MoE only; one host transfer)."""
+    if experts is None:
+      return
+    host = np.asarray(jax.device_get(experts)).astype(np.uint16)
+    for j, (i, n) in enumerate(zip(rows, counts)):
+      if n:
+        a = 0 if starts is None else starts[j]
+        self._experts[i].append(host[j, a:a + n])
 
   def row_length(self, i: int) -> int:
     """Tokens of row ``i`` held in the cache (its history)."""
@@ -143,6 +188,7 @@ class Generator:
       return
     for i in rows:
       self._history[i] = []
+      self._experts[i] = []
     if self._state is not None:
       mask = np.zeros(self.batch_size, np.bool_)
       mask[rows] = True
@@ -157,18 +203,21 @@ class Generator:
             f"needs {n} more > max_len={self.max_len}; raise max_len or lower "
             "the token limits.")
 
-  def _rebuild(self) -> None:
-    """Prefills a fresh cache with every row's history (one call)."""
+  def _rebuild(self) -> Array | None:
+    """Prefills a fresh cache with every row's history (one call); returns
+    a MoE policy's experts of that prefill, [B, L, M, k] (else None)."""
     self._check_room([0] * self.batch_size)
     self._state = decoding.init_state(self.config, self.batch_size,
                                       self.max_len)
     longest = max(len(h) for h in self._history)
-    if longest:
-      tokens, mask = _right_pad(self._history,
-                                bucket_length(longest, self.min_bucket))
-      self._state = decoding.append_chunk(
-          self._params, self.config, self._state, jnp.asarray(tokens),
-          jnp.asarray(mask))
+    if not longest:
+      return None
+    tokens, mask = _right_pad(self._history,
+                              bucket_length(longest, self.min_bucket))
+    self._state, experts = decoding.append_chunk(
+        self._params, self.config, self._state, jnp.asarray(tokens),
+        jnp.asarray(mask))
+    return experts
 
   def _pick(self, rows: list[int]) -> list[int] | None:
     """``rows`` padded with other rows to an eighth, a quarter or half of
@@ -199,20 +248,26 @@ class Generator:
     for i in rows:
       self._history[i].extend(int(t) for t in chunks[i])
     if fresh:  # Nothing computed yet (fresh or new weights): prefill all.
-      self._rebuild()
+      experts = self._rebuild()
+      # Only the new chunks' experts: earlier tokens keep their first record.
+      self._record(rows, None if experts is None else experts[
+          jnp.asarray(rows)], [len(chunks[i]) for i in rows],
+                   [len(self._history[i]) - len(chunks[i]) for i in rows])
       return
     length = bucket_length(max(len(chunks[i]) for i in rows), self.min_bucket)
     picked = self._pick(rows)
     if picked is None:
       tokens, mask = _right_pad(chunks, length)
-      self._state = decoding.append_chunk(
+      self._state, experts = decoding.append_chunk(
           self._params, self.config, self._state, jnp.asarray(tokens),
           jnp.asarray(mask))
+      self._record(range(self.batch_size), experts, [len(c) for c in chunks])
       return
     tokens, mask = _right_pad([chunks[i] for i in picked], length)
-    self._state = decoding.append_rows(
+    self._state, experts = decoding.append_rows(
         self._params, self.config, self._state, jnp.asarray(picked, jnp.int32),
         jnp.asarray(tokens), jnp.asarray(mask))
+    self._record(picked, experts, [len(chunks[i]) for i in picked])
 
   def generate(self, stop_ids: Sequence[Sequence[int]] | Sequence[int],
                max_new_tokens: int | Sequence[int],
@@ -238,7 +293,7 @@ class Generator:
               for _ in range(b)]
     self._check_room(budget)
     if self._state is None:
-      self._rebuild()
+      self._rebuild()  # Every token fed already has its experts recorded.
     steps = bucket_length(int(budget.max()) if b else 0)
     self._rng, key = jax.random.split(self._rng)
     stops = _stop_array(stop_ids, b)
@@ -256,16 +311,22 @@ class Generator:
           jnp.asarray(stops[sel]), jnp.asarray(act[sel]),
           jnp.asarray(budget[sel]),
           None if row_keys is None else jnp.asarray(row_keys)[sel], **kw)
-    toks, logps, count, stopped, loop_steps = jax.device_get(
-        (out.tokens, out.logprobs, out.num_tokens, out.stopped, out.steps))
+    toks, logps, count, stopped, loop_steps, experts = jax.device_get(
+        (out.tokens, out.logprobs, out.num_tokens, out.stopped, out.steps,
+         out.experts))
     self.last_steps = int(loop_steps)
     segments = [Segment(np.zeros(0, np.int32), np.zeros(0, np.float32), False)
                 for _ in range(b)]
+    if experts is not None:
+      experts = np.asarray(experts).astype(np.uint16)
     for j, i in enumerate(picked):
       n = int(count[j])
       self._history[i].extend(int(t) for t in toks[j, :n])
+      routed = None if experts is None else experts[j, :n].copy()
+      if routed is not None and n:
+        self._experts[i].append(routed)
       segments[i] = Segment(toks[j, :n].copy(), logps[j, :n].copy(),
-                            bool(stopped[j]))
+                            bool(stopped[j]), routed)
     return segments
 
 

@@ -62,6 +62,12 @@ class Policy(abc.ABC):
           active: np.ndarray) -> list[Segment]:
     """One action segment per row (empty for inactive rows)."""
 
+  def row_experts(self, i: int) -> np.ndarray | None:
+    """A MoE policy's experts of every token fed for row ``i`` so far,
+    uint16 [n, M, k] (routing replay, R3); None: no routing to record."""
+    del i
+    return None
+
 
 class ModelPolicy(Policy):
   """Samples from the `Transformer`; picks up new weights between turns."""
@@ -112,6 +118,9 @@ class ModelPolicy(Policy):
   def act(self, stop_ids, budgets, active):
     return self._gen.generate(list(stop_ids), budgets, active)
 
+  def row_experts(self, i):
+    return self._gen.row_experts(i)
+
 
 @dataclasses.dataclass(frozen=True)
 class RolloutLimits:
@@ -147,6 +156,20 @@ class RolloutLimits:
     tokens (per-row cache ends, `generate.py`), at most ``max_total_tokens``
     (rounded up to a multiple of 8)."""
     return -(-self.max_total_tokens // 8) * 8
+
+
+def attach_experts(record: EpisodeRecord, experts: np.ndarray | None
+                   ) -> None:
+  """Sets ``record``'s routing (R3) to ``experts`` [n, M, k], the sampler's
+  record of every token fed for it, which must cover the record's tokens."""
+  if experts is None:
+    return
+  n = len(record.tokens)
+  if len(experts) < n:
+    raise ValueError(
+        f"The sampler recorded experts for {len(experts)} tokens of an "
+        f"episode of {n}; every token fed must be routed and recorded.")
+  record.experts = [np.asarray(experts[:n], np.uint16)]
 
 
 def action_budget(env: Environment, limits: RolloutLimits,
@@ -311,4 +334,6 @@ def run_episodes(policy: Policy, envs: Sequence[Environment],
     if any(chunks):
       policy.observe(chunks)
 
+  for i, row in enumerate(rows):
+    attach_experts(row, policy.row_experts(i))
   return [row.trajectory(env) for env, row in zip(envs, rows)]
