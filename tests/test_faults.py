@@ -30,6 +30,7 @@ from sao_jax import config_validation as cv
 from sao_jax import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import base as base_env
+from sao_jax.ipc import segment
 from sao_jax.models import hf
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
@@ -216,10 +217,9 @@ def _our_segments() -> set[str]:
   """``sao_`` segments in /dev/shm whose creator is this process or dead."""
   out = set()
   for name in os.listdir("/dev/shm"):
-    if name.startswith("sao_"):
-      pid = int(name.split("_")[-2])
-      if pid == os.getpid() or not psutil.pid_exists(pid):
-        out.add(name)
+    pid = segment.creator_pid(name)  # None: another program's file.
+    if pid is not None and (pid == os.getpid() or not psutil.pid_exists(pid)):
+      out.add(name)
   return out
 
 

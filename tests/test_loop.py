@@ -45,8 +45,8 @@ def _our_segments():
   """
   ours = set()
   for path in glob.glob(f"/dev/shm/{segment.PREFIX}*"):
-    pid = int(os.path.basename(path).split("_")[-2])
-    if pid == os.getpid() or not psutil.pid_exists(pid):
+    pid = segment.creator_pid(path)  # None: another program's file.
+    if pid is not None and (pid == os.getpid() or not psutil.pid_exists(pid)):
       ours.add(path)
   return ours
 
