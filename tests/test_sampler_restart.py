@@ -106,21 +106,21 @@ _CRASHING_ENV_RUN = textwrap.dedent("""
 
 
     class CrashingEnv(reasoning_gym_env.ReasoningGymEnv):
-      # The sampler's 3rd env step raises SystemExit (a tool calling
+      # The sampler's 20th env.reset raises SystemExit (a tool calling
       # sys.exit), in the first CRASHES sampler processes: not an error row,
       # the sampler process dies. The trainer's eval uses the env too.
       calls = 0
 
-      def step(self, action_text):
+      def reset(self, task):
         if multiprocessing.current_process().name.startswith("sao-sampler"):
           CrashingEnv.calls += 1
           path = os.path.join(os.environ["CRASH_DIR"], "crashes")
           done = os.path.getsize(path) if os.path.exists(path) else 0
-          if CrashingEnv.calls == 3 and done < int(os.environ["CRASHES"]):
+          if CrashingEnv.calls == 20 and done < int(os.environ["CRASHES"]):
             with open(path, "a") as f:
               f.write("x")
             sys.exit(f"tool crashed (crash {done + 1})")
-        return super().step(action_text)
+        return super().reset(task)
 
 
     # At the top level: the spawned sampler re-imports this file.

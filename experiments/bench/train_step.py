@@ -40,7 +40,6 @@ quickstart-sized / large step over the matmul FLOP/s.
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import statistics
@@ -56,6 +55,8 @@ from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
+
+import loop_setup  # experiments/bench/ (the script's folder)
 
 SIZES = {
     "quickstart": (ModelConfig(vocab_size=294, hidden_size=128,
@@ -79,7 +80,7 @@ def size(name: str) -> tuple[ModelConfig, int, int]:
   if name not in CONFIG_SIZES:
     raise ValueError(f"Unknown size {name!r}; known: "
                      f"{sorted(SIZES) + sorted(CONFIG_SIZES)}.")
-  config = importlib.import_module(f"configs.{name}").get_config()
+  config = loop_setup.import_config(name).get_config()
   cfg = ModelConfig(**{k: config.model[k]
                        for k in ModelConfig.__dataclass_fields__})
   return cfg, int(config.train.batch_size), int(config.train.max_seq_len)
