@@ -64,6 +64,11 @@ CFG = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
     ("sampler.devices", "0-x", "config.sampler.devices: expected CPU core ids"),
     ("train.max_skipped_steps", 0,
      "config.train.max_skipped_steps: expected a positive int"),
+    ("sampler.max_restarts", -1, "config.sampler.max_restarts: expected int"),
+    ("sampler.restart_window_s", 0.0,
+     "config.sampler.restart_window_s: expected float > 0"),
+    ("sampler.max_restarts_per_window", -2,
+     "config.sampler.max_restarts_per_window: expected int >= 0"),
 ])
 def test_validation_rejects_row_11_values(path, value, words):
   config = base.get_config()
@@ -275,7 +280,7 @@ def test_dead_sampler_is_one_error_with_its_exit_code_and_error(tmp_path):
   run = subprocess.run(
       tiny_settings.main_args(REPO, tmp_path / "run", {
           "ring.capacity_bytes": 256, "train.num_steps": 4,
-          "train.mode": "sync"}),
+          "train.mode": "sync", "sampler.max_restarts": 0}),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert run.returncode != 0
   last = run.stderr.strip().splitlines()

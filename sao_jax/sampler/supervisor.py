@@ -97,11 +97,12 @@ class _Reader:
       try:
         record = self._owner.ring.read(timeout=timeout)
       except ring_lib.RingDrained:
-        if not self._owner.restart_after_drain():
+        if self._owner.stopping():
           raise
-        continue
-      self._owner.record_arrived()
-      return record
+      else:
+        self._owner.record_arrived()
+        return record
+      self._owner.restart()  # Outside the handler: no chained error.
 
   def stats(self) -> dict:
     return self._owner.ring.stats()
@@ -181,19 +182,14 @@ class SupervisedSampler:
     """
     if wait_s > 0:
       self.handle.process.join(wait_s)
-    if (self._stopping or self.handle.alive()
-        or self.handle.stop_event.is_set()):
+    if self.stopping() or self.handle.alive():
       return
     if self.ring.stats()["lanes"][0]["state"] == "free":
-      self._restart()
+      self.restart()
 
-  def restart_after_drain(self) -> bool:
-    """The ring drained (its producer closed or died): restarts the sampler;
-    False when the run is stopping (the drain is expected)."""
-    if self._stopping or self.handle.stop_event.is_set():
-      return False
-    self._restart()
-    return True
+  def stopping(self) -> bool:
+    """Whether the sampler was asked to stop (its ring's drain is expected)."""
+    return self._stopping or self.handle.stop_event.is_set()
 
   def record_arrived(self) -> None:
     if self._down_since is not None:
@@ -212,8 +208,8 @@ class SupervisedSampler:
         f"Sampler process {self.handle.process.pid} closed its ring lane "
         "without being asked and did not exit; it was stopped.")
 
-  def _restart(self) -> None:
-    """Logs the death; starts a new sampler, or raises (module docstring)."""
+  def restart(self) -> None:
+    """The sampler is gone (its ring drained, no stop): logs the death; starts a new sampler, or raises (module docstring)."""
     died = self._death()
     now = time.monotonic()
     refusal = self.policy.refusal(self._restart_times, now)
@@ -241,8 +237,9 @@ class SupervisedSampler:
         "%d, skipping %d consumed above it, newest published weights; the "
         "episodes it had in flight are generated again.", died,
         self.restarts, self.policy.max_restarts, start_episode, len(skip))
+    new_ring = self._make_ring()
     old_ring.close()
-    self.ring = self._make_ring()
+    self.ring = new_ring
     self.spec = dataclasses.replace(
         self.spec, ring_name=self.ring.name, ring_key=self.ring.key,
         start_episode=start_episode, skip_episodes=tuple(sorted(skip)))
