@@ -92,7 +92,8 @@ TINY: dict[str, Tiny] = {
         args=_MAIN_PRETRAINED + ("--config.model.dtype=float32",),
         env=(("TRAIN_S", "1"), ("STEPS", "1"),
              ("BENCH_ARGS", "--matmul_n=64 --repeats=1 --warmup=0 --batch=1 "
-              "--seq=16 --dtype=float32 --matmul_dtype=float32"))),
+              "--seq=16 --num_layers=1 --dtype=float32 "
+              "--matmul_dtype=float32"))),
     "experiments/bench/ring.py": Tiny(
         args=("--repeats", "1", "--total_mib", "1", "--sizes", "4096",
               "--no-native"),
@@ -103,7 +104,8 @@ TINY: dict[str, Tiny] = {
               "--vocab=64")),
     "experiments/bench/train_step.py": Tiny(
         args=("--repeats=1", "--warmup=0", "--matmul_n=64",
-              "--sizes=quickstart", "--batch=1", "--seq=16")),
+              "--sizes=quickstart", "--batch=1", "--seq=16",
+              "--num_layers=1")),
     "experiments/bench/weights.py": Tiny(
         args=("--repeats=1", "--model=quickstart")),
     "experiments/bench/async_vs_sync.py": Tiny(
@@ -314,7 +316,7 @@ def test_documented_block_runs_in_its_tiny_form(where, tmp_path, pytestconfig):
       _shared_smollm2(tmp_path / "home", pytestconfig)
     (tmp_path / "tmp").mkdir(exist_ok=True)
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=1800)
     assert done.returncode == 0, (
         f"{cmd.document} block {cmd.block}: `{cmd.text}` failed in its tiny "
         f"form `{shlex.join(argv)}` (exit {done.returncode}):\n"

@@ -149,6 +149,8 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, dtype=args.dtype)
   if args.remat:
     cfg = dataclasses.replace(cfg, remat=args.remat == "true")
+  if args.num_layers:
+    cfg = dataclasses.replace(cfg, num_layers=args.num_layers)
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
@@ -221,6 +223,9 @@ def main():
   parser.add_argument("--dtype", default="",
                       help="Override the models' compute dtype (e.g. "
                       "bfloat16 on an accelerator); params stay float32.")
+  parser.add_argument("--num_layers", type=int, default=0,
+                      help="Override every size's depth (0: its own); e.g. "
+                      "a 1-layer smoke run of a real-size model.")
   parser.add_argument("--remat", choices=("", "true", "false"), default="",
                       help="Override the models' `remat`.")
   parser.add_argument("--matmul_dtype", default="float32",

@@ -209,7 +209,8 @@ class SupervisedSampler:
         "without being asked and did not exit; it was stopped.")
 
   def restart(self) -> None:
-    """The sampler is gone (its ring drained, no stop): logs the death; starts a new sampler, or raises (module docstring)."""
+    """The sampler is gone (its ring drained, no stop): logs the death and
+    starts a new one, or raises its error past the bounds (module doc)."""
     died = self._death()
     now = time.monotonic()
     refusal = self.policy.refusal(self._restart_times, now)
