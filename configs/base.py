@@ -78,7 +78,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.reward = "exact"
   config.env.seed = 0  # Training problems' seed.
   config.env.size = 100_000  # Number of training problems.
-  config.env.eval_seed = 12345  # Held-out problems: a different seed.
+  # Held-out problems: seeds disjoint from the training ones [0, size).
+  config.env.eval_seed = 10_000_000
   config.env.eval_size = 256  # Held-out problems per evaluation.
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.

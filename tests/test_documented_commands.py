@@ -37,8 +37,8 @@ _TINY_MODEL = {
 _TINY_RUN = {
     "train.num_steps": 1, "train.sft_steps": 0, "train.eval_every": 0,
     "rl.critic_warmup_steps": 0, "env.eval_size": 2, "train.batch_size": 4,
-    "sampler.batch_size": 4, "sampler.max_new_tokens": 8,
-    "tokenizer.corpus_size": 2000, "train.checkpoint_every": 0,
+    "sampler.batch_size": 4, "tokenizer.corpus_size": 2000,
+    "train.checkpoint_every": 0,
 }
 
 
@@ -48,7 +48,7 @@ def _config_flags(overrides: dict) -> tuple[str, ...]:
 
 _MAIN = _config_flags({**_TINY_MODEL, **_TINY_RUN})
 # A pretrained checkpoint fixes the model: only the run gets small.
-_MAIN_PRETRAINED = _config_flags({**_TINY_RUN, "sampler.max_new_tokens": 4})
+_MAIN_PRETRAINED = _config_flags(_TINY_RUN)
 
 
 @dataclasses.dataclass(frozen=True)
