@@ -144,7 +144,10 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
   ``params`` are the policy's first published weights, ``version()`` the
   trainer's policy version (read as each record is consumed) and
   ``consumed`` this host's consumed episodes: the sampler resumes at its
-  watermark, skipping those above it, and the stream adds what it reads.
+  watermark, skipping those above it, and the stream adds what it reads. A
+  sampler that dies is started again there (``supervisor.SupervisedSampler``,
+  ``sampler.max_restarts``), on a new ring the stream reads through
+  ``Source.ring``.
   """
   config = run.config
   staleness = traj_lib.StalenessPolicy.from_config(config)
