@@ -135,6 +135,7 @@ class SupervisedSampler:
     self._restart_times: list[float] = []
     self._down_since: float | None = None
     self.downtime_s = 0.0
+    self._died: process_lib.SamplerDiedError | None = None
 
   @property
   def restarts(self) -> int:
@@ -178,8 +179,11 @@ class SupervisedSampler:
     A sampler that died before claiming its ring lane wrote nothing: it is
     restarted here. One that claimed it is restarted once its lane drains
     (``_Reader.read``), so its committed records are read first. Without a
-    restart left, raises its ``SamplerDiedError``.
+    restart left, the stream ends and the next call raises the dead
+    sampler's ``SamplerDiedError``.
     """
+    if self._died is not None:  # Past the bounds: the run stops with it.
+      raise self._died
     if wait_s > 0:
       self.handle.process.join(wait_s)
     if self.stopping() or self.handle.alive():
@@ -218,7 +222,11 @@ class SupervisedSampler:
       if self.restarts:
         died.args = (f"After {self.restarts} sampler restarts ({refusal}) "
                      f"{died.args[0]}",)
-      raise died
+      # The stream ends (the drained ring's StopIteration) and the loop's
+      # next `check` raises the error, outside the input pipeline.
+      self._died = died
+      raise ring_lib.RingDrained(f"Ring {self.ring.name}: its sampler died "
+                                 "and is not restarted.")
     self._restart_times.append(now)
     if self._down_since is None:
       self._down_since = now
