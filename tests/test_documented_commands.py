@@ -109,7 +109,7 @@ TINY: dict[str, Tiny] = {
     "experiments/bench/weights.py": Tiny(
         args=("--repeats=1", "--model=quickstart")),
     "experiments/bench/async_vs_sync.py": Tiny(
-        args=("--repeats=1", "--steps=1", "--arms=async")),
+        args=("--repeats=1", "--steps=3", "--arms=async")),  # 3: a steady step.
     "experiments/bench/record.py": Tiny(
         args=("--repeats=1", "--steps=1", "--trajectories=16",
               "--seq_len=32")),
