@@ -65,7 +65,9 @@ def _assert_exactly_once(summary, restarts):
   read = summary["trajectories_read_from_ring"]
   assert summary["episodes_watermark"] + summary[
       "episodes_above_watermark"] == read
-  assert summary["episodes_above_watermark"] <= 8  # One batch of slots.
+  # Bounded by the episodes in flight at the stop (8 slots and the staleness
+  # admission window, 8 x (max_staleness 2 + 1)), however many restarts.
+  assert summary["episodes_above_watermark"] <= 8 * 3
   # Records written by all the run's samplers = read + left at the stop.
   assert summary["sampler_episodes"] == read + summary["ring_unread_at_stop"]
 
