@@ -130,7 +130,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.reward = "exact"
   config.env.seed = 0  # Training problems' seed.
   config.env.size = 100_000  # Number of training problems.
-  config.env.eval_seed = 12345  # Held-out problems: a different seed.
+  # Held-out problems: seeds disjoint from the training ones [0, size).
+  config.env.eval_seed = 10_000_000
   config.env.eval_size = 256  # Held-out problems per evaluation.
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
@@ -205,6 +206,14 @@ def get_config() -> ml_collections.ConfigDict:
   # JAX's persistent compilation cache for the sampler process ('' = off):
   # its decode shapes compile once per machine instead of once per run.
   config.sampler.compilation_cache_dir = ""
+  # Sampler restarts (sao_jax/sampler/supervisor.py): when the sampler process
+  # dies the trainer starts a new one at the consumed-episodes watermark, at
+  # most max_restarts times per trainer process and max_restarts_per_window
+  # times within any restart_window_s seconds (0: no window bound); then the
+  # run stops with the sampler's error. max_restarts=0: the first death ends it.
+  config.sampler.max_restarts = 10
+  config.sampler.restart_window_s = 600.0
+  config.sampler.max_restarts_per_window = 3
 
   # ------------------------------------------------------------------- rl ---
   config.rl = ml_collections.ConfigDict()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -59,10 +60,10 @@ class Terminated(Exception):
 
 
 def main_command(config_path: str, point_dir: str,
-                 overrides_path: str) -> list[str]:
-  """The trainer command of one point."""
+                 overrides_path: str, extra: Sequence[str] = ()) -> list[str]:
+  """The trainer command of one point (``extra``: more trainer flags)."""
   return [sys.executable, "-m", "sao_jax.main", f"--config={config_path}",
-          f"--workdir={point_dir}", f"--overrides={overrides_path}"]
+          f"--workdir={point_dir}", *extra, f"--overrides={overrides_path}"]
 
 
 @dataclasses.dataclass
@@ -243,6 +244,9 @@ def define_flags() -> None:
       "several sweeps the same one to train the warm start once.")
   flags.DEFINE_bool(
       "dry_run", False, "Print the plan and commands; run and write nothing.")
+  flags.DEFINE_multi_string(
+      "main_flag", [], "A flag added to every point's trainer command, before "
+      "its --overrides (e.g. --main_flag=--config.train.num_steps=2).")
   flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -258,7 +262,9 @@ def main(argv: Sequence[str]) -> None:
   try:
     records = run_sweep(FLAGS.config, FLAGS.workdir, FLAGS.parallel,
                         only=FLAGS.only, dry_run=FLAGS.dry_run,
-                        sft_cache_dir=FLAGS.sft_cache_dir)
+                        sft_cache_dir=FLAGS.sft_cache_dir,
+                        command_fn=functools.partial(
+                            main_command, extra=FLAGS.main_flag))
   except sweep_plan.SweepError as e:
     sys.exit(str(e))
   except KeyboardInterrupt:

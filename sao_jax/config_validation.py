@@ -245,6 +245,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sampler.num_slots": _NONNEG, "sampler.decode_chunk": _POS,
     "sampler.weight_poll_tokens": _NONNEG, "sampler.env_threads": _POS,
     "sampler.kv_on_swap": _in(("keep", "recompute")),
+    "sampler.max_restarts": _NONNEG, "sampler.restart_window_s": _GT0,
+    "sampler.max_restarts_per_window": _NONNEG,
     "env.longtail_min_tokens": _POS, "env.longtail_levels": _POS,
     "env.longtail_tool_calls": _NONNEG, "env.longtail_tool_latency_s": (
         (lambda v: 0 <= v < math.inf), "a finite float >= 0"),

@@ -118,6 +118,8 @@ def main(argv: Sequence[str]) -> None:
     summary = loop.train_and_evaluate(config, _WORKDIR.value)
   except task_sizing.SizingError as e:  # A setting that does not fit the task.
     sys.exit(str(e))
+  except loop.workdir_lock.WorkdirInUseError as e:  # Another run holds it.
+    sys.exit(str(e))
   _print_summary(summary, _WORKDIR.value)
 
 

@@ -1,27 +1,31 @@
-"""Suite-wide fixtures: no shared-memory segment of ours outlives the tests."""
+"""Suite-wide fixtures: no shared-memory segment of ours outlives the tests,
+and other programs' ``/dev/shm/sao_*`` files are never taken for ours."""
 
 import os
+import re
 
 import pytest
 
-# sao_jax.ipc.segment.PREFIX, spelled out so that this conftest (part of every
-# test target) needs no dependency on the package.
-_PREFIX = "sao_"
+# sao_jax.ipc.segment's name pattern (make_name: sao_<kind>_<pid>_<8 hex>),
+# spelled out so that this conftest (part of every test target) needs no
+# dependency on the package; tests/test_ring.py checks that they agree.
+NAME_RE = re.compile(r"^sao_([A-Za-z0-9]+)_([0-9]+)_([0-9a-f]{8})$")
+# Names another program could leave in /dev/shm (the issue-30 report's among
+# them): present for the whole session, so every segment check runs with them.
+FOREIGN_NAMES = ("sao_x_y", "sao_probe_root_0600", "sao_ring_12_notours")
 
 
 def _our_segments() -> set[str]:
   try:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(_PREFIX)}
+    return {n for n in os.listdir("/dev/shm") if NAME_RE.match(n)}
   except FileNotFoundError:  # Not Linux: nothing to check.
     return set()
 
 
 def _creator_pid(name: str) -> int:
   """The pid in ``sao_<kind>_<pid>_<random>`` (segment.make_name), or -1."""
-  try:
-    return int(name.split("_")[-2])
-  except (IndexError, ValueError):
-    return -1
+  m = NAME_RE.match(name)
+  return int(m.group(2)) if m else -1
 
 
 def _alive(pid: int) -> bool:
@@ -35,7 +39,28 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_leaked_shared_memory():
+def foreign_shm_files():
+  """Creates other programs' ``sao_*`` files in /dev/shm for the session
+  (those not there already) and removes the ones it created."""
+  made = []
+  if os.path.isdir("/dev/shm"):
+    for name in FOREIGN_NAMES:
+      try:
+        with open(os.path.join("/dev/shm", name), "x") as f:
+          f.write("not a sao_jax segment\n")
+        made.append(name)
+      except FileExistsError:  # Another session's: left alone.
+        pass
+  yield made
+  for name in made:
+    try:
+      os.unlink(os.path.join("/dev/shm", name))
+    except FileNotFoundError:
+      pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_shared_memory(foreign_shm_files):  # pylint: disable=redefined-outer-name,unused-argument
   """Fails the session if a ``sao_`` segment created during it remains.
 
   Counted: segments created by this process, or by a process that has exited

@@ -30,6 +30,7 @@ from sao_jax import config_validation as cv
 from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import base as base_env
+from sao_jax.ipc import segment
 from sao_jax.models import hf
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
@@ -63,6 +64,11 @@ CFG = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
     ("sampler.devices", "0-x", "config.sampler.devices: expected CPU core ids"),
     ("train.max_skipped_steps", 0,
      "config.train.max_skipped_steps: expected a positive int"),
+    ("sampler.max_restarts", -1, "config.sampler.max_restarts: expected int"),
+    ("sampler.restart_window_s", 0.0,
+     "config.sampler.restart_window_s: expected float > 0"),
+    ("sampler.max_restarts_per_window", -2,
+     "config.sampler.max_restarts_per_window: expected int >= 0"),
 ])
 def test_validation_rejects_row_11_values(path, value, words):
   config = base.get_config()
@@ -216,10 +222,9 @@ def _our_segments() -> set[str]:
   """``sao_`` segments in /dev/shm whose creator is this process or dead."""
   out = set()
   for name in os.listdir("/dev/shm"):
-    if name.startswith("sao_"):
-      pid = int(name.split("_")[-2])
-      if pid == os.getpid() or not psutil.pid_exists(pid):
-        out.add(name)
+    pid = segment.creator_pid(name)  # None: another program's file.
+    if pid is not None and (pid == os.getpid() or not psutil.pid_exists(pid)):
+      out.add(name)
   return out
 
 
@@ -275,7 +280,7 @@ def test_dead_sampler_is_one_error_with_its_exit_code_and_error(tmp_path):
   run = subprocess.run(
       tiny_settings.main_args(REPO, tmp_path / "run", {
           "ring.capacity_bytes": 256, "train.num_steps": 4,
-          "train.mode": "sync"}),
+          "train.mode": "sync", "sampler.max_restarts": 0}),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert run.returncode != 0
   last = run.stderr.strip().splitlines()

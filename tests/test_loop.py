@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,6 +17,7 @@ from sao_jax.data import record
 from sao_jax.ipc import segment
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
+from sao_jax.train import workdir_lock
 import multihost
 import tiny_settings
 from tiny_settings import tiny_config
@@ -45,8 +47,8 @@ def _our_segments():
   """
   ours = set()
   for path in glob.glob(f"/dev/shm/{segment.PREFIX}*"):
-    pid = int(os.path.basename(path).split("_")[-2])
-    if pid == os.getpid() or not psutil.pid_exists(pid):
+    pid = segment.creator_pid(path)  # None: another program's file.
+    if pid is not None and (pid == os.getpid() or not psutil.pid_exists(pid)):
       ours.add(path)
   return ours
 
@@ -218,23 +220,33 @@ def test_sigkill_trainer_then_resume(tmp_path):
   samplers = [c for c in children if "sao_jax" in " ".join(c.cmdline())
               or "multiprocessing" in " ".join(c.cmdline())]
   assert samplers, "the trainer has no sampler child process"
+  # The same command again while the first runs: refused before any compute,
+  # naming the holder (issue 30: both used to write the same checkpoints).
+  again = subprocess.run(_main_cmd(workdir, 40), cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+  assert again.returncode == 1, again.stderr[-3000:]
+  assert f"is in use by another run: pid {first.pid} on host" in again.stderr
+  assert "Started sampler" not in again.stderr
+  assert first.poll() is None  # The first run is untouched.
   first.send_signal(signal.SIGKILL)
   first.wait(30)
   # The orphaned sampler notices its parent is gone and exits.
   _, alive = psutil.wait_procs(samplers, timeout=30)
   assert not alive, f"orphaned processes still alive: {alive}"
 
-  second = subprocess.run(_main_cmd(workdir, 12), cwd=REPO,
+  # The killed run's lock does not block its resume.
+  second = subprocess.run(_main_cmd(workdir, 40), cwd=REPO,
                           capture_output=True, text=True, timeout=600)
   assert second.returncode == 0, second.stderr[-3000:]
-  assert "Resumed from checkpoint step" in second.stderr
+  resumed = re.search(r"Resumed from checkpoint step (\d+)", second.stderr)
+  assert resumed and 2 <= int(resumed.group(1)) < 41, second.stderr[-3000:]
   steps_done = max(int(s) for s in os.listdir(ckpt_dir) if s.isdigit())
-  assert steps_done == 13  # 1 warm-up + 12 policy steps.
+  assert steps_done == 41  # 1 warm-up + 40 policy steps.
   time.sleep(1.0)  # The killed run's resource tracker unlinks its segments.
   assert _our_segments() <= before, _our_segments() - before
 
 
-def _two_process_run(workdir, num_steps, logdir):
+def _two_process_run(workdir, num_steps, logdir, expect_rc=0):
   """Runs two trainer processes (one run on 2 hosts); returns their logs."""
   port = multihost.free_port()
   procs, logs = [], []
@@ -255,7 +267,7 @@ def _two_process_run(workdir, num_steps, logdir):
     for p in procs:
       p.kill()
   texts = [log.read_text() for log in logs]
-  assert rcs == [0, 0], "\n\n".join(t[-3000:] for t in texts)
+  assert rcs == [expect_rc] * 2, "\n\n".join(t[-3000:] for t in texts)
   return texts
 
 
@@ -280,6 +292,15 @@ def test_two_process_run_trains_one_global_model_and_resumes(tmp_path):
   assert [s for s, _ in metrics_lib.read_scalars(
       str(workdir / "tb"))["policy/loss"]] == [2, 3, 4]
 
+  # While another run holds the workdir, both processes refuse at once.
+  holder = workdir_lock.acquire(str(workdir), 0, 1)
+  try:
+    texts = _two_process_run(workdir, 5, tmp_path, expect_rc=1)
+  finally:
+    holder.release()
+  assert f"is in use by another run: pid {os.getpid()}" in texts[0]
+  assert "Process 0 of this run could not lock" in texts[1]
+  assert not any("Started sampler" in text for text in texts)
   # Both hosts resume from the step-4 checkpoint into the mesh shardings.
   texts = _two_process_run(workdir, 5, tmp_path)
   for text in texts:

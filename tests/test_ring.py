@@ -309,3 +309,30 @@ def test_close_while_a_caller_holds_lane_arrays():
   start = ring.HEADER_BYTES
   assert lane_array[start:start + 4].tobytes() == b"held"
   assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_segment_accounting_ignores_other_programs_sao_files():
+  """Only names ``segment.make_name`` writes are ours: the report's
+  ``sao_probe_root_0600`` and the session's foreign files are not, whatever
+  their fields; conftest's copy of the pattern agrees with the library's."""
+  import conftest  # pylint: disable=g-import-not-at-top
+  ours = segment.make_name("ring")
+  assert segment.creator_pid(ours) == os.getpid()
+  assert segment.creator_pid(f"/dev/shm/{ours}") == os.getpid()
+  assert conftest._creator_pid(ours) == os.getpid()  # pylint: disable=protected-access
+  foreign = (*conftest.FOREIGN_NAMES, "sao_w_123", "sao_ring_1_ABCDEF12",
+             "sao_ring_1_deadbeef0", "xsao_ring_1_deadbeef")
+  for name in foreign:
+    assert segment.creator_pid(name) is None, name
+    assert conftest._creator_pid(name) == -1, name  # pylint: disable=protected-access
+  # The session fixture put the foreign files there (or another session
+  # did): the suite's segment checks below and after run beside them.
+  present = set(os.listdir("/dev/shm"))
+  assert set(conftest.FOREIGN_NAMES) <= present
+  r = ring.RingReader.create(num_lanes=1, lane_bytes=1 << 12)
+  try:
+    assert segment.creator_pid(r.name) == os.getpid()
+    assert r.name in conftest._our_segments()  # pylint: disable=protected-access
+  finally:
+    r.close()
+  assert not set(conftest.FOREIGN_NAMES) & conftest._our_segments()  # pylint: disable=protected-access

@@ -8,11 +8,27 @@ the machine's load.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pathlib
+import sys
+from types import ModuleType
 from typing import Any
 
 import ml_collections
+
+# The checkout's root: ``configs`` is a package there, not an installed one.
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def import_config(name: str) -> ModuleType:
+  """``configs/<name>.py`` as the module ``configs.<name>`` (the checkout's
+  root goes on ``sys.path``: a script's own folder is what Python puts there,
+  and ``configs/`` is not installed)."""
+  if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+  return importlib.import_module(f"configs.{name}")
 
 
 # The batch-synchronous sampler: a batch leaves when its last episode ends,
@@ -27,12 +43,9 @@ def loop_config(num_steps: int,
   SFT, evaluation, checkpoints or critic warm-up, ``num_steps`` policy steps;
   ``overrides`` are dotted keys (``{"train.mode": "sync"}``) checked against
   ``configs/base.py``."""
-  # pylint: disable=g-import-not-at-top
-  import importlib
-  from sao_jax import config_overrides
-  # pylint: enable=g-import-not-at-top
+  from sao_jax import config_overrides  # pylint: disable=g-import-not-at-top
 
-  config = importlib.import_module(f"configs.{base}").get_config()
+  config = import_config(base).get_config()
   config.train.num_steps = num_steps
   config.train.sft_steps = 0
   config.train.eval_every = 0

@@ -48,6 +48,9 @@ _ARMS = flags.DEFINE_list("arms", ["continuous", "batch"],
                           "Arms to run; the ratios are against the first.")
 _CONFIG = flags.DEFINE_string("config", "configs/quickstart.py",
                               "Config file of every run.")
+_MAIN_FLAGS = flags.DEFINE_multi_string(
+    "main_flag", [], "A flag added to every run's command (e.g. "
+    "--main_flag=--config.train.num_steps=2).")
 
 ARMS = {
     "continuous": {},
@@ -62,7 +65,7 @@ def run_once(arm: str, workdir: str) -> dict[str, float]:
   """One quickstart run of ``arm`` in a new process; its figures."""
   flags_ = [f"--config.{k}={v}" for k, v in ARMS[arm].items()]
   cmd = [sys.executable, "-m", "sao_jax.main", f"--config={_CONFIG.value}",
-         f"--workdir={workdir}", *flags_]
+         f"--workdir={workdir}", *flags_, *_MAIN_FLAGS.value]
   start = time.perf_counter()
   done = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
                         check=False)

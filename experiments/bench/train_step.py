@@ -41,7 +41,6 @@ quickstart-sized / large step over the matmul FLOP/s.
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import statistics
@@ -58,6 +57,8 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import REMAT_POLICIES
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
+
+import loop_setup  # experiments/bench/ (the script's folder)
 
 SIZES = {
     "quickstart": (ModelConfig(vocab_size=294, hidden_size=128,
@@ -81,7 +82,7 @@ def size(name: str) -> tuple[ModelConfig, int, int]:
   if name not in CONFIG_SIZES:
     raise ValueError(f"Unknown size {name!r}; known: "
                      f"{sorted(SIZES) + sorted(CONFIG_SIZES)}.")
-  config = importlib.import_module(f"configs.{name}").get_config()
+  config = loop_setup.import_config(name).get_config()
   cfg = ModelConfig(**{k: config.model[k]
                        for k in ModelConfig.__dataclass_fields__})
   return cfg, int(config.train.batch_size), int(config.train.max_seq_len)
@@ -152,6 +153,8 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, remat_policy=args.remat_policy)
   if args.scan_layers:
     cfg = dataclasses.replace(cfg, scan_layers=args.scan_layers == "true")
+  if args.num_layers:
+    cfg = dataclasses.replace(cfg, num_layers=args.num_layers)
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
@@ -229,6 +232,9 @@ def main():
                       default="", help="Override the models' `remat_policy`.")
   parser.add_argument("--scan_layers", choices=("", "true", "false"),
                       default="", help="Override the models' `scan_layers`.")
+  parser.add_argument("--num_layers", type=int, default=0,
+                      help="Override every size's depth (0: its own); e.g. "
+                      "a 1-layer smoke run of a real-size model.")
   parser.add_argument("--matmul_dtype", default="float32",
                       help="dtype of the peak matmul: float32 on CPU, "
                       "bfloat16 for an accelerator's bf16 peak.")

@@ -22,7 +22,6 @@ One JSON line per run and per figure; the last line is the summary with
 """
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -37,10 +36,12 @@ from sao_jax.ipc import weights as weights_lib
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.transformer import Transformer
 
+import loop_setup  # experiments/bench/ (the script's folder)
+
 
 def model_tree(config_name: str) -> tuple[ModelConfig, dict]:
   """Host numpy params shaped like `configs/<config_name>.py`'s model."""
-  cfg_module = importlib.import_module(f"configs.{config_name}")
+  cfg_module = loop_setup.import_config(config_name)
   m = cfg_module.get_config().model
   fields = {k: m[k] for k in ModelConfig.__dataclass_fields__}
   cfg = ModelConfig(**fields)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import secrets
 import signal
 import sys
@@ -44,6 +45,8 @@ from absl import logging
 
 PREFIX = "sao_"
 _MODE = 0o600
+# Exactly what ``make_name`` writes: other programs' ``sao_*`` files differ.
+_NAME_RE = re.compile(rf"^{PREFIX}([A-Za-z0-9]+)_([0-9]+)_([0-9a-f]{{8}})$")
 
 _lock = threading.RLock()
 _owned: dict[str, shared_memory.SharedMemory] = {}
@@ -57,6 +60,13 @@ _pending_signal: int | None = None  # A SIGTERM that arrived while deferred.
 def make_name(kind: str) -> str:
   """A fresh name ``sao_<kind>_<pid>_<random>`` (short: macOS caps at 31)."""
   return f"{PREFIX}{kind}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def creator_pid(name: str) -> int | None:
+  """The creator's pid in a name ``make_name`` made; None for any other name
+  (another program's ``/dev/shm/sao_*`` file is not ours to count)."""
+  m = _NAME_RE.match(os.path.basename(name))
+  return int(m.group(2)) if m else None
 
 
 def shm_path(name: str) -> str:

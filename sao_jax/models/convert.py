@@ -166,7 +166,10 @@ def main(argv):
   f = flags.FLAGS
   if bool(f.gguf) == f.from_smollm2:
     raise app.UsageError("Give exactly one of --gguf=FILE or --from_smollm2.")
-  convert_gguf(smollm2_gguf_path() if f.from_smollm2 else f.gguf, f.out)
+  if f.from_smollm2:  # Converted once: a complete directory is kept.
+    logging.info("SmolLM2 checkpoint in %s", ensure_smollm2(f.out))
+  else:
+    convert_gguf(f.gguf, f.out)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from typing import Any, Iterator
 
@@ -30,6 +31,7 @@ from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import weights as weights_lib
 from sao_jax.sampler import process as sampler_lib
 from sao_jax.sampler import rollout
+from sao_jax.sampler import supervisor as supervisor_lib
 from sao_jax.train import publish as publish_lib
 from sao_jax.train import setup as setup_lib
 
@@ -54,8 +56,8 @@ class Source:
   config: Any
   stream: Any  # stream_lib.TrajectoryStream | record_lib.ReplayStream
   stop_step: int
-  sampler: sampler_lib.SamplerHandle | None = None
-  ring: ring_lib.RingReader | None = None
+  sampler: supervisor_lib.SupervisedSampler | None = None
+  ring: Any = None  # The sampler's ring reader (SupervisedSampler.reader).
   publish: publish_lib.Publisher | None = None
   recorder: record_lib.StreamRecorder | None = None
   unread_at_stop: int | None = None
@@ -143,23 +145,28 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
   ``params`` are the policy's first published weights, ``version()`` the
   trainer's policy version (read as each record is consumed) and
   ``consumed`` this host's consumed episodes: the sampler resumes at its
-  watermark, skipping those above it, and the stream adds what it reads.
+  watermark, skipping those above it, and the stream adds what it reads. A
+  sampler that dies is started again there (``supervisor.SupervisedSampler``,
+  ``sampler.max_restarts``), on a new ring the stream reads through
+  ``Source.ring``.
   """
   config = run.config
   staleness = traj_lib.StalenessPolicy.from_config(config)
   start_episode, skip = consumed.resume_plan()
   # Both authenticated: only the sampler, given the keys, writes to them.
-  ring = ring_lib.RingReader.create(
-      num_lanes=1, lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
+  make_ring = functools.partial(
+      ring_lib.RingReader.create, num_lanes=1,
+      lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
       authenticate=True)
+  ring = make_ring()
   slot = weights_lib.WeightSlot.create(sharding.to_host(params),
                                        authenticate=True)
-  source = Source(config, stream=None, stop_step=stop_step, ring=ring,
+  source = Source(config, stream=None, stop_step=stop_step,
                   recorder=_recorder(config, workdir, start_step))
   try:
     source.publish = publish_lib.Publisher(slot, staleness.publish_lag)
     source.publish(params, version())
-    source.sampler = sampler_lib.SamplerHandle(sampler_lib.SamplerSpec(
+    spec = sampler_lib.SamplerSpec(
         config=config, model_config=run.mcfg,
         tokenizer_proto=run.tokenizer.serialized_proto(),
         ring_name=ring.name, lane=0, weights_name=slot.name,
@@ -169,11 +176,16 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
         cores=sampler_lib.parse_cores(str(config.sampler.devices)),
         process_index=jax.process_index(),
         process_count=jax.process_count(), ring_key=ring.key,
-        weights_key=slot.key))
+        weights_key=slot.key)
+    # Restarted when it dies, at the consumed watermark (supervisor.py).
+    source.sampler = supervisor_lib.SupervisedSampler(
+        spec, ring, make_ring, consumed,
+        supervisor_lib.RestartPolicy.from_config(config))
+    source.ring = source.sampler.reader  # The current sampler's ring.
     source.sampler.set_trainer_step(start_step)
     source.sampler.start()
     source.stream = stream_lib.TrajectoryStream(
-        ring, batch_size=setup_lib.local_batch_size(config),
+        source.ring, batch_size=setup_lib.local_batch_size(config),
         seq_len=int(config.train.max_seq_len), trainer_version=version,
         staleness=staleness, overlong="truncate", pad_id=run.tokenizer.pad_id,
         read_timeout=rollout.data_wait_s(config)[0],
@@ -188,7 +200,7 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
   finally:
     source.close_recorder()
     source.stop_sampler()
-    ring.close()
+    (source.ring or ring).close()
     slot.close()
 
 

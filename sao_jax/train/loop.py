@@ -38,6 +38,7 @@ from sao_jax.train import health
 from sao_jax.train import inputs as inputs_lib
 from sao_jax.train import metrics as metrics_lib
 from sao_jax.train import setup as setup_lib
+from sao_jax.train import workdir_lock
 
 
 class _Trainer:
@@ -212,15 +213,12 @@ def _run(trainer: _Trainer, workdir: str) -> dict[str, float]:
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
-  """Runs SFT (if configured), asynchronous SAO RL and evaluation.
-
-  Returns:
-    A summary: held-out accuracy before/after RL, steps, trajectories, tokens/s,
-    mean staleness, ring and sampler counters.
-  """
-  os.makedirs(workdir, exist_ok=True)
-  workdir = os.path.abspath(workdir)
+  """Runs SFT (if configured), asynchronous SAO RL and evaluation on a workdir
+  no other run holds (``workdir_lock``); returns the summary: held-out accuracy
+  before/after RL, steps, trajectories, tokens/s, staleness, ring, sampler."""
   setup_lib.local_batch_size(config)  # Fail before any compute.
+  lock = workdir_lock.acquire(workdir)  # Refuses a workdir in use.
+  workdir = lock.workdir
   # Process 0 writes the event file and summary.json (the losses are global;
   # ring, sampler and staleness figures are its host's).
   primary = jax.process_index() == 0
@@ -247,3 +245,4 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     writer.close()
     if run is not None:
       run.ckpt.close()
+    lock.release()

@@ -282,7 +282,10 @@ def run_summary(eval_before: Mapping[str, float],
         sampler_tokens_per_s=sampler_stats.action_tokens / max(1e-9, elapsed),
         sampler_idle_frac=sampler_stats.idle_frac(),
         sampler_decode_occupancy=sampler_stats.decode_occupancy(),
-        sampler_episodes_aborted=float(sampler_stats.episodes_aborted))
+        sampler_episodes_aborted=float(sampler_stats.episodes_aborted),
+        # Restarts of a dead sampler and the time without one (supervisor).
+        sampler_restarts=float(getattr(sampler_stats, "restarts", 0.0)),
+        sampler_downtime_s=float(getattr(sampler_stats, "downtime_s", 0.0)))
   if unread_at_stop is not None:
     summary["ring_unread_at_stop"] = float(unread_at_stop)
   if episodes is not None:

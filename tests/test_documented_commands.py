@@ -1,0 +1,333 @@
+"""Every command README.md and BENCHMARKS.md tell a user to type runs.
+
+The commands are read out of the documents' fenced code blocks (so the two
+cannot drift apart) and run in a tiny form: from the checkout's root, with the
+checkout's interpreter and no ``PYTHONPATH`` (README's install: the editable
+package; ``configs/`` and the experiments' own folders are found as a user
+finds them), paths under ``/tmp``, ``runs/`` and ``$HOME`` moved into the
+test's directory, and each script's or module's extra flags from ``TINY``
+appended (the later flag wins). A documented command whose script or module
+has no entry in ``TINY`` fails the test: a new command gets a tiny form (one
+line here) when it is documented, so CI runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOCUMENTS = ("README.md", "BENCHMARKS.md")
+
+# A model of a few thousand parameters and one RL step: what makes a
+# `sao_jax.main` run tiny whatever its config (its task stays the config's).
+_TINY_MODEL = {
+    "model.hidden_size": 32, "model.intermediate_size": 64,
+    "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1,
+    "model.head_dim": 16,
+}
+_TINY_RUN = {
+    "train.num_steps": 1, "train.sft_steps": 0, "train.eval_every": 0,
+    "rl.critic_warmup_steps": 0, "env.eval_size": 2, "train.batch_size": 4,
+    "sampler.batch_size": 4, "tokenizer.corpus_size": 2000,
+    "train.checkpoint_every": 0,
+}
+
+
+def _config_flags(overrides: dict) -> tuple[str, ...]:
+  return tuple(f"--config.{k}={v}" for k, v in overrides.items())
+
+
+_MAIN = _config_flags({**_TINY_MODEL, **_TINY_RUN})
+# A pretrained checkpoint fixes the model: only the run gets small.
+_MAIN_PRETRAINED = _config_flags(_TINY_RUN)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiny:
+  """How a documented command runs in CI.
+
+  Attributes:
+    args: Flags appended to the documented command.
+    env: Environment variables it runs with.
+    drop: Options of the documented command left out (with their value), and
+      why in ``why``.
+    ci: Not run here: what runs it in CI instead (``.ci/run``'s phases).
+    why: Why something is dropped or run elsewhere.
+  """
+
+  args: tuple[str, ...] = ()
+  env: tuple[tuple[str, str], ...] = ()
+  drop: tuple[str, ...] = ()
+  ci: str = ""
+  why: str = ""
+
+
+_CI_INSTALL = ".ci/run phases 2-3 (README's install and test commands, verbatim)"
+
+# Script, module or program of a documented command -> its tiny form. A
+# `sao_jax.main` command with another config may have its own entry,
+# "sao_jax.main configs/<name>.py". New commands: add one line.
+TINY: dict[str, Tiny] = {
+    "venv": Tiny(ci=_CI_INSTALL),
+    "pip": Tiny(ci=_CI_INSTALL),
+    "pytest": Tiny(ci=".ci/run phase 3 (the whole suite)"),
+    "echo": Tiny(ci=".ci/run phase 5 (writes .venv/bazelrc)"),
+    "bazel": Tiny(ci=".ci/run phase 5 (bazel test //:fast_tests)"),
+    "sao_jax.main": Tiny(args=_MAIN),
+    "sao_jax.main configs/smollm2.py": Tiny(args=_MAIN_PRETRAINED),
+    "sao_jax.models.convert": Tiny(),  # Once: a converted copy is kept.
+    "experiments/sweep.py": Tiny(
+        args=tuple(f"--main_flag={f}" for f in _MAIN)),
+    "experiments/report.py": Tiny(),
+    "experiments/accelerator_smollm2.sh": Tiny(
+        args=_MAIN_PRETRAINED + ("--config.model.dtype=float32",),
+        env=(("TRAIN_S", "1"), ("STEPS", "1"),
+             ("BENCH_ARGS", "--matmul_n=64 --repeats=1 --warmup=0 --batch=1 "
+              "--seq=16 --num_layers=1 --dtype=float32 "
+              "--matmul_dtype=float32"))),
+    "experiments/bench/ring.py": Tiny(
+        args=("--repeats", "1", "--total_mib", "1", "--sizes", "4096",
+              "--no-native"),
+        drop=("--xxhash_include",),
+        why="xxhash.h comes from a downloaded sdist; the C bound is skipped"),
+    "experiments/bench/decode.py": Tiny(
+        args=("--repeats=1", "--new_tokens=2", "--batch=2", "--prompt_len=4",
+              "--vocab=64")),
+    "experiments/bench/train_step.py": Tiny(
+        args=("--repeats=1", "--warmup=0", "--matmul_n=64",
+              "--sizes=quickstart", "--batch=1", "--seq=16",
+              "--num_layers=1")),
+    "experiments/bench/weights.py": Tiny(
+        args=("--repeats=1", "--model=quickstart")),
+    "experiments/bench/async_vs_sync.py": Tiny(
+        args=("--repeats=1", "--steps=3", "--arms=async")),  # 3: a steady step.
+    "experiments/bench/record.py": Tiny(
+        args=("--repeats=1", "--steps=1", "--trajectories=16",
+              "--seq_len=32")),
+    "experiments/bench/quickstart.py": Tiny(
+        args=("--repeats=1", "--arms=continuous",
+              *(f"--main_flag={f}" for f in _MAIN))),
+    "experiments/bench/soak.py": Tiny(
+        args=("--steps=6", "--checkpoint_every=2", "--resumes=1",
+              "--kill_every_s=1e6", "--nobaseline",
+              *(f"--main_flag={f}" for f in _config_flags(_TINY_MODEL)))),
+}
+
+_PYTHONS = ("python", "python3", ".venv/bin/python", ".venv/bin/python3")
+
+
+@dataclasses.dataclass
+class Command:
+  """One documented command: where it is and what it runs."""
+
+  document: str
+  block: int  # 1-based index of its fenced block in the document.
+  text: str
+
+  @property
+  def argv(self) -> list[str]:
+    return shlex.split(self.text, comments=True)
+
+  @property
+  def key(self) -> str:
+    """Its script, module or program (the ``TINY`` key)."""
+    argv = self.argv
+    while argv and re.match(r"^[A-Z_]+=", argv[0]):
+      argv = argv[1:]  # VAR=value prefixes.
+    prog = argv[0]
+    if prog in _PYTHONS:
+      if argv[1:3] == ["-m", "venv"]:
+        return "venv"
+      if argv[1] == "-m":
+        config = next((a.split("=", 1)[1] for a in argv
+                       if a.startswith("--config=")), None)
+        specific = f"{argv[2]} {config}"
+        return specific if specific in TINY else argv[2]
+      return argv[1]
+    if prog == "bash":
+      return argv[1]
+    return os.path.basename(prog)
+
+
+def documented_commands() -> list[Command]:
+  """The commands of both documents' fenced code blocks (output lines, such
+  as JSON figures, and comments left out; ``\\`` continuations joined;
+  ``&&`` chains split; ``[--optional]`` brackets opened)."""
+  out = []
+  for doc in DOCUMENTS:
+    text = (REPO / doc).read_text()
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+    for i, block in enumerate(blocks, 1):
+      joined = re.sub(r"\\\n\s*", " ", block)
+      for line in joined.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "{")):
+          continue
+        line = re.sub(r"\[(--[^\]]*)\]", r"\1", line)
+        for part in line.split("&&"):
+          out.append(Command(doc, i, part.strip()))
+  return out
+
+
+def _blocks() -> dict[tuple[str, int], list[Command]]:
+  blocks: dict[tuple[str, int], list[Command]] = {}
+  for cmd in documented_commands():
+    blocks.setdefault((cmd.document, cmd.block), []).append(cmd)
+  return blocks
+
+
+def test_every_documented_command_has_a_tiny_form():
+  commands = documented_commands()
+  assert len(commands) >= 20, [c.text for c in commands]
+  missing = sorted({f"{c.key}  ({c.document} block {c.block}: {c.text})"
+                    for c in commands if c.key not in TINY})
+  assert not missing, (
+      "Documented commands with no tiny form in TINY "
+      f"(tests/test_documented_commands.py), so CI would not run them: "
+      f"{missing}")
+  # And the table holds nothing that is no longer documented.
+  keys = {c.key for c in commands}
+  assert set(TINY) - keys == set(), set(TINY) - keys
+
+
+def test_the_parser_finds_chains_continuations_and_options():
+  by_key = {}
+  for c in documented_commands():
+    by_key.setdefault(c.key, []).append(c)
+  ring = by_key["experiments/bench/ring.py"][0].argv
+  assert "--xxhash_include" in ring and "1048576" in ring  # Continued lines.
+  sweep = by_key["experiments/sweep.py"][0].argv
+  assert "--parallel=2" in sweep and "--only=sao_eta4" in sweep
+  assert "sao_jax.main configs/smollm2.py" in by_key
+  assert not any(c.text.startswith("{") for c in documented_commands())
+
+
+def _installed_sao_jax() -> str:
+  """Where this interpreter imports sao_jax from outside the checkout."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  return subprocess.run(
+      [sys.executable, "-c", "import sao_jax, os; "
+       "print(os.path.dirname(os.path.dirname(sao_jax.__file__)))"],
+      cwd="/", env=env, capture_output=True, text=True).stdout.strip()
+
+
+def _environment(tmp: pathlib.Path, tiny: Tiny) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("PYTHONPATH", "XDG_CACHE_HOME")}
+  if _installed_sao_jax() != str(REPO):
+    # A worktree sharing another checkout's venv (development): the
+    # checkout's code must win. CI's venv is this checkout's own.
+    env["PYTHONPATH"] = str(REPO)
+  env.update(HOME=str(tmp / "home"), PYTHON=sys.executable,
+             JAX_PLATFORMS="cpu", **dict(tiny.env))
+  return env
+
+
+def _shared_smollm2(home: pathlib.Path, pytestconfig) -> None:
+  """The converted SmolLM2 checkpoint where the documents' commands look for
+  it (``~/.cache/sao_jax/smollm2``): the suite's one conversion."""
+  import smollm2_checkpoint  # pylint: disable=g-import-not-at-top
+  target = home / ".cache" / "sao_jax" / "smollm2"
+  target.parent.mkdir(parents=True, exist_ok=True)
+  if not target.exists():
+    target.symlink_to(smollm2_checkpoint.converted_dir(pytestconfig))
+
+
+def tiny_argv(cmd: Command, tmp: pathlib.Path,
+              env: dict[str, str]) -> list[str] | None:
+  """The command's tiny form in ``env`` (None: CI runs it elsewhere)."""
+  tiny = TINY[cmd.key]
+  if tiny.ci:
+    return None
+  argv = cmd.argv
+  while argv and re.match(r"^[A-Z_]+=", argv[0]):
+    argv = argv[1:]
+  if argv[0] in _PYTHONS:
+    argv = [sys.executable, *argv[1:]]
+  kept, skip = [], False
+  for a in argv:
+    if skip:
+      skip = False
+      continue
+    name = a.split("=", 1)[0]
+    if name in tiny.drop:
+      skip = "=" not in a
+      continue
+    kept.append(a)
+  moved = [_expand(re.sub(r"^(--[\w.]+=)?runs/", rf"\g<1>{tmp}/runs/",
+                          a.replace("/tmp/", f"{tmp}/tmp/")), env)
+           for a in kept]
+  return moved + list(tiny.args)
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+  """What bash makes of ``$VAR``, ``${VAR:-default}`` and ``~/`` in ``env``."""
+  arg = re.sub(r"\$\{(\w+):-([^}]*)\}",
+               lambda m: env.get(m.group(1)) or m.group(2), arg)
+  arg = re.sub(r"(^|=)~/", lambda m: m.group(1) + env["HOME"] + "/", arg)
+  return re.sub(r"\$(\w+)|\$\{(\w+)\}",
+                lambda m: env.get(m.group(1) or m.group(2), ""), arg)
+
+
+_BLOCKS = _blocks()
+_RAN: set[str] = set()  # Tiny forms run this session (paths made generic).
+
+
+def _run_verbatim_by_ci(cmd: Command) -> bool:
+  """Part of README's blocks 1 and 2, which .ci/run runs in full, verbatim
+  (.ci/readme_command), wherever a document quotes them."""
+  return cmd.text in _CI_VERBATIM
+
+
+_CI_VERBATIM = {part.strip() for block in re.findall(
+    r"^```[^\n]*\n(.*?)^```", (REPO / "README.md").read_text(),
+    flags=re.S | re.M)[:2] for part in block.split("&&")}
+
+
+@pytest.mark.skipif("TEST_SRCDIR" in os.environ,
+                    reason="runs the experiments from the checkout's root")
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("where", sorted(_BLOCKS),
+                         ids=[f"{d}-{b}" for d, b in sorted(_BLOCKS)])
+def test_documented_block_runs_in_its_tiny_form(where, tmp_path, pytestconfig):
+  """The commands of one block, in order, in one directory (a block's later
+  commands read what its earlier ones wrote)."""
+  ran = []
+  for cmd in _BLOCKS[where]:
+    env = _environment(tmp_path, TINY[cmd.key])
+    argv = tiny_argv(cmd, tmp_path, env)
+    if argv is None or _run_verbatim_by_ci(cmd):
+      continue
+    generic = shlex.join(argv).replace(str(tmp_path), "TMP")
+    if generic in _RAN:  # Quoted again (e.g. in two sections): ran once.
+      ran.append(cmd.key)
+      continue
+    if "smollm2" in cmd.text or "smollm2" in cmd.key:
+      _shared_smollm2(tmp_path / "home", pytestconfig)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert done.returncode == 0, (
+        f"{cmd.document} block {cmd.block}: `{cmd.text}` failed in its tiny "
+        f"form `{shlex.join(argv)}` (exit {done.returncode}):\n"
+        f"{done.stderr[-3000:]}\n{done.stdout[-1500:]}")
+    ran.append(cmd.key)
+    _RAN.add(generic)
+    if cmd.key.startswith("sao_jax.main"):
+      workdir = next(a.split("=", 1)[1] for a in argv
+                     if a.startswith("--workdir="))
+      summary = json.loads((pathlib.Path(workdir) / "summary.json").read_text())
+      assert summary["steps"] >= 1
+  if not ran:  # Every command of the block is .ci/run's.
+    assert all(TINY[c.key].ci or _run_verbatim_by_ci(c)
+               for c in _BLOCKS[where])
