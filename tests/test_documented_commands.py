@@ -116,6 +116,24 @@ TINY: dict[str, Tiny] = {
     "experiments/bench/quickstart.py": Tiny(
         args=("--repeats=1", "--arms=continuous",
               *(f"--main_flag={f}" for f in _MAIN))),
+    "experiments/bench/attention.py": Tiny(
+        args=("--figures", "core", "--lengths", "16", "--batch", "1",
+              "--layers", "1", "--block", "8", "--repeats", "1")),
+    "experiments/bench/packing.py": Tiny(
+        args=("--record_steps=2", "--repeats=1", "--steps_per_repeat=1")),
+    "experiments/bench/sandbox.py": Tiny(
+        args=("--calls", "3", "--repeats", "1", "--workers", "1",
+              "--arms", "bare,warm")),
+    "experiments/bench/scan_layers.py": Tiny(
+        args=("--figures=compile", "--depths=1,2", "--seq=16",
+              "--arms=scan", "--repeats=1", "--warmup=0")),
+    "experiments/bench/long_context.py": Tiny(
+        args=("--figures=memory", "--seqs=32", "--vocab=256", "--layers=1",
+              "--arms=dense,new")),
+    # One layer, the decode chunk only: the command and its report, cheaply
+    # (tests/test_aot.py compiles SmolLM2 whole and the oversized case).
+    "sao_jax.aot": Tiny(args=("--config.model.num_layers=1",
+                              "--programs=sampler_decode")),
     "experiments/bench/soak.py": Tiny(
         args=("--steps=6", "--checkpoint_every=2", "--resumes=1",
               "--kill_every_s=1e6", "--nobaseline",
