@@ -41,7 +41,7 @@ def get_config(context: str = "8k") -> ml_collections.ConfigDict:
   m.tie_embeddings = False
   m.dtype = "bfloat16"
   m.param_dtype = "float32"  # Master weights and AdamW moments.
-  m.remat = True
+  m.remat_policy = "full"
 
   config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
   config.tokenizer.vocab_size = 0

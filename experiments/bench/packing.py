@@ -97,7 +97,7 @@ def _step_fn(config, workdir: str):
   """The config's jitted SAO step and a fresh-state maker."""
   # pylint: disable=g-import-not-at-top
   import flax.linen as nn
-  from sao_jax import tokenizer as tok_lib
+  from sao_jax.tokenization import tokenizer as tok_lib
   from sao_jax.models import transformer
   from sao_jax.train import setup as setup_lib
   from sao_jax.train import step as step_lib
