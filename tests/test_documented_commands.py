@@ -120,7 +120,8 @@ TINY: dict[str, Tiny] = {
         args=("--figures", "core", "--lengths", "16", "--batch", "1",
               "--layers", "1", "--block", "8", "--repeats", "1")),
     "experiments/bench/packing.py": Tiny(
-        args=("--record_steps=2", "--repeats=1", "--steps_per_repeat=1")),
+        args=("--record_steps=3", "--max_segments=2", "--repeats=1",
+              "--steps_per_repeat=1")),
     "experiments/bench/sandbox.py": Tiny(
         args=("--calls", "3", "--repeats", "1", "--workers", "1",
               "--arms", "bare,warm")),

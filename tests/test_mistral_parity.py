@@ -10,22 +10,18 @@ full forward; export -> transformers load -> the same logits.
 """
 
 import dataclasses
-import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from sao_jax.models import hf
-from sao_jax.models import transformer as tm
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
-from sao_jax.sampler import generate as generate_lib
-from sao_jax.sampler.sampling import SamplingParams
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+import hf_reference  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 pytestmark = pytest.mark.ref
 
@@ -34,29 +30,11 @@ NEW_TOKENS = 32
 
 
 def _batch():
-  rng = np.random.default_rng(1)
-  tokens = rng.integers(0, 128, (3, 11)).astype(np.int32)
-  mask = np.ones((3, 11), bool)
-  mask[1, :3] = False  # Left padding.
-  mask[2, :5] = False
-  positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
-  return tokens, mask, positions
+  return hf_reference.left_padded_batch(length=11, pads=(0, 3, 5), seed=1)
 
 
-def _hf_logits(model, tokens, mask, positions):
-  with torch.no_grad():
-    out = model(input_ids=torch.from_numpy(tokens.astype(np.int64)),
-                attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                position_ids=torch.from_numpy(positions.astype(np.int64)))
-  return out.logits.float().numpy()
-
-
-def _our_logits(config, params, tokens, mask, positions, segment_ids=None):
-  logits, _ = tm.Transformer(config).apply(
-      {"params": params}, jnp.asarray(tokens), jnp.asarray(positions),
-      jnp.asarray(mask),
-      segment_ids=None if segment_ids is None else jnp.asarray(segment_ids))
-  return np.asarray(logits)
+_hf_logits = hf_reference.hf_logits
+_our_logits = hf_reference.our_logits
 
 
 @pytest.fixture(scope="module")
@@ -104,70 +82,23 @@ def test_mistral_logits_match_transformers(reference, scan, attn):
 @pytest.mark.parametrize("attn", ["dense", "blockwise"])
 def test_mistral_packed_row_equals_trajectories_alone(reference, attn):
   path, model, _ = reference
-  config, params = hf.load_hf_checkpoint(path)
-  config = dataclasses.replace(config, attention=attn, attention_block_q=4,
-                               attention_block_kv=4)
-  rng = np.random.default_rng(3)
-  lengths = (6, 7)
-  row = rng.integers(0, 128, (1, 15)).astype(np.int32)
-  seg = np.zeros((1, 15), np.int32)
-  seg[0, :6], seg[0, 6:13] = 1, 2  # Two trajectories, then padding.
-  positions = np.zeros((1, 15), np.int32)
-  positions[0, :6], positions[0, 6:13] = np.arange(6), np.arange(7)
-  got = _our_logits(config, params, row, seg > 0, positions, seg)
-  start = 0
-  for n in lengths:
-    alone = row[:, start:start + n]
-    want = _hf_logits(model, alone, np.ones_like(alone, bool),
-                      np.arange(n, dtype=np.int32)[None])
-    assert np.abs(got[0, start:start + n] - want[0]).max() <= 1e-4
-    start += n
+  hf_reference.check_packed_row_equals_trajectories_alone(path, model, attn)
 
 
 def test_mistral_greedy_continuation_through_the_kv_cache(reference):
   """32 greedy tokens per prompt (far past the window) equal HF `generate`;
   the recorded log-probs equal the trainer's full forward."""
   path, model, _ = reference
-  config, params = hf.load_hf_checkpoint(path)
   tokens, mask, _ = _batch()
-  prompts = [list(map(int, t[m])) for t, m in zip(tokens, mask)]
-  model.generation_config.eos_token_id = None
-  with torch.no_grad():
-    out = model.generate(
-        input_ids=torch.from_numpy(tokens.astype(np.int64)),
-        attention_mask=torch.from_numpy(mask.astype(np.int64)),
-        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-        do_sample=False, pad_token_id=0).numpy()
-  want = out[:, tokens.shape[1]:]
-  segments = generate_lib.generate(
-      params, config, prompts, jax.random.key(0), max_new_tokens=NEW_TOKENS,
-      sampling=SamplingParams(greedy=True))
-  for i, s in enumerate(segments):
-    np.testing.assert_array_equal(s.tokens, want[i])
-    full = np.asarray(prompts[i] + list(map(int, s.tokens)), np.int32)[None]
-    n = full.shape[1]
-    logits = _our_logits(config, params, full, np.ones_like(full, bool),
-                         np.arange(n, dtype=np.int32)[None])
-    logp = jax.nn.log_softmax(logits[0, len(prompts[i]) - 1:n - 1], axis=-1)
-    trainer = np.take_along_axis(np.asarray(logp), s.tokens[:, None], 1)[:, 0]
-    np.testing.assert_allclose(s.logprobs, trainer, atol=1e-4, rtol=0)
-  assert len(set(map(tuple, want))) == len(want)  # Rows really differ.
+  hf_reference.check_greedy_continuation(path, model, tokens, mask,
+                                         NEW_TOKENS)
 
 
 def test_mistral_export_reloads_in_transformers(reference, tmp_path):
   path, _, want = reference
-  config, params = hf.load_hf_checkpoint(path)
-  hf.save_hf_checkpoint(config, params, tmp_path)
-  saved = json.loads((tmp_path / "config.json").read_text())
-  assert saved["architectures"] == ["MistralForCausalLM"]
+  saved = hf_reference.check_export_reloads(path, want, tmp_path,
+                                            "MistralForCausalLM", _batch())
   assert saved["sliding_window"] == WINDOW
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-      tmp_path, attn_implementation="eager").eval()
-  assert type(reloaded).__name__ == "MistralForCausalLM"
-  tokens, mask, positions = _batch()
-  again = _hf_logits(reloaded, tokens, mask, positions)
-  assert np.abs(again[mask] - want[mask]).max() <= 1e-4
-  assert ModelConfig.from_hf_config(saved) == config
 
 
 def test_mistral_config_conversion_and_refusals():

@@ -14,6 +14,7 @@ from sao_jax.models import transformer as tm
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+import hf_reference  # pylint: disable=g-import-not-at-top,wrong-import-position
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 pytestmark = [pytest.mark.ref, pytest.mark.slow]
@@ -50,21 +51,10 @@ def _glm4_moe_config():
 
 
 def _batch():
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, V, (3, 10)).astype(np.int32)
-  mask = np.ones((3, 10), bool)
-  mask[1, :4] = False  # Left padding.
-  mask[2, :7] = False
-  positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
-  return tokens, mask, positions
+  return hf_reference.left_padded_batch(vocab=V)
 
 
-def _hf_logits(model, tokens, mask, positions):
-  with torch.no_grad():
-    out = model(input_ids=torch.from_numpy(tokens.astype(np.int64)),
-                attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                position_ids=torch.from_numpy(positions.astype(np.int64)))
-  return out.logits.float().numpy()
+_hf_logits = hf_reference.hf_logits
 
 
 def _ours(config, params, tokens, mask, positions, routing=None):

@@ -9,47 +9,31 @@ import dataclasses
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import decode_parity
 
 from sao_jax.models import hf
-from sao_jax.models import transformer as tm
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
 from sao_jax.train import memory
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+import hf_reference  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 pytestmark = pytest.mark.ref
 
 
 def _batch():
-  rng = np.random.default_rng(1)
-  tokens = rng.integers(0, 128, (3, 11)).astype(np.int32)
-  mask = np.ones((3, 11), bool)
-  mask[1, :3] = False  # Left padding.
-  mask[2, :8] = False
-  positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
-  return tokens, mask, positions
+  return hf_reference.left_padded_batch(length=11, pads=(0, 3, 8), seed=1)
 
 
-def _hf_logits(model, tokens, mask, positions):
-  with torch.no_grad():
-    out = model(input_ids=torch.from_numpy(tokens.astype(np.int64)),
-                attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                position_ids=torch.from_numpy(positions.astype(np.int64)))
-  return out.logits.float().numpy()
+_hf_logits = hf_reference.hf_logits
 
 
-def _our_logits(config, params, tokens, mask, positions):
-  logits, _ = tm.Transformer(config).apply(
-      {"params": params}, jnp.asarray(tokens), jnp.asarray(positions),
-      jnp.asarray(mask))
-  return np.asarray(logits)
+_our_logits = hf_reference.our_logits
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])

@@ -17,13 +17,13 @@ import pytest
 import decode_parity
 
 from sao_jax.models import hf
-from sao_jax.models import transformer as tm
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
 from sao_jax.models.layers import rope
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+import hf_reference  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 pytestmark = pytest.mark.ref
 
@@ -82,28 +82,13 @@ def test_dynamic_inv_freq_matches_transformers_beyond_max_positions():
 
 
 def _batch():
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, 128, (3, 10)).astype(np.int32)
-  mask = np.ones((3, 10), bool)
-  mask[1, :4] = False  # Left padding.
-  mask[2, :7] = False
-  positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
-  return tokens, mask, positions
+  return hf_reference.left_padded_batch()
 
 
-def _hf_logits(model, tokens, mask, positions):
-  with torch.no_grad():
-    out = model(input_ids=torch.from_numpy(tokens.astype(np.int64)),
-                attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                position_ids=torch.from_numpy(positions.astype(np.int64)))
-  return out.logits.float().numpy()
+_hf_logits = hf_reference.hf_logits
 
 
-def _our_logits(config, params, tokens, mask, positions):
-  logits, _ = tm.Transformer(config).apply(
-      {"params": params}, jnp.asarray(tokens), jnp.asarray(positions),
-      jnp.asarray(mask))
-  return np.asarray(logits)
+_our_logits = hf_reference.our_logits
 
 
 @pytest.fixture(scope="module", params=sorted(SCALINGS))
