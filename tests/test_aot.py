@@ -98,7 +98,7 @@ def test_oversized_run_exits_nonzero_with_the_fix():
   step = reports["sao_step"]
   assert not step["fits"]
   assert "sao_step does not fit v5e-8" in got.stderr
-  assert "over by" in got.stderr and "model.remat=True" in got.stderr
+  assert "over by" in got.stderr and "model.remat_policy=full" in got.stderr
   assert "train.batch_size" in got.stderr
   assert reports["sampler_decode"]["fits"]  # Only the step is too big.
 

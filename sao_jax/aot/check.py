@@ -108,8 +108,8 @@ def advice(config: Any, role: str, mesh_shards: int, devices: int) -> str:
   if str(m.dtype) == "float32":
     tips.append("model.dtype=bfloat16")
   if role == "trainer":
-    if not bool(m.remat):
-      tips.append("model.remat=True")
+    if str(m.remat_policy) == "none":
+      tips.append("model.remat_policy=full")
     if str(m.param_dtype) == "float32":
       tips.append("model.param_dtype=bfloat16")
     if mesh_shards < devices:
