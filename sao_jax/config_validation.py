@@ -398,9 +398,10 @@ def _check_sampler_devices(c: Any) -> None:
 def _check_cross_fields(c: Any) -> None:
   """Keys that must agree with each other."""
   m, s, t = c.model, c.sampler, c.train
-  _check(c, "env.code_wall_s", lambda v: v + 3.0 < c.env.step_timeout_s,
-         f"a float < env.step_timeout_s - 3 = {c.env.step_timeout_s - 3:g} "
-         "(a call's bound plus the sandbox's clean-up grace)")
+  if str(c.env.name) == "code":  # Only the code tool runs the sandbox.
+    _check(c, "env.code_wall_s", lambda v: v + 3.0 < c.env.step_timeout_s,
+           f"a float < env.step_timeout_s - 3 = {c.env.step_timeout_s - 3:g} "
+           "(a call's bound plus the sandbox's clean-up grace)")
   if m.num_heads % m.num_kv_heads:
     raise ConfigError(
         f"config.model.num_heads: expected a multiple of model.num_kv_heads="

@@ -67,7 +67,8 @@ def main():
   torch.set_num_threads(args.threads)
 
   if args.model == "smollm2":
-    from configs import smollm2  # pylint: disable=g-import-not-at-top
+    import loop_setup  # pylint: disable=g-import-not-at-top
+    smollm2 = loop_setup.import_config("smollm2")
     path = convert.ensure_smollm2(smollm2.default_checkpoint_dir())
     cfg, params = load_hf_checkpoint(path)
   else:

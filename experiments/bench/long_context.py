@@ -73,6 +73,7 @@ import numpy as np
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.train import optim
+from sao_jax.train import setup as setup_lib
 from sao_jax.train import step as step_lib
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -236,8 +237,7 @@ def _state(cfg: ModelConfig):
 def smollm2_figures(args, arms) -> None:
   """SmolLM2 step and compile seconds per arm, steps timed alternately."""
   config = importlib.import_module("configs.smollm2").get_config()
-  base = ModelConfig(**{k: config.model[k] for k in (
-      f.name for f in dataclasses.fields(ModelConfig)) if k in config.model})
+  base = setup_lib.model_config(config)
   if args.smollm2_layers:
     base = dataclasses.replace(base, num_layers=args.smollm2_layers)
   b, t = args.smollm2_batch, args.smollm2_seq

@@ -54,6 +54,7 @@ import numpy as np
 
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.train import setup as setup_lib
 from sao_jax.models.config import REMAT_POLICIES
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
@@ -83,8 +84,7 @@ def size(name: str) -> tuple[ModelConfig, int, int]:
     raise ValueError(f"Unknown size {name!r}; known: "
                      f"{sorted(SIZES) + sorted(CONFIG_SIZES)}.")
   config = loop_setup.import_config(name).get_config()
-  cfg = ModelConfig(**{k: config.model[k]
-                       for k in ModelConfig.__dataclass_fields__})
+  cfg = setup_lib.model_config(config)
   return cfg, int(config.train.batch_size), int(config.train.max_seq_len)
 
 

@@ -15,7 +15,6 @@ decode chunk) at the shapes ``generate.Generator`` runs them.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -66,17 +65,13 @@ class Program:
   estimate_of: str
 
 
-class _Vocab(collections.namedtuple("_Vocab", "vocab_size")):
-  """Stands in for the tokenizer: shapes need only the config's vocabulary."""
-
-
 def model_config(config: Any) -> ModelConfig:
-  """The run's ``ModelConfig`` (``setup.model_config_from``) without a
+  """The run's ``ModelConfig`` (``setup.model_config``) without a
   tokenizer: the config's own ``model.vocab_size`` must be set."""
   if int(config.model.vocab_size) <= 0:
     raise ValueError("config.model.vocab_size=0 follows the tokenizer; set it "
                      "explicitly to compile ahead of time.")
-  return setup.model_config_from(config, _Vocab(int(config.model.vocab_size)))
+  return setup.model_config(config)
 
 
 def check_explicit_lengths(config: Any) -> None:

@@ -43,13 +43,19 @@ _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 StepFn = Callable[[step_lib.TrainState, Any], tuple[step_lib.TrainState, Any]]
 
 
-def model_config_from(config: Any, tokenizer: text_tokenizer.TextTokenizer
-                      ) -> ModelConfig:
-  """``ModelConfig`` from ``config.model``; its vocabulary fits the tokenizer."""
+def model_config(config: Any) -> ModelConfig:
+  """``ModelConfig`` from ``config.model`` (``model.moe`` with 0 experts: a
+  dense model)."""
   fields = {k: config.model[k] for k in _MODEL_FIELDS if k != "moe"}
   moe = config.model.moe
   fields["moe"] = MoeConfig(**moe) if int(moe.num_experts) else None
-  mcfg = ModelConfig(**fields)
+  return ModelConfig(**fields)
+
+
+def model_config_from(config: Any, tokenizer: text_tokenizer.TextTokenizer
+                      ) -> ModelConfig:
+  """``model_config(config)``, whose vocabulary fits the tokenizer."""
+  mcfg = model_config(config)
   if mcfg.vocab_size < tokenizer.vocab_size:
     raise ValueError(
         f"config.model.vocab_size={mcfg.vocab_size} < tokenizer vocab "
