@@ -35,16 +35,15 @@ import numpy as np
 from sao_jax.ipc import weights as weights_lib
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.transformer import Transformer
+from sao_jax.train import setup as setup_lib
 
 import loop_setup  # experiments/bench/ (the script's folder)
 
 
 def model_tree(config_name: str) -> tuple[ModelConfig, dict]:
   """Host numpy params shaped like `configs/<config_name>.py`'s model."""
-  cfg_module = loop_setup.import_config(config_name)
-  m = cfg_module.get_config().model
-  fields = {k: m[k] for k in ModelConfig.__dataclass_fields__}
-  cfg = ModelConfig(**fields)
+  cfg = setup_lib.model_config(
+      loop_setup.import_config(config_name).get_config())
   x = jnp.zeros((1, 1), jnp.int32)
   shapes = nn.unbox(jax.eval_shape(
       lambda: Transformer(cfg).init(jax.random.PRNGKey(0), x, x, x == 0)
