@@ -40,7 +40,7 @@ def _layouts(cfg, params, seed=0):
   log-probs are the policy's own plus noise (ratios near 1)."""
   trajs = pi.trajs(seed, n=11)
   un = {k: jnp.asarray(v) for k, v in pi.unpacked(trajs, 16).items()}
-  logp, _ = step_lib._policy_logp(
+  logp, _, _ = step_lib._policy_logp(
       transformer.Transformer(cfg), params, un, TEMP)
   rng = np.random.default_rng(seed + 7)
   for i, t in enumerate(trajs):
@@ -65,7 +65,8 @@ def test_logprobs_and_values_packed_equal_unpacked(attention):
     model = policy if fn is step_lib._policy_logp else critic
     out_un = fn(model, params, un, *args)
     out_pk = fn(model, params, pk, *args)
-    for a, b in zip(*(o if isinstance(o, tuple) else (o,)
+    # (log-probs, entropy[, a MoE policy's routing]) or the values.
+    for a, b in zip(*(o[:2] if isinstance(o, tuple) else (o,)
                       for o in (out_un, out_pk))):
       pi.same_per_trajectory(a, un, b, pk)
 
@@ -107,8 +108,8 @@ def test_nothing_leaks_across_segments_in_the_models():
   other = pk["attention_mask"] & ~victim
   changed = dict(pk, tokens=jnp.where(victim, 3, pk["tokens"]))
   policy, critic = transformer.Transformer(CFG), transformer.ValueModel(CFG)
-  lp0, _ = step_lib._policy_logp(policy, p, pk, TEMP)
-  lp1, _ = step_lib._policy_logp(policy, p, changed, TEMP)
+  lp0, _, _ = step_lib._policy_logp(policy, p, pk, TEMP)
+  lp1, _, _ = step_lib._policy_logp(policy, p, changed, TEMP)
   v0 = step_lib._aligned_values(critic, v, pk)
   v1 = step_lib._aligned_values(critic, v, changed)
   np.testing.assert_allclose(lp0[other], lp1[other], atol=1e-6)
