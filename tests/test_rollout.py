@@ -145,7 +145,7 @@ def test_model_policy_multi_turn_logprobs_and_versions(tok):
     return versions[v], v
 
   # Many stop tokens so a random model ends its segments early.
-  stops = list(range(4, tok.vocab_size, 9))
+  stops = list(range(4, tok.vocab_size, 3))
   temperature = 0.7
   policy = rollout.ModelPolicy(
       cfg, provider, rollout.RolloutLimits(4, 96, 8).cache_len(),
