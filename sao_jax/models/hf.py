@@ -393,7 +393,9 @@ def _iter_hf_tensors(config: ModelConfig,
     if whole.shape[:len(lead)] != lead:
       raise CheckpointError(
           f"Parameter {'/'.join(e.path)} has shape {whole.shape}; this config "
-          f"expects leading (layers, experts) axes {lead}.")
+          f"expects a leading axis of {lead[0]}"
+          + (f", then {lead[1]}" if len(lead) > 1 else "")
+          + " (layers of the stacked stage, then experts).")
     for e in group:
       x = whole
       for index in (e.layer, e.expert):
