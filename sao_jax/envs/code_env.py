@@ -29,9 +29,8 @@ import math
 import threading
 from typing import Any
 
-from sao_jax.envs.base import StepResult
-from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
+from sao_jax.envs.tool_env import ToolCallingEnv
 from sao_jax.sandbox.limits import CallResult
 from sao_jax.sandbox.limits import Limits
 from sao_jax.sandbox.pool import SandboxPool
@@ -165,7 +164,7 @@ def publish(stats: Any) -> None:
       setattr(stats, name, float(value))
 
 
-class CodeEnv(ReasoningGymEnv):
+class CodeEnv(ToolCallingEnv):
   """Multi-turn: sandboxed Python calls (at most `max_tool_calls`), then an
   answer."""
 
@@ -175,36 +174,20 @@ class CodeEnv(ReasoningGymEnv):
                max_tool_calls: int = 4, answer: str = "whole",
                reward: str = "exact", *, pool: SandboxPool,
                observation_chars: int = 512):
-    super().__init__(tasks, instruction, answer, reward)
-    self.name = tasks.name + self.name_suffix
-    self.max_tool_calls = max_tool_calls
+    super().__init__(tasks, instruction, max_tool_calls, answer, reward)
     self.observation_chars = observation_chars
     self.pool = pool
-    self._calls = 0
 
-  def reset(self, task: int) -> str:
-    self._calls = 0
-    return super().reset(task)
+  def refuse(self, reason: str) -> str:
+    with _POOLS_LOCK:
+      _REFUSALS[0] += 1
+    return super().refuse(reason)
 
-  def step(self, action_text: str) -> StepResult:
-    self._require_episode()
-    if not self.template.is_tool_call(action_text):
-      return super().step(action_text)  # Final answer.
-    payload = self.template.parse_tool_call(action_text)
-    self._calls += 1
-    info: dict[str, Any] = {"tool_call": payload}
+  def run_tool(self, payload: str) -> tuple[str, dict[str, Any]]:
     try:
-      if self._calls > self.max_tool_calls:
-        raise CallError(f"more than {self.max_tool_calls} tool calls")
       code = parse_code(payload, self.template.call_open != SAO_CALL_OPEN)
     except CallError as e:
-      with _POOLS_LOCK:
-        _REFUSALS[0] += 1
-      value = f"error: {e}"
-    else:
-      result = self.pool.run(code)
-      value = format_observation(result, self.observation_chars)
-      info["exec_s"] = result.exec_s
-    info["tool_result"] = value
-    return StepResult(self.template.format_tool_result(value), 0.0, False,
-                      info)
+      return self.refuse(str(e)), {}
+    result = self.pool.run(code)
+    return (format_observation(result, self.observation_chars),
+            {"exec_s": result.exec_s})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from typing import Any
 
 from sao_jax.envs.base import StepResult
 from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
@@ -89,10 +90,15 @@ def format_number(value: int | float) -> str:
   return str(value)
 
 
-class ToolEnv(ReasoningGymEnv):
-  """Multi-turn: calculator calls (at most `max_tool_calls`), then an answer."""
+class ToolCallingEnv(ReasoningGymEnv):
+  """Multi-turn: tool calls (at most `max_tool_calls`), then an answer.
 
-  name_suffix = "+calc"
+  An action in the template's tool-call format runs the tool (`run_tool`)
+  and its result is the observation; any other action is the final answer,
+  scored by the task. Subclasses name the tool (`name_suffix`, `run_tool`).
+  """
+
+  name_suffix = ""
 
   def __init__(self, tasks: ReasoningGymTasks, instruction: str = "",
                max_tool_calls: int = 4, answer: str = "whole",
@@ -106,18 +112,36 @@ class ToolEnv(ReasoningGymEnv):
     self._calls = 0
     return super().reset(task)
 
+  def refuse(self, reason: str) -> str:
+    """The observation of a call that cannot run."""
+    return f"error: {reason}"
+
+  def run_tool(self, payload: str) -> tuple[str, dict[str, Any]]:
+    """(observation, extra step info) of one call's payload."""
+    raise NotImplementedError
+
   def step(self, action_text: str) -> StepResult:
     self._require_episode()
     if not self.template.is_tool_call(action_text):
       return super().step(action_text)  # Final answer.
-    expr = self.template.parse_tool_call(action_text)
+    payload = self.template.parse_tool_call(action_text)
     self._calls += 1
     if self._calls > self.max_tool_calls:
-      value = f"error: more than {self.max_tool_calls} tool calls"
+      value, extra = self.refuse(
+          f"more than {self.max_tool_calls} tool calls"), {}
     else:
-      try:
-        value = format_number(calculate(expr))
-      except CalculatorError as e:
-        value = f"error: {e}"
+      value, extra = self.run_tool(payload)
     return StepResult(self.template.format_tool_result(value), 0.0, False,
-                      {"tool_call": expr, "tool_result": value})
+                      {"tool_call": payload, **extra, "tool_result": value})
+
+
+class ToolEnv(ToolCallingEnv):
+  """Multi-turn: calculator calls (at most `max_tool_calls`), then an answer."""
+
+  name_suffix = "+calc"
+
+  def run_tool(self, payload: str) -> tuple[str, dict[str, Any]]:
+    try:
+      return format_number(calculate(payload)), {}
+    except CalculatorError as e:
+      return self.refuse(str(e)), {}
