@@ -6,6 +6,13 @@ import re
 
 import pytest
 
+# Tests run on the CPU backend (its fake devices included), whatever else is
+# installed: with the `tpu` extra, jax would otherwise load libtpu -- a second
+# XLA with its own compiler -- into every test process to look for a TPU.
+# What needs TPU compile-only devices runs in a child of its own
+# (tests/fresh_process.py). Set JAX_PLATFORMS to override.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 # sao_jax.ipc.segment's name pattern (make_name: sao_<kind>_<pid>_<8 hex>),
 # spelled out so that this conftest (part of every test target) needs no
 # dependency on the package; tests/test_ring.py checks that they agree.

@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from sao_jax import tpu_topology as topology
 
-_OK, _WHY = topology.libtpu_available()
+import fresh_process
+
+_OK, _WHY = fresh_process.libtpu_available()  # Not in this process.
 needs_libtpu = pytest.mark.skipif(
     not _OK, reason=f"cannot compile for TPUs here: {_WHY}")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,41 +113,4 @@ def test_unknown_topology_is_refused():
 
 @needs_libtpu
 def test_devices_and_meshes_of_each_process():
-  # pylint: disable=g-import-not-at-top
-  from configs import qwen2_5_7b
-  from configs import smollm2
-  from sao_jax import sharding
-  from sao_jax.aot import check
-  # pylint: enable=g-import-not-at-top
-  config = smollm2.get_config()
-  two = check.place(config, topology.parse("v5e-8"), num_slices=2)
-  assert len(two.trainer) == 16 and two.shared
-  with pytest.raises(sharding.MeshError, match="multiple of the 2 slices"):
-    sharding.make_mesh(config.mesh, two.trainer)
-  config.mesh.data = 2  # The data axis spans the slices.
-  mesh = sharding.make_mesh(config.mesh, two.trainer)
-  assert dict(mesh.shape) == {"data": 2, "fsdp": 8, "tensor": 1}
-  assert [d.slice_index for d in mesh.devices[:, 0, 0]] == [0, 1]
-  assert {d.slice_index for d in mesh.devices[0].flat} == {0}
-
-  config = qwen2_5_7b.get_config("8k")  # sampler.chips = 'v5p-64:2,3'.
-  topo = topology.parse("v5p-64")
-  split = check.place(config, topo)
-  assert not split.shared
-  # Chips 0 and 1 of each of the 8 hosts: not a box of the slice.
-  assert len(split.trainer) == 16
-  assert {topology.local_chip(d, topo) for d in split.trainer} == {0, 1}
-  assert len({d.process_index for d in split.trainer}) == 8
-  mesh = sharding.make_mesh(config.mesh, split.trainer)
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 16, "tensor": 1}
-  assert len(split.sampler) == 1  # It runs on the first of its 2 chips.
-  with pytest.raises(ValueError, match="splits a v5p-64 but the topology "
-                     "is v5p-16"):
-    check.place(config, topology.parse("v5p-16"))
-  # v5e-8 split in halves: each compiles for a 2x2 topology of its own.
-  config = smollm2.get_config()
-  config.sampler.chips = "v5e-8:4-7"
-  halves = check.place(config, topology.parse("v5e-8"))
-  assert len(halves.trainer) == 4
-  assert sorted(tuple(d.coords) for d in halves.trainer) == [
-      (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+  fresh_process.run("tpu_checks", "devices_and_meshes_of_each_process")

@@ -6,7 +6,6 @@ queries see only themselves.
 """
 
 import functools
-import os
 
 import flax.linen as nn
 import jax
@@ -20,6 +19,8 @@ from sao_jax.models.layers import attention
 from sao_jax.models.layers import blockwise
 from sao_jax.models.layers import fused as fused_lib
 from sao_jax.models.layers import masks
+
+import fresh_process
 
 CFG = ModelConfig.tiny(vocab_size=61, qkv_bias=True)
 
@@ -328,48 +329,9 @@ def test_splash_in_interpret_mode_equals_dense():
     np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
 
 
-def _tpu_device():
-  """A device of an abstract TPU v5e topology (libtpu, no TPU needed)."""
-  try:
-    import libtpu  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    pytest.skip("libtpu is not installed (pip install 'jax[tpu]'): the TPU "
-                "splash path cannot be compiled here.")
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # Others' locks.
-  try:
-    topo = topologies.get_topology_desc(topology_name="v5e:2x2",
-                                        platform="tpu")
-  except Exception as e:  # pylint: disable=broad-except
-    pytest.skip(f"libtpu could not describe a v5e:2x2 topology: {e}")
-  return topo.devices[0]
-
-
+@pytest.mark.skipif(not fresh_process.libtpu_available()[0],
+                    reason="cannot compile for TPUs here: "
+                    f"{fresh_process.libtpu_available()[1]}")
 def test_model_with_auto_attention_compiles_splash_for_tpu():
   """Ahead-of-time: the policy loss + gradients for a TPU, with 'auto'."""
-  device = _tpu_device()
-  cfg = ModelConfig.tiny(vocab_size=256, head_dim=64, dtype="bfloat16")
-  b, t = 2, 384
-  sharding = jax.sharding.SingleDeviceSharding(device)
-  sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
-  model = tm.Transformer(cfg)
-  tokens = jnp.ones((b, t), jnp.int32)
-  params = jax.eval_shape(lambda: nn.unbox(model.init(
-      jax.random.key(0), tokens, tm.positions_from_mask(tokens > 0),
-      tokens > 0)))
-  params = jax.tree.map(lambda x: sds(x.shape, x.dtype), params)
-
-  def loss(p, tokens, positions, mask, seg):
-    logits, _ = model.apply(p, tokens, positions, mask, segment_ids=seg)
-    return jnp.mean(logits)
-
-  with attention.lowering_for("tpu"):
-    assert attention.choose(cfg, t, t, False) == "splash"
-    lowered = jax.jit(jax.grad(loss)).lower(
-        params, sds((b, t), jnp.int32), sds((b, t), jnp.int32),
-        sds((b, t), jnp.bool_), sds((b, t), jnp.int32))
-  text = lowered.compile().as_text()
-  # Forward, dq and dkv kernels: once in the scanned layer body (each of
-  # the 2 layers with scan_layers=False).
-  layers = 1 if cfg.scan_layers else cfg.num_layers
-  assert text.count("tpu_custom_call") >= 3 * layers, text[:2000]
+  fresh_process.run("tpu_checks", "auto_attention_compiles_splash_for_tpu")
