@@ -3,6 +3,7 @@ and other programs' ``/dev/shm/sao_*`` files are never taken for ours."""
 
 import os
 import re
+import time
 
 import pytest
 
@@ -20,6 +21,8 @@ NAME_RE = re.compile(r"^sao_([A-Za-z0-9]+)_([0-9]+)_([0-9a-f]{8})$")
 # Names another program could leave in /dev/shm (the issue-30 report's among
 # them): present for the whole session, so every segment check runs with them.
 FOREIGN_NAMES = ("sao_x_y", "sao_probe_root_0600", "sao_ring_12_notours")
+# Seconds a dead process's segment may take to be cleaned up by its owner.
+_GRACE_S = 30.0
 
 
 def _our_segments() -> set[str]:
@@ -76,12 +79,24 @@ def no_leaked_shared_memory(foreign_shm_files):  # pylint: disable=redefined-out
   """
   before = _our_segments()
   yield
-  leaked = sorted(
-      n for n in _our_segments() - before
-      if _creator_pid(n) == os.getpid() or not _alive(_creator_pid(n)))
-  if leaked:
+
+  def leaked() -> list[str]:
+    return sorted(
+        n for n in _our_segments() - before
+        if _creator_pid(n) == os.getpid() or not _alive(_creator_pid(n)))
+
+  # A dead child's segment may be another test process's (pytest-xdist's
+  # other worker, another run) and about to be cleaned up by it: a grace
+  # period before one that is not this process's own counts as leaked.
+  deadline = time.monotonic() + _GRACE_S
+  found = leaked()
+  while found and time.monotonic() < deadline and all(
+      _creator_pid(n) != os.getpid() for n in found):
+    time.sleep(1.0)
+    found = leaked()
+  if found:
     pytest.fail(
-        f"Shared-memory segments leaked in /dev/shm: {leaked}. Close rings and "
+        f"Shared-memory segments leaked in /dev/shm: {found}. Close rings and "
         "weight slots (use `with`), and never SIGKILL their creator in tests.",
         pytrace=False,
     )

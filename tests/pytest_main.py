@@ -44,7 +44,10 @@ def _drop_resolved_script_dir() -> None:
 def pytest_args(test_files: Sequence[str],
                 env: dict[str, str]) -> list[str]:
   """Builds the pytest command line for `test_files` from Bazel's test env."""
-  args = ["-p", "no:cacheprovider", "-c", "pytest.ini", "--rootdir", ".", "-q"]
+  # `-n 0`: Bazel runs the test targets in parallel already (pytest.ini
+  # asks for two pytest-xdist workers).
+  args = ["-p", "no:cacheprovider", "-c", "pytest.ini", "--rootdir", ".", "-q",
+          "-n", "0"]
   if env.get("XML_OUTPUT_FILE"):
     args += ["--junitxml", env["XML_OUTPUT_FILE"]]
   if env.get("TESTBRIDGE_TEST_ONLY"):
