@@ -8,6 +8,7 @@ import pytest
 
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import MoeConfig
 from sao_jax.train import memory
 from sao_jax.train import optim
 
@@ -21,7 +22,20 @@ def _nbytes(tree) -> int:
     dict(tie_embeddings=True),
     dict(qkv_bias=True, dtype="bfloat16"),
     dict(qkv_bias=True, scan_layers=False),  # The per-layer layout.
-])
+    # One per family's own shapes (models/families/): Qwen3's q/k norms,
+    # Mistral's window, Gemma 3's four norms and mixed layers, the experts.
+    dict(qk_norm=True),
+    dict(sliding_window=4),
+    dict(norm_style="gemma", mlp_activation="gelu_tanh", qk_norm=True,
+         tie_embeddings=True, sliding_window=4, local_rope_theta=10.0,
+         layer_types=("sliding_attention", "full_attention")),
+    dict(qk_norm=True, first_dense_layers=1, moe=MoeConfig(
+        num_experts=4, top_k=2, intermediate_size=16)),
+    dict(qk_norm=True, qkv_bias=True, rotary_dim=8, first_dense_layers=1,
+         moe=MoeConfig(num_experts=4, top_k=2, intermediate_size=16,
+                       router="sigmoid", n_group=2, n_shared_experts=1)),
+], ids=["tied", "bias_bf16", "per_layer", "qwen3", "mistral", "gemma3",
+        "qwen3_moe", "glm4_moe"])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_estimate_matches_the_allocated_trees(overrides, frozen):
   cfg = ModelConfig.tiny(vocab_size=96, **overrides)

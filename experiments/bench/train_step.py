@@ -16,6 +16,13 @@ sizes:
   `train.batch_size` x `train.max_seq_len` (16 x 128), random weights (FLOPs
   do not depend on them).
 
+`--family` gives the size a family's shapes (models/families/): `qwen3` (q/k
+norms), `mistral` (a window of seq/4), `gemma3` ((1 + w) norms with the
+post-attention/MLP norms, GELU-tanh, three sliding layers to one full,
+q/k norms, tied), `qwen3_moe` (8 experts, top 2) or `glm4_moe` (sigmoid
+grouped routing, a shared expert, half rotary, a dense first layer);
+default `llama`, the size as is.
+
 FLOPs per step come from XLA's cost analysis of the compiled step
 (`jit(...).lower(...).compile().cost_analysis()['flops']`); the analytic
 estimates are printed beside them: `analytic_6n_flops` = 6 · N · tokens ·
@@ -23,7 +30,10 @@ estimates are printed beside them: `analytic_6n_flops` = 6 · N · tokens ·
 critic updates, and `analytic_flops`, which also counts the critic's forward
 for the advantages, the critic's 1-wide head instead of the LM head and the
 attention score/value matmuls (4 · T² · heads · head_dim per row and layer,
-×3 with the backward).
+×3 with the backward; a sliding window is counted as full causal attention,
+which the dense path computes; the blockwise path skips blocks outside it,
+so XLA counts fewer). For a MoE model N counts the experts a token uses
+(top_k + shared) and the router, not every expert.
 
 The peak is a float32 2048 x 2048 @ 2048 x 2048 `jnp.dot` (2 · n³ FLOPs;
 `--matmul_dtype=bfloat16 --matmul_n=8192` for an accelerator's bf16 peak,
@@ -54,6 +64,7 @@ import numpy as np
 
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import MoeConfig
 from sao_jax.train import setup as setup_lib
 from sao_jax.models.config import REMAT_POLICIES
 from sao_jax.train import optim
@@ -88,12 +99,48 @@ def size(name: str) -> tuple[ModelConfig, int, int]:
   return cfg, int(config.train.batch_size), int(config.train.max_seq_len)
 
 
+def family_config(cfg: ModelConfig, family: str, seq: int) -> ModelConfig:
+  """`cfg` with the shapes of `family` (see the module docstring)."""
+  window = max(1, seq // 4)
+  moe_f = max(1, cfg.intermediate_size // 4)
+  shapes = {
+      "llama": {},
+      "qwen3": dict(qk_norm=True),
+      "mistral": dict(sliding_window=window),
+      "gemma3": dict(
+          norm_style="gemma", mlp_activation="gelu_tanh", qk_norm=True,
+          tie_embeddings=True, sliding_window=window,
+          local_rope_theta=10000.0, rope_theta=1e6,
+          layer_types=tuple("full_attention" if i % 4 == 3 else
+                            "sliding_attention"
+                            for i in range(cfg.num_layers))),
+      "qwen3_moe": dict(qk_norm=True, moe=MoeConfig(
+          num_experts=8, top_k=2, intermediate_size=moe_f)),
+      "glm4_moe": dict(
+          qk_norm=True, qkv_bias=True, rotary_dim=cfg.head_dim // 2,
+          first_dense_layers=min(1, cfg.num_layers - 1),
+          moe=MoeConfig(num_experts=8, top_k=2, intermediate_size=moe_f,
+                        router="sigmoid", n_group=2, topk_group=1,
+                        n_shared_experts=1, routed_scaling_factor=1.5)),
+  }
+  if family not in shapes:
+    raise ValueError(f"Unknown family {family!r}; known: {sorted(shapes)}.")
+  return dataclasses.replace(cfg, **shapes[family])
+
+
 def matmul_params(cfg: ModelConfig, value: bool) -> int:
-  """Parameters that enter a matmul per token: blocks + output head."""
+  """Parameters that enter a matmul per token: blocks + output head (a MoE
+  layer: its router and the top_k + shared experts a token goes through)."""
   d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
   attn = d * dh * (cfg.num_heads * 2 + cfg.num_kv_heads * 2)
   head = d if value else d * cfg.vocab_size
-  return cfg.num_layers * (attn + 3 * d * f) + head
+  dense = cfg.num_layers * (attn + 3 * d * f) + head
+  if cfg.moe is None:
+    return dense
+  m = cfg.moe
+  sparse = d * m.num_experts + 3 * d * m.intermediate_size * (
+      m.top_k + m.n_shared_experts)
+  return dense + cfg.num_moe_layers * (sparse - 3 * d * f)
 
 
 def analytic_flops(cfg: ModelConfig, batch: int, seq: int) -> dict[str, float]:
@@ -155,6 +202,7 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, scan_layers=args.scan_layers == "true")
   if args.num_layers:
     cfg = dataclasses.replace(cfg, num_layers=args.num_layers)
+  cfg = family_config(cfg, args.family, seq)
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
       k, x, x, x > -1)["params"])(jax.random.PRNGKey(0))
@@ -193,7 +241,7 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
   out = {
       "figure": f"train_step_{name}", "batch": batch_size, "seq": seq,
       "dtype": cfg.dtype, "remat_policy": cfg.remat_policy,
-      "scan_layers": cfg.scan_layers,
+      "scan_layers": cfg.scan_layers, "family": args.family,
       "num_params": cfg.num_params(), "xla_flops": flops,
       **analytic_flops(cfg, batch_size, seq),
       "compile_s": round(compile_s, 2),
@@ -235,6 +283,9 @@ def main():
   parser.add_argument("--num_layers", type=int, default=0,
                       help="Override every size's depth (0: its own); e.g. "
                       "a 1-layer smoke run of a real-size model.")
+  parser.add_argument("--family", default="llama",
+                      help="Give each size a family's shapes: llama, qwen3, "
+                      "mistral, gemma3, qwen3_moe or glm4_moe.")
   parser.add_argument("--matmul_dtype", default="float32",
                       help="dtype of the peak matmul: float32 on CPU, "
                       "bfloat16 for an accelerator's bf16 peak.")

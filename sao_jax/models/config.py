@@ -1,4 +1,4 @@
-"""Hyper-parameters of the decoder LM (one family: Llama 2/3.x and Qwen2)."""
+"""Hyper-parameters of the decoder LM; the HF families are models/families/."""
 
 from __future__ import annotations
 
@@ -9,30 +9,19 @@ import jax.numpy as jnp
 
 # Re-exported: every caller catches it from here.
 from sao_jax.models.families.errors import UnsupportedConfigError  # pylint: disable=unused-import
-from sao_jax.models.families.gemma3 import gemma3_from_hf
-from sao_jax.models.families.gemma3 import gemma3_to_hf
-from sao_jax.models.families.mistral import mistral_from_hf
-from sao_jax.models.families.mistral import mistral_to_hf
+from sao_jax.models.families import registry as family_registry
 from sao_jax.models.layers import rope as rope_lib
 
-# HF `architectures` entries we can read and write.
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                           "Glm4MoeForCausalLM", "MistralForCausalLM",
-                           "Gemma3ForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                "glm4_moe": "Glm4MoeForCausalLM",
-                "mistral": "MistralForCausalLM",
-                "gemma3_text": "Gemma3ForCausalLM"}
+# HF `architectures` entries we can read and write (models/families/).
+SUPPORTED_ARCHITECTURES = family_registry.architectures()
 # `ModelConfig.norm_style` / `mlp_activation` values.
 NORM_STYLES = ("llama", "gemma")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 # `ModelConfig.layer_types` entries (HF names).
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # Mixture-of-experts architectures and the router each uses.
-MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "softmax",
-                     "Glm4MoeForCausalLM": "sigmoid"}
+MOE_ARCHITECTURES = {f.architecture: f.moe_router
+                     for f in family_registry.families() if f.moe_router}
 # `ModelConfig.attention` values (layers/attention.choose).
 ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 
@@ -297,266 +286,23 @@ class ModelConfig:
 
   @classmethod
   def from_hf_config(cls, hf: Mapping[str, Any]) -> ModelConfig:
-    """Reads a HF `config.json` dict of a Llama or Qwen2 causal LM.
+    """Reads a HF `config.json` dict of a supported causal LM.
 
-    Accepts both transformers 5 (`rope_parameters`) and 4 (`rope_theta`,
-    `rope_scaling`) layouts. Raises UnsupportedConfigError for features this
-    family does not implement (other architectures, rope scaling, biases on
-    o_proj/MLP, sliding windows, non-SiLU activations).
+    Dispatches on `architectures` (else `model_type`) to the family module
+    that registered it (models/families/). Accepts both transformers 5
+    (`rope_parameters`) and 4 (`rope_theta`, `rope_scaling`) layouts.
+    Raises UnsupportedConfigError for other architectures and for features
+    the family's module refuses (biases on o_proj/MLP, softcapping, ...).
     """
-    archs = list(hf.get("architectures") or [])
-    model_type = hf.get("model_type")
-    if archs:
-      bad = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
-      if bad:
-        raise UnsupportedConfigError(
-            f"Unsupported architecture {bad}; supported: "
-            f"{list(SUPPORTED_ARCHITECTURES)}."
-        )
-      arch = archs[0]
-    elif model_type in _MODEL_TYPES:
-      arch = _MODEL_TYPES[model_type]
-    else:
-      raise UnsupportedConfigError(
-          f"config has neither a supported `architectures` entry nor "
-          f"model_type in {tuple(_MODEL_TYPES)} (got architectures={archs}, "
-          f"model_type={model_type!r})."
-      )
-
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-      raise UnsupportedConfigError(
-          f"hidden_act={act!r}; only 'silu' is supported.")
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in ("dynamic", "yarn") and hf.get("max_position_embeddings"):
-      rope.setdefault("max_position_embeddings", hf["max_position_embeddings"])
-    if rope.get("partial_rotary_factor", 1.0) != 1.0 and (
-        arch != "Glm4MoeForCausalLM"):
-      raise UnsupportedConfigError(
-          "partial_rotary_factor != 1 (RoPE on part of a head) is only "
-          "supported for Glm4MoeForCausalLM.")
-    partial = rope.pop("partial_rotary_factor", None)
-    try:
-      rope_scaling = rope_lib.normalize_scaling(rope)
-    except ValueError as e:
-      raise UnsupportedConfigError(f"RoPE scaling: {e}") from e
-    num_heads = hf["num_attention_heads"]
-    hidden = hf["hidden_size"]
-    head_dim = hf.get("head_dim") or hidden // num_heads
-    extra: dict[str, Any] = {}
-
-    if arch == "Gemma3ForCausalLM":
-      return cls(**gemma3_from_hf(hf))
-    if arch == "MistralForCausalLM":
-      qkv_bias, extra = False, mistral_from_hf(hf)
-    elif arch == "LlamaForCausalLM":
-      if hf.get("attention_bias", False):
-        raise UnsupportedConfigError(
-            "Llama attention_bias=True (bias on o_proj) is not supported.")
-      if hf.get("mlp_bias", False):
-        raise UnsupportedConfigError("Llama mlp_bias=True is not supported.")
-      qkv_bias = False
-    elif arch == "Glm4MoeForCausalLM":
-      qkv_bias, extra = _glm4_moe_from_hf(hf, partial or 1.0, head_dim)
-    elif arch == "Qwen3MoeForCausalLM":
-      qkv_bias, extra = False, _qwen3_moe_from_hf(hf)
-    else:
-      if hf.get("use_sliding_window", False):
-        raise UnsupportedConfigError(
-            f"{arch} use_sliding_window=True is not supported.")
-      qkv_bias = arch == "Qwen2ForCausalLM"
-      if arch == "Qwen3ForCausalLM" and hf.get("attention_bias", False):
-        raise UnsupportedConfigError(
-            "Qwen3 attention_bias=True (bias on o_proj too) is not supported.")
-
-    return cls(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hidden,
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-        head_dim=head_dim,
-        rope_theta=float(rope_theta),
-        rope_scaling=rope_scaling,
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qkv_bias=qkv_bias,
-        qk_norm=extra.pop("qk_norm", arch == "Qwen3ForCausalLM"),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        **extra,
-    )
+    fields = family_registry.of_hf_config(hf).from_hf(hf)
+    if isinstance(fields.get("moe"), Mapping):
+      fields["moe"] = MoeConfig(**fields["moe"])
+    return cls(**fields)
 
   def to_hf_config(self, arch: str = "LlamaForCausalLM") -> dict[str, Any]:
     """The HF `config.json` dict for `arch` (inverse of `from_hf_config`)."""
-    if arch not in SUPPORTED_ARCHITECTURES:
-      raise UnsupportedConfigError(
-          f"Unsupported architecture {arch!r}; supported: "
-          f"{list(SUPPORTED_ARCHITECTURES)}."
-      )
-    gemma = (self.norm_style, self.mlp_activation) != ("llama", "silu") or (
-        self.layer_types or self.query_pre_attn_scalar or
-        self.local_rope_theta)
-    if arch == "Gemma3ForCausalLM":
-      return gemma3_to_hf(self)
-    if gemma:
-      raise UnsupportedConfigError(
-          f"{arch} cannot express a Gemma-style config (norm_style, "
-          "mlp_activation, layer_types, query_pre_attn_scalar, "
-          "local_rope_theta); export as Gemma3ForCausalLM.")
-    if self.sliding_window and arch != "MistralForCausalLM":
-      raise UnsupportedConfigError(
-          f"{arch} cannot express sliding_window={self.sliding_window}; export "
-          "as MistralForCausalLM.")
-    if arch in ("LlamaForCausalLM", "MistralForCausalLM") and self.qkv_bias:
-      raise UnsupportedConfigError(
-          "LlamaForCausalLM cannot express qkv_bias=True (its attention_bias "
-          "also adds an o_proj bias); export as Qwen2ForCausalLM instead.")
-    if (arch in MOE_ARCHITECTURES) != (self.moe is not None) or (
-        self.moe is not None and MOE_ARCHITECTURES[arch] != self.moe.router):
-      raise UnsupportedConfigError(
-          f"{arch} cannot express moe={self.moe}: export as "
-          f"{self.hf_architecture()}.")
-    if arch == "Qwen2ForCausalLM" and not self.qkv_bias:
-      raise UnsupportedConfigError(
-          "Qwen2ForCausalLM always has q/k/v biases; this config has "
-          "qkv_bias=False, export as LlamaForCausalLM instead.")
-    qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-    if arch != "Glm4MoeForCausalLM" and (
-        self.qk_norm != qwen3 or (qwen3 and self.qkv_bias)):
-      raise UnsupportedConfigError(
-          f"{arch} cannot express qk_norm={self.qk_norm}, qkv_bias="
-          f"{self.qkv_bias} (Qwen3ForCausalLM: q/k norms, no biases); export "
-          f"as {self.hf_architecture()}.")
-    cfg = {
-        "architectures": [arch],
-        "model_type": {v: k for k, v in _MODEL_TYPES.items()}[arch],
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": self.rms_norm_eps,
-        "rope_theta": self.rope_theta,
-        "rope_parameters": self._hf_rope_parameters(),
-        "tie_word_embeddings": self.tie_embeddings,
-        "torch_dtype": self.param_dtype,
-        "dtype": self.param_dtype,
-    }
-    if arch == "LlamaForCausalLM":
-      cfg.update(attention_bias=False, mlp_bias=False)
-    elif arch == "MistralForCausalLM":
-      cfg.update(mistral_to_hf(self))
-    elif arch == "Glm4MoeForCausalLM":
-      cfg.update(_glm4_moe_to_hf(self))
-    elif arch == "Qwen3MoeForCausalLM":
-      cfg.update(_qwen3_moe_to_hf(self))
-    else:
-      cfg.update(use_sliding_window=False)
-    if qwen3:
-      cfg.update(attention_bias=False)
-    max_pos = dict(self.rope_scaling).get("max_position_embeddings")
-    if max_pos:
-      cfg["max_position_embeddings"] = max_pos
-    return cfg
+    return family_registry.get(arch).to_hf(self)
 
   def hf_architecture(self) -> str:
     """The HF architecture this config exports as by default."""
-    if self.moe is not None:
-      return {v: k for k, v in MOE_ARCHITECTURES.items()}[self.moe.router]
-    if self.norm_style == "gemma":
-      return "Gemma3ForCausalLM"
-    if self.sliding_window:
-      return "MistralForCausalLM"
-    if self.qk_norm:
-      return "Qwen3ForCausalLM"
-    return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"
-
-  def _hf_rope_parameters(self) -> dict[str, Any]:
-    """HF `rope_parameters` (max_position_embeddings is a top-level key)."""
-    params = {k: v for k, v in self.rope_scaling
-              if k != "max_position_embeddings"}
-    params.setdefault("rope_type", "default")
-    return {**params, "rope_theta": self.rope_theta}
-
-def _glm4_moe_from_hf(hf: Mapping[str, Any], partial_rotary_factor: float,
-                      head_dim: int) -> tuple[bool, dict[str, Any]]:
-  """(qkv_bias, the MoE and rotary fields) of a GLM-4.5-style config."""
-  moe = MoeConfig(
-      num_experts=int(hf["n_routed_experts"]),
-      top_k=int(hf["num_experts_per_tok"]),
-      intermediate_size=int(hf["moe_intermediate_size"]),
-      router="sigmoid", norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-      n_group=int(hf.get("n_group", 1)),
-      topk_group=int(hf.get("topk_group", 1)),
-      routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
-      n_shared_experts=int(hf.get("n_shared_experts", 0)))
-  rotary = int(head_dim * float(partial_rotary_factor))
-  return bool(hf.get("attention_bias", False)), dict(
-      moe=moe, first_dense_layers=int(hf.get("first_k_dense_replace", 0)),
-      rotary_dim=0 if rotary == head_dim else rotary,
-      qk_norm=bool(hf.get("use_qk_norm", False)))
-
-
-def _qwen3_moe_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
-  """The MoE fields of a Qwen3-MoE config (q/k norms, softmax routing)."""
-  if hf.get("use_sliding_window", False):
-    raise UnsupportedConfigError(
-        "Qwen3-MoE use_sliding_window=True is not supported.")
-  n = int(hf["num_hidden_layers"])
-  step = int(hf.get("decoder_sparse_step", 1))
-  dense = sorted(int(i) for i in hf.get("mlp_only_layers") or [])
-  if step != 1 or dense != list(range(len(dense))):
-    raise UnsupportedConfigError(
-        f"Qwen3-MoE decoder_sparse_step={step}, mlp_only_layers={dense}: only "
-        "MoE layers after an optional dense prefix (step 1, mlp_only_layers "
-        "= [0, ..., k-1]) are supported.")
-  moe = MoeConfig(
-      # transformers 5 writes num_local_experts; the hub's configs num_experts.
-      num_experts=int(hf["num_experts"] if "num_experts" in hf
-                      else hf["num_local_experts"]),
-      top_k=int(hf["num_experts_per_tok"]),
-      intermediate_size=int(hf["moe_intermediate_size"]),
-      router="softmax", norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
-  return dict(moe=moe, first_dense_layers=min(len(dense), n), qk_norm=True)
-
-
-def _qwen3_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-  """The Qwen3-MoE fields of `cfg.to_hf_config`."""
-  moe = cfg.moe
-  if moe.n_shared_experts or moe.routed_scaling_factor != 1.0:
-    raise UnsupportedConfigError(
-        "Qwen3MoeForCausalLM has no shared experts and no routed scaling.")
-  return {"num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
-          "moe_intermediate_size": moe.intermediate_size,
-          "norm_topk_prob": moe.norm_topk_prob, "decoder_sparse_step": 1,
-          "mlp_only_layers": list(range(cfg.first_dense_layers)),
-          "use_sliding_window": False}
-
-
-def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-  """The GLM-4.5-style fields of `cfg.to_hf_config`."""
-  moe = cfg.moe
-  if moe.router != "sigmoid":
-    raise UnsupportedConfigError(
-        f"Glm4MoeForCausalLM routes with sigmoid scores; this config's router "
-        f"is {moe.router!r}.")
-  factor = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
-  return {
-      "attention_bias": cfg.qkv_bias, "use_qk_norm": cfg.qk_norm,
-      "n_routed_experts": moe.num_experts,
-      "num_experts_per_tok": moe.top_k,
-      "moe_intermediate_size": moe.intermediate_size,
-      "norm_topk_prob": moe.norm_topk_prob, "n_group": moe.n_group,
-      "topk_group": moe.topk_group,
-      "routed_scaling_factor": moe.routed_scaling_factor,
-      "n_shared_experts": moe.n_shared_experts,
-      "first_k_dense_replace": cfg.first_dense_layers,
-      "num_nextn_predict_layers": 0,
-      "rope_parameters": {**cfg._hf_rope_parameters(),  # pylint: disable=protected-access
-                          "partial_rotary_factor": factor},
-  }
+    return family_registry.default_for(self).architecture

@@ -1,4 +1,4 @@
-"""HF checkpoint import/export (Llama, Qwen2) as safetensors.
+"""HF checkpoint import/export (every family of models/families/) as safetensors.
 
 `load_hf_checkpoint` streams a `config.json` + `*.safetensors` directory (single
 file or sharded with `model.safetensors.index.json`) tensor by tensor into the
@@ -6,13 +6,12 @@ file or sharded with `model.safetensors.index.json`) tensor by tensor into the
 tensor on its sharding as it is read. `save_hf_checkpoint` writes the inverse,
 loadable by `transformers.AutoModelForCausalLM.from_pretrained`.
 
-HF stores `nn.Linear` weights as [out, in]; ours are [in, ...out] with heads
-split out, e.g. q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. RoPE uses the HF
-`rotate_half` layout, so no q/k permutation is needed. With
-`ModelConfig.scan_layers` the L per-layer HF tensors of one parameter form one
-stacked [L, ...] leaf of `decoder/layers/...` (docs/DESIGN.md "Layer layout");
-the reader and writer go parameter by parameter, so the host holds one stacked
-leaf at a time.
+The tensor names and reshapes are `hf_layout.entries` (the family's own names
+where they differ). RoPE uses the HF `rotate_half` layout, so no q/k
+permutation is needed. With `ModelConfig.scan_layers` the L per-layer HF
+tensors of one parameter form one stacked [L, ...] leaf of `decoder/layers/...`
+(docs/DESIGN.md "Layer layout"); the reader and writer go parameter by
+parameter, so the host holds one stacked leaf at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from absl import logging
 import flax.linen as nn
@@ -30,9 +29,11 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from sao_jax.models import hf_layout
 from sao_jax.models import layout
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
+from sao_jax.models.families import registry
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -43,137 +44,6 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class CheckpointError(ValueError):
   """A HF checkpoint directory cannot be read or written as this model."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-  """One HF tensor <-> one of our parameters."""
-
-  path: tuple[str, ...]  # Key path in our params dict.
-  hf_name: str
-  hf_shape: tuple[int, ...]
-  to_ours: Callable[[np.ndarray], np.ndarray]
-  to_hf: Callable[[np.ndarray], np.ndarray]
-  layer: int | None = None  # Index on the stacked leaf's [L] axis.
-  expert: int | None = None  # Index on an expert leaf's [E] axis.
-
-
-def _attention_entries(cfg: ModelConfig, hf: str,
-                       attn: tuple[str, ...]) -> list[_Entry]:
-  """One layer's attention tensors."""
-  d, dh, h = cfg.hidden_size, cfg.head_dim, cfg.num_heads
-  entries = []
-  for name, heads in (("q", h), ("k", cfg.num_kv_heads),
-                      ("v", cfg.num_kv_heads)):
-    entries.append(_Entry(
-        attn + (f"{name}_proj",), f"{hf}self_attn.{name}_proj.weight",
-        (heads * dh, d), lambda w, n=heads: w.T.reshape(d, n, dh),
-        lambda k, n=heads: k.reshape(d, n * dh).T))
-    if cfg.qkv_bias:
-      entries.append(_Entry(
-          attn + (f"{name}_bias",), f"{hf}self_attn.{name}_proj.bias",
-          (heads * dh,), lambda b, n=heads: b.reshape(n, dh),
-          lambda b, n=heads: b.reshape(n * dh)))
-    if cfg.qk_norm and name != "v":  # Qwen3, GLM-4.5.
-      entries.append(_Entry(attn + (f"{name}_norm", "scale"),
-                            f"{hf}self_attn.{name}_norm.weight", (dh,),
-                            lambda x: x, lambda x: x))
-  entries.append(_Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight",
-                        (d, h * dh), lambda w: w.T.reshape(h, dh, d),
-                        lambda k: k.reshape(h * dh, d).T))
-  return entries
-
-
-def _moe_entries(cfg: ModelConfig, hf: str,
-                 moe: tuple[str, ...]) -> list[_Entry]:
-  """One MoE layer's router, experts (one HF tensor per expert) and shared
-  experts (HF Qwen3-MoE / GLM-4.5 names)."""
-  d, m = cfg.hidden_size, cfg.moe
-  f, e_count = m.intermediate_size, m.num_experts
-  same, t = (lambda x: x), (lambda x: x.T)
-  entries = [_Entry(moe + ("router_kernel",), f"{hf}mlp.gate.weight",
-                    (e_count, d), t, t)]
-  if m.router == "sigmoid":
-    entries.append(_Entry(moe + ("router_bias",),
-                          f"{hf}mlp.gate.e_score_correction_bias", (e_count,),
-                          same, same))
-  for e in range(e_count):
-    for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
-      entries.append(_Entry(moe + (f"{name}_proj",),
-                            f"{hf}mlp.experts.{e}.{name}_proj.weight", shape,
-                            t, t, expert=e))
-  if m.n_shared_experts:
-    fs = f * m.n_shared_experts
-    for name, shape in (("gate", (fs, d)), ("up", (fs, d)), ("down", (d, fs))):
-      entries.append(_Entry(moe + (f"shared_{name}_proj",),
-                            f"{hf}mlp.shared_experts.{name}_proj.weight",
-                            shape, t, t))
-  return entries
-
-
-def _stacked(group: list[_Entry], xs: list[np.ndarray]) -> np.ndarray:
-  """One leaf from its entries' tensors: [L?, E?, ...] by layer, expert."""
-  e = group[0]
-  if e.layer is None and e.expert is None:
-    return xs[0]
-  lead = tuple(len({getattr(g, a) for g in group}) for a in ("layer", "expert")
-               if getattr(e, a) is not None)
-  return np.stack(xs).reshape(lead + xs[0].shape)
-
-
-def _norm_names(cfg: ModelConfig) -> list[tuple[str, str]]:
-  """(ours, HF) names of a layer's norms: Llama's two, Gemma 3's four."""
-  if cfg.norm_style == "gemma":
-    return [("attn_norm", "input_layernorm"),
-            ("post_attn_norm", "post_attention_layernorm"),
-            ("mlp_norm", "pre_feedforward_layernorm"),
-            ("post_mlp_norm", "post_feedforward_layernorm")]
-  return [("attn_norm", "input_layernorm"),
-          ("mlp_norm", "post_attention_layernorm")]
-
-
-def _layout(cfg: ModelConfig) -> list[_Entry]:
-  """The full HF <-> ours correspondence for `cfg`."""
-  d, f = cfg.hidden_size, cfg.intermediate_size
-  same = lambda x: x
-  t = lambda x: x.T
-
-  entries = [_Entry(("decoder", "embedder", "embedding"),
-                    "model.embed_tokens.weight", (cfg.vocab_size, d), same,
-                    same)]
-  for name, first, count, sparse in cfg.stages():
-    for i in range(first, first + count):
-      start = len(entries)
-      hf = f"model.layers.{i}."
-      ours = ("decoder", name if cfg.scan_layers else f"layers_{i}")
-      entries += _attention_entries(cfg, hf, ours + ("attn",))
-      entries += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
-          _Entry(ours + ("mlp", "gate_proj"), f"{hf}mlp.gate_proj.weight",
-                 (f, d), t, t),
-          _Entry(ours + ("mlp", "up_proj"), f"{hf}mlp.up_proj.weight", (f, d),
-                 t, t),
-          _Entry(ours + ("mlp", "down_proj"), f"{hf}mlp.down_proj.weight",
-                 (d, f), t, t)]
-      entries += [
-          _Entry(ours + (ours_name, "scale"), f"{hf}{hf_name}.weight", (d,),
-                 same, same) for ours_name, hf_name in _norm_names(cfg)]
-      if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
-        entries[start:] = [dataclasses.replace(e, layer=i - first)
-                           for e in entries[start:]]
-  entries.append(_Entry(("decoder", "final_norm", "scale"), "model.norm.weight",
-                        (d,), same, same))
-  if not cfg.tie_embeddings:
-    entries.append(_Entry(("lm_head",), "lm_head.weight", (cfg.vocab_size, d),
-                          t, t))
-  return entries
-
-
-def _groups(entries: list[_Entry]) -> list[list[_Entry]]:
-  """Entries by parameter: one per leaf, a stacked leaf's L in layer order."""
-  groups: dict[tuple[str, ...], list[_Entry]] = {}
-  for e in entries:
-    groups.setdefault(e.path, []).append(e)
-  return list(groups.values())
 
 
 def _read_config(path: str) -> tuple[dict[str, Any], ModelConfig]:
@@ -285,7 +155,7 @@ def load_hf_checkpoint(
     param_dtype: str = "float32",
     scan_layers: bool = True,
 ) -> tuple[ModelConfig, dict[str, Any]]:
-  """Reads a HF LlamaForCausalLM / Qwen2ForCausalLM safetensors checkpoint.
+  """Reads a HF safetensors checkpoint of a supported family.
 
   Tensors are read one at a time (memory-mapped by safetensors), converted to
   our layout and `param_dtype`, and placed with `jax.device_put(x, sharding)`.
@@ -310,11 +180,12 @@ def load_hf_checkpoint(
       architecture, missing, unexpected or wrongly shaped tensors.
   """
   path = os.fspath(path)
-  _, config = _read_config(path)
+  hf_config, config = _read_config(path)
   config = dataclasses.replace(config, param_dtype=param_dtype,
                                scan_layers=scan_layers)
   files = _tensor_files(path)
-  entries = _layout(config)
+  entries = hf_layout.entries(
+      config, registry.of_hf_config(hf_config).architecture)
 
   expected = {e.hf_name for e in entries}
   unexpected = sorted(
@@ -337,7 +208,7 @@ def load_hf_checkpoint(
   with contextlib.ExitStack() as stack:
     handles = {}
 
-    def read(e: _Entry) -> np.ndarray:
+    def read(e: hf_layout.Entry) -> np.ndarray:
       if e.hf_name not in files:
         raise CheckpointError(
             f"Tensor {e.hf_name!r} is missing from the checkpoint in {path} "
@@ -353,9 +224,9 @@ def load_hf_checkpoint(
       return e.to_ours(_read_tensor(handles[file], e.hf_name, file)).astype(
           dtype)
 
-    for group in _groups(entries):
+    for group in hf_layout.groups(entries):
       e = group[0]
-      x = _stacked(group, [read(g) for g in group])
+      x = hf_layout.stacked(group, [read(g) for g in group])
       if shardings is None:
         sharding = None
       elif isinstance(shardings, jax.sharding.Sharding):
@@ -373,15 +244,15 @@ def load_hf_checkpoint(
   return config, params
 
 
-def _iter_hf_tensors(config: ModelConfig,
-                     params: Any) -> Iterator[tuple[str, np.ndarray]]:
+def _iter_hf_tensors(config: ModelConfig, params: Any,
+                     arch: str) -> Iterator[tuple[str, np.ndarray]]:
   if "params" in params and "decoder" not in params:
     params = params["params"]
   params = nn.unbox(params)
   # The params' own layout wins over config.scan_layers (either is exported).
   config = dataclasses.replace(
       config, scan_layers="per_layer" not in layout.layouts(params))
-  for group in _groups(_layout(config)):
+  for group in hf_layout.groups(hf_layout.entries(config, arch)):
     e = group[0]
     try:
       whole = np.asarray(jax.device_get(_get(params, e.path)))
@@ -389,7 +260,7 @@ def _iter_hf_tensors(config: ModelConfig,
       raise CheckpointError(
           f"params lack {'/'.join(e.path)} (for HF tensor {e.hf_name!r}); do "
           "they belong to this config?") from err
-    lead = _stacked(group, [np.zeros(())] * len(group)).shape
+    lead = hf_layout.stacked(group, [np.zeros(())] * len(group)).shape
     if whole.shape[:len(lead)] != lead:
       raise CheckpointError(
           f"Parameter {'/'.join(e.path)} has shape {whole.shape}; this config "
@@ -421,8 +292,8 @@ def save_hf_checkpoint(
     params: `Transformer` params (`variables['params']` or the whole variables
       dict; boxed or plain; any sharding: gathered to host per tensor).
     path: output directory (created).
-    arch: 'LlamaForCausalLM', 'Qwen2ForCausalLM' (needs qkv_bias=True) or
-      'Qwen3ForCausalLM' (needs qk_norm=True); None: the config's own
+    arch: a `SUPPORTED_ARCHITECTURES` entry that can express `config`
+      (e.g. 'Qwen2ForCausalLM' needs qkv_bias=True); None: the config's own
       (`ModelConfig.hf_architecture`).
   """
   path = os.fspath(path)
@@ -431,7 +302,7 @@ def save_hf_checkpoint(
     hf_config = config.to_hf_config(arch)
   except UnsupportedConfigError as e:
     raise CheckpointError(str(e)) from e
-  tensors = dict(_iter_hf_tensors(config, params))
+  tensors = dict(_iter_hf_tensors(config, params, arch))
   dtypes = {str(x.dtype) for x in tensors.values()}
   if len(dtypes) == 1:
     hf_config["dtype"] = hf_config["torch_dtype"] = dtypes.pop()

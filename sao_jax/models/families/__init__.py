@@ -1,1 +1,16 @@
-"""Per-family HF config conversion (docs/DESIGN.md §8, "Adding a family")."""
+"""Model families: one small module per HF architecture over the shared layers.
+
+Importing this package registers every family (`registry.py`); to add one,
+write `families/<family>.py` (its `from_hf` / `to_hf`, tensor-name
+differences, a `registry.register` call) and import it below
+(docs/DESIGN.md §8 "Extending": a model).
+"""
+
+# The import order is `SUPPORTED_ARCHITECTURES`' order.
+from sao_jax.models.families import llama  # pylint: disable=unused-import
+from sao_jax.models.families import qwen2  # pylint: disable=unused-import
+from sao_jax.models.families import qwen3  # pylint: disable=unused-import
+from sao_jax.models.families import qwen3_moe  # pylint: disable=unused-import
+from sao_jax.models.families import glm4_moe  # pylint: disable=unused-import
+from sao_jax.models.families import mistral  # pylint: disable=unused-import
+from sao_jax.models.families import gemma3  # pylint: disable=unused-import

@@ -6,17 +6,25 @@ kind with its own RoPE base (`local_rope_theta` / `rope_theta` and scaling),
 (`norm_style='gemma'`), a GELU-tanh gated MLP, embeddings scaled by
 sqrt(hidden_size), q/k norms, tied embeddings and scores scaled by
 query_pre_attn_scalar^-1/2. The layers are the shared ones
-(models/layers/); this module only converts configs. docs/DESIGN.md §8.
+(models/layers/); this module converts configs and names the four
+norms' tensors. docs/DESIGN.md §8.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from sao_jax.models.families import registry
 from sao_jax.models.families.errors import UnsupportedConfigError
 from sao_jax.models.layers import rope as rope_lib
 
+ARCH = "Gemma3ForCausalLM"
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+# A Gemma block's four norms (ours, HF), in block order.
+NORM_NAMES = (("attn_norm", "input_layernorm"),
+              ("post_attn_norm", "post_attention_layernorm"),
+              ("mlp_norm", "pre_feedforward_layernorm"),
+              ("post_mlp_norm", "post_feedforward_layernorm"))
 
 
 def _layer_types(hf: Mapping[str, Any], n: int) -> tuple[str, ...]:
@@ -52,7 +60,7 @@ def _rope(hf: Mapping[str, Any]) -> tuple[float, Any, float]:
   return theta, scaling, local_theta
 
 
-def gemma3_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   """Every `ModelConfig` field of a HF Gemma 3 text config."""
   act = hf.get("hidden_activation") or hf.get("hidden_act") or (
       "gelu_pytorch_tanh")
@@ -91,7 +99,7 @@ def _number(x: float) -> int | float:
   return int(x) if float(x).is_integer() else float(x)
 
 
-def gemma3_to_hf(cfg: Any) -> dict[str, Any]:
+def to_hf(cfg: Any) -> dict[str, Any]:
   """The HF `config.json` dict of a Gemma-style `ModelConfig` `cfg`."""
   if (cfg.norm_style, cfg.mlp_activation) != ("gemma", "gelu_tanh") or (
       not cfg.qk_norm or cfg.qkv_bias or cfg.moe is not None or
@@ -126,3 +134,9 @@ def gemma3_to_hf(cfg: Any) -> dict[str, Any]:
       "attention_bias": False, "tie_word_embeddings": cfg.tie_embeddings,
       "torch_dtype": cfg.param_dtype, "dtype": cfg.param_dtype,
   }
+
+
+FAMILY = registry.register(registry.Family(
+    architecture=ARCH, model_type="gemma3_text", from_hf=from_hf, to_hf=to_hf,
+    claims=lambda cfg: cfg.norm_style == "gemma", priority=10,
+    norm_names=NORM_NAMES))

@@ -1,7 +1,7 @@
 """Mistral (`MistralForCausalLM`): Llama with an optional sliding window.
 
 The layers are Llama's (no biases, SiLU gated MLP, untied or tied head) and
-so are the tensor names (models/hf.py `_layout`); the one extra field is
+so are the tensor names (models/hf_layout.py); the one extra field is
 `ModelConfig.sliding_window`, honoured by every attention path through
 `MaskSpec.window` (layers/masks.py). docs/DESIGN.md §8.
 """
@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from sao_jax.models.families import common
+from sao_jax.models.families import registry
 from sao_jax.models.families.errors import UnsupportedConfigError
 
+ARCH = "MistralForCausalLM"
 
-def mistral_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
-  """The Mistral-only `ModelConfig` fields of a HF Mistral config.
+
+def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """Every `ModelConfig` field of a HF Mistral config.
 
   `sliding_window` None (or absent) is full causal attention, as in
   transformers' MistralModel (create_causal_mask).
@@ -23,16 +27,23 @@ def mistral_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     raise UnsupportedConfigError(
         "Mistral layer_types (alternating sliding/full layers, Ministral) "
         "is not supported: every layer must share one sliding_window.")
-  for key in ("attention_bias", "mlp_bias"):
-    if hf.get(key, False):
-      raise UnsupportedConfigError(f"Mistral {key}=True is not supported.")
+  common.refuse(hf, "Mistral", "attention_bias", "mlp_bias")
   window = hf.get("sliding_window")
   if window is not None and int(window) < 1:
     raise UnsupportedConfigError(
         f"Mistral sliding_window={window} must be None or >= 1.")
-  return {"sliding_window": int(window or 0)}
+  return {**common.base_from_hf(hf), "qkv_bias": False, "qk_norm": False,
+          "sliding_window": int(window or 0)}
 
 
-def mistral_to_hf(cfg: Any) -> dict[str, Any]:
-  """The Mistral-only HF config keys of `ModelConfig` `cfg`."""
-  return {"sliding_window": cfg.sliding_window or None}
+def to_hf(cfg: Any) -> dict[str, Any]:
+  """The HF Mistral config.json dict of `cfg`."""
+  common.check_export(cfg, ARCH, sliding=True, notes={
+      "qkv_bias": "its attention_bias also adds an o_proj bias"})
+  return {**common.base_to_hf(cfg, ARCH, "mistral"),
+          "sliding_window": cfg.sliding_window or None}
+
+
+FAMILY = registry.register(registry.Family(
+    architecture=ARCH, model_type="mistral", from_hf=from_hf, to_hf=to_hf,
+    claims=lambda cfg: bool(cfg.sliding_window), priority=20))

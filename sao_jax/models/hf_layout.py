@@ -1,0 +1,141 @@
+"""The HF <-> ours tensor correspondence of a `ModelConfig` (models/hf.py).
+
+One `Entry` per HF tensor: its name, shape and the reshapes both ways. The
+names are the shared Llama-like ones (`model.layers.{i}.self_attn.*`,
+`mlp.*`, the MoE layers' `mlp.gate` / `mlp.experts.{e}.*` /
+`mlp.shared_experts.*`); what a family names differently (Gemma 3's four
+norms) its `families.registry.Family` declares. HF stores `nn.Linear`
+weights as [out, in]; ours are [in, ...out] with heads split out, e.g.
+q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. With `scan_layers` the L
+per-layer tensors of a parameter form one stacked [L, ...] leaf
+(docs/DESIGN.md "Layer layout").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.families import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One HF tensor <-> one of our parameters."""
+
+  path: tuple[str, ...]  # Key path in our params dict.
+  hf_name: str
+  hf_shape: tuple[int, ...]
+  to_ours: Callable[[np.ndarray], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+  layer: int | None = None  # Index on the stacked leaf's [L] axis.
+  expert: int | None = None  # Index on an expert leaf's [E] axis.
+
+
+def _attention_entries(cfg: ModelConfig, hf: str,
+                       attn: tuple[str, ...]) -> list[Entry]:
+  """One layer's attention tensors (q/k/v biases: Qwen2; q/k norms: Qwen3,
+  Gemma 3, GLM-4.5)."""
+  d, dh, h = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+  same = lambda x: x
+  out = []
+  for name, heads in (("q", h), ("k", cfg.num_kv_heads),
+                      ("v", cfg.num_kv_heads)):
+    out.append(Entry(
+        attn + (f"{name}_proj",), f"{hf}self_attn.{name}_proj.weight",
+        (heads * dh, d), lambda w, n=heads: w.T.reshape(d, n, dh),
+        lambda k, n=heads: k.reshape(d, n * dh).T))
+    if cfg.qkv_bias:
+      out.append(Entry(
+          attn + (f"{name}_bias",), f"{hf}self_attn.{name}_proj.bias",
+          (heads * dh,), lambda b, n=heads: b.reshape(n, dh),
+          lambda b, n=heads: b.reshape(n * dh)))
+    if cfg.qk_norm and name != "v":
+      out.append(Entry(attn + (f"{name}_norm", "scale"),
+                       f"{hf}self_attn.{name}_norm.weight", (dh,), same, same))
+  out.append(Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight",
+                   (d, h * dh), lambda w: w.T.reshape(h, dh, d),
+                   lambda k: k.reshape(h * dh, d).T))
+  return out
+
+
+def _moe_entries(cfg: ModelConfig, hf: str,
+                 moe: tuple[str, ...]) -> list[Entry]:
+  """One MoE layer's router, experts (one HF tensor per expert) and shared
+  experts (HF Qwen3-MoE / GLM-4.5 names)."""
+  d, m = cfg.hidden_size, cfg.moe
+  f, e_count = m.intermediate_size, m.num_experts
+  same, t = (lambda x: x), (lambda x: x.T)
+  out = [Entry(moe + ("router_kernel",), f"{hf}mlp.gate.weight", (e_count, d),
+               t, t)]
+  if m.router == "sigmoid":
+    out.append(Entry(moe + ("router_bias",),
+                     f"{hf}mlp.gate.e_score_correction_bias", (e_count,),
+                     same, same))
+  for e in range(e_count):
+    for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
+      out.append(Entry(moe + (f"{name}_proj",),
+                       f"{hf}mlp.experts.{e}.{name}_proj.weight", shape, t, t,
+                       expert=e))
+  if m.n_shared_experts:
+    fs = f * m.n_shared_experts
+    for name, shape in (("gate", (fs, d)), ("up", (fs, d)), ("down", (d, fs))):
+      out.append(Entry(moe + (f"shared_{name}_proj",),
+                       f"{hf}mlp.shared_experts.{name}_proj.weight", shape, t,
+                       t))
+  return out
+
+
+def stacked(group: list[Entry], xs: list[np.ndarray]) -> np.ndarray:
+  """One leaf from its entries' tensors: [L?, E?, ...] by layer, expert."""
+  e = group[0]
+  if e.layer is None and e.expert is None:
+    return xs[0]
+  lead = tuple(len({getattr(g, a) for g in group}) for a in ("layer", "expert")
+               if getattr(e, a) is not None)
+  return np.stack(xs).reshape(lead + xs[0].shape)
+
+
+def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
+  """The full HF <-> ours correspondence for `cfg` as HF architecture `arch`
+  (None: `cfg.hf_architecture()`)."""
+  norm_names = registry.get(arch or cfg.hf_architecture()).norm_names
+  d, f = cfg.hidden_size, cfg.intermediate_size
+  same = lambda x: x
+  t = lambda x: x.T
+
+  out = [Entry(("decoder", "embedder", "embedding"),
+               "model.embed_tokens.weight", (cfg.vocab_size, d), same, same)]
+  for name, first, count, sparse in cfg.stages():
+    for i in range(first, first + count):
+      start = len(out)
+      hf = f"model.layers.{i}."
+      ours = ("decoder", name if cfg.scan_layers else f"layers_{i}")
+      out += _attention_entries(cfg, hf, ours + ("attn",))
+      out += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
+          Entry(ours + ("mlp", f"{p}_proj"), f"{hf}mlp.{p}_proj.weight",
+                shape, t, t)
+          for p, shape in (("gate", (f, d)), ("up", (f, d)),
+                           ("down", (d, f)))]
+      out += [Entry(ours + (ours_name, "scale"), f"{hf}{hf_name}.weight",
+                    (d,), same, same) for ours_name, hf_name in norm_names]
+      if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
+        out[start:] = [dataclasses.replace(e, layer=i - first)
+                       for e in out[start:]]
+  out.append(Entry(("decoder", "final_norm", "scale"), "model.norm.weight",
+                   (d,), same, same))
+  if not cfg.tie_embeddings:
+    out.append(Entry(("lm_head",), "lm_head.weight", (cfg.vocab_size, d), t,
+                     t))
+  return out
+
+
+def groups(all_entries: list[Entry]) -> list[list[Entry]]:
+  """Entries by parameter: one per leaf, a stacked leaf's L in layer order."""
+  by_path: dict[tuple[str, ...], list[Entry]] = {}
+  for e in all_entries:
+    by_path.setdefault(e.path, []).append(e)
+  return list(by_path.values())
