@@ -4,6 +4,7 @@ The size of one trajectory record (the sampler's ``trajectory.encode``) per
 token, for a dense policy and with the routed experts of a mixture-of-experts
 policy (uint16 [T, M, k]: M MoE layers, k experts a token; ``MODELS``), and
 the ring's end-to-end rate on such records (encode, write, read, decode;
+on an authenticated ring, the trainer's: AES-GMAC per record;
 tokens/s, medians over the repeats, the arms alternating within each
 repetition). One JSON line per model.
 
@@ -48,8 +49,8 @@ def _routed_trajectory(tokens: int, m: int, k: int) -> codec.Trajectory:
       routed_experts=(rng.integers(0, 128, (tokens, m, k)) if m else None))
 
 
-def _routing_producer(name, traj, count, ready, go):
-  with ring.RingWriter(name, lane=0, timeout=120.0) as w:
+def _routing_producer(name, key, traj, count, ready, go):
+  with ring.RingWriter(name, lane=0, timeout=120.0, key=key) as w:
     w.write(*codec.encode(traj))  # Untimed warm-up record.
     ready.set()
     go.wait()
@@ -60,10 +61,10 @@ def _routing_producer(name, traj, count, ready, go):
 def run_routing(traj: codec.Trajectory, count: int) -> float:
   """Tokens/s of ``count`` records through the ring (encode -> decode)."""
   size = sum(memoryview(b).nbytes for b in codec.encode(traj))
-  with ring.RingReader.create(1, _lane_bytes(size)) as r:
+  with ring.RingReader.create(1, _lane_bytes(size), authenticate=True) as r:
     ready, go = _CTX.Event(), _CTX.Event()
     p = _CTX.Process(target=_routing_producer,
-                     args=(r.name, traj, count, ready, go))
+                     args=(r.name, r.key, traj, count, ready, go))
     p.start()
     codec.decode(r.read(timeout=120.0).data)
     ready.wait(120)
