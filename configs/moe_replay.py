@@ -35,6 +35,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.router = "softmax"
   config.model.moe.norm_topk_prob = True
   config.model.router_aux_loss_coef = 0.01
+  # A shorter RL phase than the quickstart's 150 steps: on this 2-core
+  # machine beside other jobs a bf16 MoE step takes ~15 s (RESULTS.md).
+  config.rl.critic_warmup_steps = 5
+  config.train.num_steps = 40
+  config.train.eval_every = 20
+  config.train.checkpoint_every = 20
+  config.train.log_every = 5
   return config
 
 

@@ -27,8 +27,8 @@ _CTX = mp.get_context("spawn")
 
 
 def _lane_bytes(size: int) -> int:
-  """A lane of >= 4 records and >= 8 MiB (as ring.py's)."""
-  return max(8 << 20, 4 * (size + 4096))
+  """A lane of >= 4 records and >= 8 MiB, a multiple of 64 bytes."""
+  return max(8 << 20, 4 * (size + 4096) // 64 * 64 + 64)
 
 
 # (MoE layers M, experts a token k): configs/moe_replay.py's policy and
