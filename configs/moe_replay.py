@@ -1,13 +1,14 @@
 r"""Routing replay (R3) study: a tiny MoE policy, replay off vs on, eta 0 and 2.
 
-The quickstart's task and schedule (reasoning-gym `basic_arithmetic` with a
-calculator tool, SFT warm start, asynchronous SAO) on a mixture-of-experts
-policy: 4 layers, width 128, 8 softmax-routed experts (Qwen3-MoE style), top-2,
-expert width 96. Sampler and trainer both compute in bfloat16
-(`model.dtype`; float32 master weights), so their routers can disagree where
-two experts' scores are close. Arms (`get_sweep`; experiments/RESULTS.md
-"Routing replay on a tiny MoE"): `train.max_staleness` = `train.publish_lag`
-in {0, 2} (the sampler acts with weights eta versions old) crossed with
+The quickstart's task (reasoning-gym `basic_arithmetic` with a calculator
+tool, its SFT warm start, asynchronous SAO) on a mixture-of-experts policy:
+4 layers, width 128, 8 softmax-routed experts (Qwen3-MoE style, q/k norms),
+top-2, expert width 96, load-balancing loss 0.01; 5 critic-only and 40 policy
+steps. Sampler and trainer both compute in bfloat16 (`model.dtype`; float32
+master weights), so their routers can disagree where two experts' scores are
+close. Arms (`get_sweep`; experiments/RESULTS.md "Routing replay (R3) on a
+tiny MoE"): `train.max_staleness` = `train.publish_lag` in {0, 2} (the
+sampler acts with weights eta versions old) crossed with
 `model.routing_replay` in {'off', 'rollout'}. Run:
 
   nice -n 10 python experiments/sweep.py --config=configs/moe_replay.py \

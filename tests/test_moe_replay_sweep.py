@@ -1,7 +1,7 @@
 """configs/moe_replay.py (the routing-replay study) runs, in a tiny form.
 
 The study's arms (staleness 0 and 2, replay off and on) validate and cross
-as experiments/RESULTS.md "Routing replay on a tiny MoE" says; two of them
+as experiments/RESULTS.md "Routing replay (R3) on a tiny MoE" says; two of them
 (eta 0 without replay, eta 2 with it) train and evaluate end to end through
 `experiments/sweep.py` on a tiny MoE, sharing one cached SFT warm start (a
 MoE checkpoint), and report the routing metrics.
