@@ -99,6 +99,8 @@ TINY: dict[str, Tiny] = {
               "--no-native"),
         drop=("--xxhash_include",),
         why="xxhash.h comes from a downloaded sdist; the C bound is skipped"),
+    "experiments/bench/ring_routing.py": Tiny(
+        args=("--repeats=1", "--tokens=64", "--total_mib=1")),
     "experiments/bench/decode.py": Tiny(
         args=("--repeats=1", "--new_tokens=2", "--batch=2", "--prompt_len=4",
               "--vocab=64")),

@@ -34,6 +34,10 @@ so that their ratios are measured side by side; each figure is the median
 over ``--repeats`` runs. One JSON line per (impl, size); the last line holds
 ``ratio_vs_queue`` and ``fraction_of_memcpy`` at 1 MiB, and both per size.
 
+The size of a trajectory record with and without a mixture-of-experts
+policy's routed experts, and the ring's tokens/s on such records:
+``ring_routing.py``.
+
 ``--ceiling`` instead prints, per size, each side's CPU per record in one
 process (write a burst, then read it) and the implied best fraction of memcpy
 for a two-process pipeline: ``memcpy_us / max(write_us, read_us)``.

@@ -138,13 +138,18 @@ def abstract_train_state(config: Any, mcfg: ModelConfig,
   return (_with_sharding(state, shardings), shardings, policy_tx, value_tx)
 
 
-def abstract_batch(config: Any, batch_sharding: Any) -> dict[str, Sds]:
-  """The [B, T] train batch (``trajectory.TOKEN_FIELDS`` / ``ROW_FIELDS``)."""
+def abstract_batch(config: Any, batch_sharding: Any,
+                   mcfg: ModelConfig | None = None) -> dict[str, Sds]:
+  """The [B, T] train batch (``trajectory.TOKEN_FIELDS`` / ``ROW_FIELDS``),
+  and a MoE policy's recorded experts, int32 [B, T, M, k]."""
   b, t = int(config.train.batch_size), int(config.train.max_seq_len)
   batch = {name: Sds((b, t), np.dtype(dtype), sharding=batch_sharding)
            for name, (dtype, _) in traj_lib.TOKEN_FIELDS.items()}
   batch.update({name: Sds((b,), np.dtype(np.int32), sharding=batch_sharding)
                 for name in traj_lib.ROW_FIELDS})
+  if mcfg is not None and mcfg.moe is not None:
+    batch["routed_experts"] = Sds((b, t, mcfg.num_moe_layers, mcfg.moe.top_k),
+                                  np.dtype(np.int32), sharding=batch_sharding)
   return batch
 
 
@@ -160,7 +165,7 @@ def train_programs(config: Any, mcfg: ModelConfig, mesh: jax.sharding.Mesh,
   step_cfg = setup.step_config_from(config)
   state, shardings, policy_tx, value_tx = abstract_train_state(
       config, mcfg, step_cfg, mesh, rules)
-  batch = abstract_batch(config, sharding.batch_sharding(mesh, rules))
+  batch = abstract_batch(config, sharding.batch_sharding(mesh, rules), mcfg)
   est = memory.log_memory_estimate(config, mcfg)
   state_est = (est.policy_params + est.policy_optimizer + est.critic_params +
                est.critic_optimizer) // _mesh_shards(mesh)

@@ -189,7 +189,9 @@ def initial_policy(config: Any, mcfg: ModelConfig,
     if os.path.exists(sft_dir):  # Left by a run killed while saving.
       shutil.rmtree(sft_dir)
     tmp = f"{sft_dir}.tmp{os.getpid()}"
-    hf.save_hf_checkpoint(mcfg, params, tmp, arch="LlamaForCausalLM"
-                          if not mcfg.qkv_bias else "Qwen2ForCausalLM")
+    # Dense: Llama/Qwen2 as before; MoE: the family its router belongs to.
+    hf.save_hf_checkpoint(mcfg, params, tmp, arch=(
+        mcfg.hf_architecture() if mcfg.moe is not None
+        else "Qwen2ForCausalLM" if mcfg.qkv_bias else "LlamaForCausalLM"))
     os.replace(tmp, sft_dir)  # Readers never see a half-written cache.
   return params

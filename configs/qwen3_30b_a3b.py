@@ -1,0 +1,79 @@
+r"""Qwen3-30B-A3B at real size, for checking against TPU slices (shapes).
+
+The architecture of Qwen3-30B-A3B (its config.json: 48 layers, every one a
+mixture of experts, 128 experts top-8 with softmax routing and renormalised
+weights, no shared expert; ``models/hf.py`` loads the checkpoint with
+``--config.model.init_from=DIR``) at 8k tokens per trajectory on a v5p-64:
+bfloat16 compute with remat, the state FSDP-sharded (the experts over the same
+axis: ``sharding.DEFAULT_RULES`` maps 'expert' to 'fsdp') over the trainer's 16
+chips (0, 1 of each host, one row of the batch each), the sampler on chip 2 of
+each host. Routing replay (R3) on, as a MoE run would train. Master weights
+and AdamW moments are bfloat16: the sampler holds the policy unsharded on one
+chip in ``model.param_dtype``, and 30.5B float32 parameters (122 GB) fit no
+v5p chip. Check it before renting the slice:
+
+  python -m sao_jax.aot --config=configs/qwen3_30b_a3b.py --topology=v5p-64
+
+What fits where is in BENCHMARKS.md ("TPU slices on paper", Qwen3-30B-A3B):
+this config's SAO step 88.3 of 95 GiB a trainer chip, the sampler's prefill
+66.7 GiB.
+"""
+
+import ml_collections
+
+from configs import base
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = base.get_config()
+  length = 8192
+
+  m = config.model  # Qwen3-30B-A3B's config.json.
+  m.vocab_size = 151936
+  m.hidden_size = 2048
+  m.intermediate_size = 6144  # Dense MLP width (no layer here is dense).
+  m.num_layers = 48
+  m.num_heads = 32
+  m.num_kv_heads = 4
+  m.head_dim = 128
+  m.rope_theta = 1000000.0
+  m.rms_norm_eps = 1e-6
+  m.qkv_bias = False
+  m.qk_norm = True
+  m.tie_embeddings = False
+  m.moe.num_experts = 128
+  m.moe.top_k = 8
+  m.moe.intermediate_size = 768
+  m.moe.router = "softmax"
+  m.moe.norm_topk_prob = True
+  m.router_aux_loss_coef = 0.001
+  m.routing_replay = "rollout"
+  m.dtype = "bfloat16"
+  m.param_dtype = "bfloat16"  # Master weights, AdamW moments, sampler copy.
+  m.remat_policy = "full"
+
+  config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
+  config.tokenizer.vocab_size = 0
+
+  s = config.sampler
+  s.max_total_tokens = length
+  s.max_new_tokens = length // 2
+  s.min_prompt_bucket = 64
+  s.batch_size = 2  # Each host's share of a 16-row batch (v5p-64's 8 hosts).
+  s.decode_chunk = 16
+  # Four chips a host: 2, 3 the sampler's (it runs on the first), 0, 1 the
+  # trainer's, one row of the batch each.
+  s.chips = "v5p-64:2,3"
+
+  config.rl.critic_warmup_steps = 10
+  config.rl.critic_updates_per_step = 2
+  config.rl.critic_frozen_attention = True
+
+  t = config.train
+  t.batch_size = 16
+  t.max_seq_len = length
+  config.mesh.data = 1
+  config.mesh.fsdp = -1  # The whole state over every trainer chip.
+  config.mesh.tensor = 1
+  config.ring.capacity_bytes = 1024 * 2**20  # 8k tokens x 785 B (routing).
+  return config

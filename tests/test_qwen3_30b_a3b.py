@@ -1,0 +1,69 @@
+"""configs/qwen3_30b_a3b.py: Qwen3-30B-A3B's architecture, and its AOT batch.
+
+The config has the checkpoint's size (30.5B parameters, 128 experts top-8 in
+each of 48 layers); the ahead-of-time train batch of a MoE run carries the
+recorded experts routing replay reads; and, where libtpu loads, the SAO step
+at two of its layers compiles for a v5p-64 (the whole model's figures are
+BENCHMARKS.md's "TPU slices on paper").
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import qwen3_30b_a3b
+from sao_jax import tpu_topology as topology
+from sao_jax.aot import programs
+from sao_jax.train import setup
+
+_OK, _WHY = topology.libtpu_available()
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_architecture_is_qwen3_30b_a3b():
+  mcfg = setup.model_config(qwen3_30b_a3b.get_config())
+  assert mcfg.num_params() == 30_532_122_624  # HF: 30.5B.
+  assert (mcfg.num_layers, mcfg.num_moe_layers) == (48, 48)
+  assert (mcfg.moe.num_experts, mcfg.moe.top_k,
+          mcfg.moe.intermediate_size) == (128, 8, 768)
+  assert mcfg.hf_architecture() == "Qwen3MoeForCausalLM"
+  assert (mcfg.hidden_size, mcfg.num_heads, mcfg.num_kv_heads,
+          mcfg.head_dim, mcfg.vocab_size) == (2048, 32, 4, 128, 151936)
+
+
+def test_aot_batch_holds_the_recorded_experts():
+  config = qwen3_30b_a3b.get_config()
+  mcfg = setup.model_config(config)
+  batch = programs.abstract_batch(config, None, mcfg)
+  b, t = config.train.batch_size, config.train.max_seq_len
+  assert batch["routed_experts"].shape == (b, t, 48, 8)
+  assert batch["routed_experts"].dtype == np.int32
+  assert batch["tokens"].shape == (b, t)
+  dense = programs.abstract_batch(config, None, None)
+  assert "routed_experts" not in dense
+
+
+@pytest.mark.skipif(not _OK, reason=f"cannot compile for TPUs here: {_WHY}")
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_layers_compile_for_a_v5p_64():
+  env = dict(os.environ, PYTHONPATH=_ROOT, ALLOW_MULTIPLE_LIBTPU_LOAD="true")
+  got = subprocess.run(
+      [sys.executable, "-m", "sao_jax.aot",
+       "--config=configs/qwen3_30b_a3b.py", "--topology=v5p-64",
+       "--config.sampler.chips=v5p-64:2,3", "--config.train.batch_size=16",
+       "--config.model.num_layers=2", "--config.train.max_seq_len=1024",
+       "--config.sampler.max_total_tokens=1024",
+       "--config.sampler.max_new_tokens=512", "--programs=sao_step"],
+      cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900,
+      check=False)
+  assert got.returncode == 0, got.stderr[-3000:]
+  reports = {r["program"]: r for r in map(json.loads, (
+      l for l in got.stdout.splitlines() if l.startswith("{")))}
+  step = reports["sao_step"]
+  assert step["fits"] and step["devices"] == 16, step
+  assert 0 < step["peak_bytes"] <= step["hbm_bytes"], step
