@@ -55,6 +55,11 @@ def _unblocks(x: Array, axis: int) -> Array:
   return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
 
 
+def _tied(anchor: Array, *ids: Array) -> tuple[Array, tuple[Array, ...]]:
+  """(anchor, ids) through one optimization barrier: see _forward."""
+  return jax.lax.optimization_barrier((anchor, ids))
+
+
 def _scores(qi: Array, kj: Array, scale: float) -> Array:
   """float32[B, K, G, bq, bkv] scaled scores of one block pair."""
   return jnp.einsum("bqkgd,bskd->bkgqs", qi, kj,
@@ -65,6 +70,7 @@ def _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window):
   """Blocked forward. Returns (out [nq,B,bq,K,G,D] f32, lse [nq,B,K,G,bq])."""
   b, _, kh, g, d = q.shape
   scale = 1.0 / float(np.sqrt(d))
+  q, (q_seg, q_slot, kv_seg) = _tied(q, q_seg, q_slot, kv_seg)
   kv_slot = jnp.arange(k.shape[1], dtype=jnp.int32)
   kb, vb = _blocks(k, 1, block_kv), _blocks(v, 1, block_kv)
   ksb, kslb = _blocks(kv_seg, 1, block_kv), _blocks(kv_slot, 0, block_kv)
