@@ -10,7 +10,11 @@ al. 2022) and stores only the output and the log-sum-exp. The backward
 block. Blocks where no query sees any key (causal future, other segments)
 are skipped with `lax.cond`; so are blocks wholly outside a sliding window
 (`MaskSpec.window`). Grouped-query attention uses each K/V head for
-its G query heads without repeating K/V. docs/DESIGN.md §5, "Attention".
+its G query heads without repeating K/V. Under a layer scan the segment ids
+are tied to q (`_tied`) so the scan's linearization cannot hoist the
+mask-only block work out of the loop, stacked per block pair (quadratic in
+T). docs/DESIGN.md §5, "Attention" and "The blockwise VJP under a layer
+scan".
 """
 
 from __future__ import annotations
@@ -55,6 +59,18 @@ def _unblocks(x: Array, axis: int) -> Array:
   return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
 
 
+def _tied(anchor: Array, *ids: Array) -> tuple[Array, tuple[Array, ...]]:
+  """(anchor, ids) through one optimization barrier (an identity).
+
+  To JAX's partial evaluation the ids then depend on `anchor`: a layer
+  scan's linearization hoists out of the loop, stacked per iteration of
+  the inner block loops, whatever depends only on loop-invariant inputs
+  (the ids), here every block's mask: [nq, nkv, ...] (docs/DESIGN.md §5,
+  "The blockwise VJP under a layer scan").
+  """
+  return jax.lax.optimization_barrier((anchor, ids))
+
+
 def _scores(qi: Array, kj: Array, scale: float) -> Array:
   """float32[B, K, G, bq, bkv] scaled scores of one block pair."""
   return jnp.einsum("bqkgd,bskd->bkgqs", qi, kj,
@@ -65,6 +81,8 @@ def _forward(q, k, v, q_seg, q_slot, kv_seg, block_q, block_kv, window):
   """Blocked forward. Returns (out [nq,B,bq,K,G,D] f32, lse [nq,B,K,G,bq])."""
   b, _, kh, g, d = q.shape
   scale = 1.0 / float(np.sqrt(d))
+  # Not residual-only under a layer scan's linearization (_tied).
+  q, (q_seg, q_slot, kv_seg) = _tied(q, q_seg, q_slot, kv_seg)
   kv_slot = jnp.arange(k.shape[1], dtype=jnp.int32)
   kb, vb = _blocks(k, 1, block_kv), _blocks(v, 1, block_kv)
   ksb, kslb = _blocks(kv_seg, 1, block_kv), _blocks(kv_slot, 0, block_kv)
