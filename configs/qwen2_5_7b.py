@@ -8,9 +8,9 @@ the batch each) and a chip of each host for the sampler (``sampler.chips``). Che
 
   python -m sao_jax.aot --config=configs/qwen2_5_7b.py:8k --topology=v5p-64
 
-What fits where is in BENCHMARKS.md ("TPU slices on paper"): at 8k the
-sampler fits and the step extrapolates to ~104 GiB per chip (8 GiB over) with
-the dense attention; 32k needs an attention without T^2 scores.
+What fits where is in BENCHMARKS.md ("TPU slices on paper"): at 8k the whole
+run fits a v5p-64 (and a v5p-32; not a v5p-16); at 32k the SAO step fits no
+slice there.
 """
 
 import ml_collections
@@ -46,17 +46,24 @@ def get_config(context: str = "8k") -> ml_collections.ConfigDict:
   config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
   config.tokenizer.vocab_size = 0
 
+  return v5p64_layout(config, length, ring_bytes=256 * 2**20)
+
+
+def v5p64_layout(config: ml_collections.ConfigDict, length: int,
+                 ring_bytes: int) -> ml_collections.ConfigDict:
+  """A v5p-64 run of ``length``-token trajectories (configs/qwen3_30b_a3b.py
+  too): each of the 8 hosts' 4 chips split 0, 1 trainer / 2, 3 sampler.
+
+  The trainer's 16 chips hold the state FSDP-sharded, one row of the 16-row
+  batch each; each host's sampler (on the first of its 2 chips) fills its
+  host's share, 2 episodes.
+  """
   s = config.sampler
   s.max_total_tokens = length
   s.max_new_tokens = length // 2
   s.min_prompt_bucket = 64
-  # Each host's sampler fills its host's share of a batch: 16 rows over 8
-  # hosts are 2 episodes per host.
   s.batch_size = 2
   s.decode_chunk = 16
-  # v5p-64: eight hosts of four chips; chips 2, 3 of each are the sampler's
-  # (it runs on the first), 0, 1 the trainer's: 16 chips over all hosts, one
-  # row of the batch each (dense attention's scores are T^2 per head).
   s.chips = "v5p-64:2,3"
 
   config.rl.critic_warmup_steps = 10
@@ -69,5 +76,5 @@ def get_config(context: str = "8k") -> ml_collections.ConfigDict:
   config.mesh.data = 1
   config.mesh.fsdp = -1  # The whole state over every trainer chip.
   config.mesh.tensor = 1
-  config.ring.capacity_bytes = 256 * 2**20
+  config.ring.capacity_bytes = ring_bytes
   return config

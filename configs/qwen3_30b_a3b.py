@@ -22,6 +22,7 @@ this config's SAO step 88.3 of 95 GiB a trainer chip, the sampler's prefill
 import ml_collections
 
 from configs import base
+from configs import qwen2_5_7b
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -55,25 +56,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
   config.tokenizer.vocab_size = 0
 
-  s = config.sampler
-  s.max_total_tokens = length
-  s.max_new_tokens = length // 2
-  s.min_prompt_bucket = 64
-  s.batch_size = 2  # Each host's share of a 16-row batch (v5p-64's 8 hosts).
-  s.decode_chunk = 16
-  # Four chips a host: 2, 3 the sampler's (it runs on the first), 0, 1 the
-  # trainer's, one row of the batch each.
-  s.chips = "v5p-64:2,3"
-
-  config.rl.critic_warmup_steps = 10
-  config.rl.critic_updates_per_step = 2
-  config.rl.critic_frozen_attention = True
-
-  t = config.train
-  t.batch_size = 16
-  t.max_seq_len = length
-  config.mesh.data = 1
-  config.mesh.fsdp = -1  # The whole state over every trainer chip.
-  config.mesh.tensor = 1
-  config.ring.capacity_bytes = 1024 * 2**20  # 8k tokens x 785 B (routing).
-  return config
+  # 8k tokens x 785 B of routing record a token: a bigger ring.
+  return qwen2_5_7b.v5p64_layout(config, length, ring_bytes=1024 * 2**20)
