@@ -1,8 +1,11 @@
 """Suite-wide fixtures: no shared-memory segment of ours outlives the tests,
-and other programs' ``/dev/shm/sao_*`` files are never taken for ours."""
+other programs' ``/dev/shm/sao_*`` files are never taken for ours, and each
+test file's compiled programs are freed when it ends."""
 
+import gc
 import os
 import re
+import sys
 import time
 
 import pytest
@@ -46,6 +49,24 @@ def _alive(pid: int) -> bool:
   except PermissionError:
     return True
   return True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+  """Frees the compiled programs of a test file once it is done.
+
+  XLA's CPU backend keeps each live executable's machine code in its JIT
+  memory; a process that compiles hundreds of programs and keeps them (jax's
+  caches do) has crashed inside a later compile (SIGSEGV or SIGABRT in
+  `backend_compile_and_load`, a different test each time; cf. jax-ml/jax
+  #27201). Clearing jax's caches after every file keeps a test process's
+  code to one file's programs.
+  """
+  yield
+  jax = sys.modules.get("jax")  # Only if the file used it.
+  if jax is not None:
+    jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture(scope="session", autouse=True)
