@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import statistics
@@ -236,7 +235,8 @@ def _state(cfg: ModelConfig):
 
 def smollm2_figures(args, arms) -> None:
   """SmolLM2 step and compile seconds per arm, steps timed alternately."""
-  config = importlib.import_module("configs.smollm2").get_config()
+  import loop_setup  # pylint: disable=g-import-not-at-top
+  config = loop_setup.import_config("smollm2").get_config()
   base = setup_lib.model_config(config)
   if args.smollm2_layers:
     base = dataclasses.replace(base, num_layers=args.smollm2_layers)
