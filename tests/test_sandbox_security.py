@@ -322,7 +322,14 @@ def test_10_gib_allocation_fails(runner):
 @pytest.mark.parametrize("kind", ["bwrap_warm", "landlock_warm", "plain"])
 def test_total_memory_is_bounded(kind):
   """RLIMIT_AS alone lets every process have its 512 MiB; the cgroup
-  (768 MiB for the sandbox) kills some of four that each touch 256 MiB."""
+  (768 MiB for the sandbox) kills some of four that each touch 256 MiB.
+
+  The four hold their memory at once: each fills its 256 MiB, says so on
+  `ready` and waits on `release`, which the parent closes only when every
+  child has filled or died (`ready` reaches end-of-file). Without that
+  barrier a loaded machine can run the children one after another, and
+  their sum never passes the cgroup's bound (seen once in CI).
+  """
   probe_cg = cgroup.Cgroup.create(LIMITS.total_memory_mb, LIMITS.processes)
   probe_cg.close()
   if probe_cg.kind == "none" and kind != "plain":
@@ -336,13 +343,22 @@ def test_total_memory_is_bounded(kind):
   try:
     r = runner.run("""
 import os
+ready_r, ready_w = os.pipe()
+release_r, release_w = os.pipe()
 kids = []
 for _ in range(4):
   pid = os.fork()
   if pid == 0:
+    os.close(ready_r); os.close(release_w)
     b = b"x" * (256 << 20)  # Filled: every page touched.
+    os.write(ready_w, b"1"); os.close(ready_w)
+    os.read(release_r, 1)  # Holds b until the parent lets go.
     os._exit(0)
   kids.append(pid)
+os.close(ready_w); os.close(release_r)
+while os.read(ready_r, 4):
+  pass  # End-of-file: every child has filled its memory or died.
+os.close(release_w)
 print(sum(os.waitpid(k, 0)[1] != 0 for k in kids))
 """)
   finally:

@@ -1,6 +1,8 @@
 """Tests for TensorBoard metrics, orbax checkpoints and optimizers."""
 
 import os
+import signal
+import time
 
 import flax
 import jax
@@ -10,6 +12,7 @@ import optax
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
+from sao_jax.ipc import segment
 from sao_jax.train import checkpoint
 from sao_jax.train import finish
 from sao_jax.train import metrics
@@ -108,6 +111,25 @@ def test_save_on_exit_saves_only_the_state_meta_goes_with(tmp_path):
   assert ck2.latest_step() is None
   ck.close()
   ck2.close()
+
+
+def test_a_second_sigterm_waits_for_the_save_on_exit(tmp_path):
+  ck = checkpoint.Checkpointer(str(tmp_path / "ck"))
+  state = _Stepped(jnp.asarray(3, jnp.int32), jnp.ones(3))
+  save = ck.save
+
+  def signalled_save(*args):
+    os.kill(os.getpid(), signal.SIGTERM)  # Arrives while the save runs.
+    time.sleep(0.2)  # Handlers run between bytecodes: it has been handled.
+    save(*args)
+
+  ck.save = signalled_save
+  with pytest.raises(KeyboardInterrupt, match="signal 15"):
+    with segment.sigterm_unwinds():
+      finish.save_on_exit(ck, state, {"episodes_consumed": 8}, meta_step=3,
+                          start_step=0)
+  assert ck.latest_step() == 3  # Saved whole, then unwound.
+  ck.close()
 
 
 def test_checkpoint_missing_and_malformed(tmp_path):

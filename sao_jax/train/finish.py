@@ -13,6 +13,7 @@ from typing import Any, Callable
 from absl import logging
 import jax
 
+from sao_jax.ipc import segment
 from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import metrics as metrics_lib
 
@@ -24,24 +25,26 @@ def save_on_exit(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict,
   ``meta_step`` is the step of the state ``meta`` goes with (the loop records
   a batch's consumption with its step's new state, so a stop before the step
   leaves the batch out of the checkpoint, to be generated again); a state at
-  another step is not saved. Never
-  raises (the run is already failing); never a NaN state
-  (``Checkpointer.save`` refuses those).
+  another step is not saved. Never raises an error (the run is already
+  failing); never a NaN state (``Checkpointer.save`` refuses those). A second
+  SIGTERM (a launcher that signals the whole process group, an impatient
+  user) waits for the save to finish, then unwinds.
   """
   if jax.process_count() > 1:  # A save is collective: peers may be gone.
     logging.warning("Multi-host run stopped: no checkpoint on the way out; "
                     "the newest is step %s.", ckpt.latest_step())
     return
-  try:
-    step = int(state.step)
-    if step != meta_step:
-      logging.warning("Stopped inside step %d: no checkpoint on the way out.",
-                      step)
-    elif step > start_step and step != ckpt.latest_step():
-      logging.warning("Run stopped: saving step %d before exiting.", step)
-      ckpt.save(step, state, meta)
-  except Exception:  # pylint: disable=broad-except
-    logging.exception("Could not save a checkpoint on the way out.")
+  with segment.sigterm_deferred():
+    try:
+      step = int(state.step)
+      if step != meta_step:
+        logging.warning("Stopped inside step %d: no checkpoint on the way "
+                        "out.", step)
+      elif step > start_step and step != ckpt.latest_step():
+        logging.warning("Run stopped: saving step %d before exiting.", step)
+        ckpt.save(step, state, meta)
+    except Exception:  # pylint: disable=broad-except
+      logging.exception("Could not save a checkpoint on the way out.")
 
 
 def final_summary(ckpt: ckpt_lib.Checkpointer, state: Any, meta: dict, *,
