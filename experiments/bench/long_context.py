@@ -32,7 +32,10 @@ Figures (``--figures``, comma-separated), one JSON line each with the load:
 - ``smollm2``: `configs/smollm2.py`'s model (SmolLM2-135M, random weights) at
   ``--smollm2_batch`` x ``--smollm2_seq`` (8 x 128): compile seconds, and step
   seconds timed alternately arm after arm (medians of ``--repeats`` after
-  ``--warmup``); ``--smollm2_layers`` shrinks it for a smoke run.
+  ``--warmup``); ``--smollm2_layers`` shrinks it for a smoke run. Every arm
+  but ``dense`` takes the config's own ``model.remat_policy``
+  ('dots_saveable'); ``dense`` is the step before issue 25, which kept every
+  activation (``SMOLLM2_BEFORE``: remat 'none').
 - ``packing``: the real loop (`loop.train_and_evaluate`, as
   ``async_vs_sync.py``) on ``configs/longtail.py`` and the quickstart,
   unpacked vs packed (``--pack_arms``, JSON of arm -> overrides; an arm whose
@@ -85,6 +88,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "logits_chunk": {"model.attention": "dense", "model.logits_chunk": 2048,
                      "model.scan_layers": False},
 }
+# SmolLM2's step before issue 25 (the `dense` arm of the smollm2 figure): the
+# config kept every activation for the backward.
+SMOLLM2_BEFORE = {"model.remat_policy": "none"}
 # Remat in either tree: the bool before issue 25, the policy after.
 REMAT = {"model.remat": True, "model.remat_policy": "full"}
 PACK_ARMS = {"unpacked": {"train.pack": False},
@@ -243,8 +249,9 @@ def smollm2_figures(args, arms) -> None:
   b, t = args.smollm2_batch, args.smollm2_seq
   run = {}
   for arm in args.arms:
-    # The config's own remat setting: no REMAT here.
-    cfg, ignored = with_overrides(base, arms[arm])
+    # The config's own remat setting (no REMAT), but `dense` as it was.
+    before = SMOLLM2_BEFORE if arm == "dense" else {}
+    cfg, ignored = with_overrides(base, {**before, **arms[arm]})
     state, batch = _state(cfg), random_batch(cfg, b, t)
     compiled, secs = compiled_step(cfg, b, t, args.critic_updates, state,
                                    batch)
