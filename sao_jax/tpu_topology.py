@@ -18,6 +18,9 @@ import re
 from typing import Any, Sequence
 
 _GIB = 2**30
+# Compiling needs no TPU; these keep libtpu from probing for one, and let
+# several processes (tests, a sampler) load it at once.
+LIBTPU_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "true", "TPU_SKIP_MDS_QUERY": "true"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,10 +139,8 @@ def block_shape(chips: Sequence[int], grid: Sequence[int]
 
 
 def _set_libtpu_env() -> None:
-  # Compiling needs no TPU; these keep libtpu from probing for one, and let
-  # several processes (tests, a sampler) load it at once.
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "true")
+  for key, value in LIBTPU_ENV.items():
+    os.environ.setdefault(key, value)
 
 
 def libtpu_available() -> tuple[bool, str]:

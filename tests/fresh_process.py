@@ -15,9 +15,12 @@ import os
 import subprocess
 import sys
 
+from sao_jax import tpu_topology
+
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_TESTS)
-_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "true", "TPU_SKIP_MDS_QUERY": "true"}
+# The children load libtpu: as sao_jax.tpu_topology sets it up.
+_ENV = tpu_topology.LIBTPU_ENV
 
 
 def run(module: str, function: str, *args: str, timeout: float = 900) -> str:
