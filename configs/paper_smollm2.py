@@ -51,8 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.mode = "async"
   config.train.max_staleness = 2
   # Every arm with the remat policy the first arm ran with (the same numbers
-  # as smollm2.py's 'dots_saveable', a different wall time), so the arms'
-  # costs compare.
+  # as smollm2.py's, a different wall time), so the arms' costs compare.
   config.model.remat_policy = "none"
   return config
 

@@ -56,11 +56,12 @@ def get_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = True
   m.dtype = "float32"
   m.param_dtype = "float32"
-  # Keep the matmuls' outputs, recompute the elementwise ops in the backward:
-  # on this CPU the 30-layer 8 x 128 step is faster than keeping everything
-  # ('none'), scanned or not (BENCHMARKS.md, "Long horizons"), and it keeps
-  # less.
-  m.remat_policy = "dots_saveable"
+  # Keep the weight projections' outputs, recompute the elementwise ops and
+  # attention's scores in the backward: on this CPU the 30-layer 8 x 128 step
+  # is faster than keeping everything ('none'), scanned or not (BENCHMARKS.md,
+  # "Long contexts"), and it keeps less. Unlike 'dots_saveable' it saves no
+  # [T, S] score block, so long contexts stay linear (docs/DESIGN.md).
+  m.remat_policy = "dots_with_no_batch_dims_saveable"
 
   config.tokenizer.path = path  # A directory: the model's own tokenizer.
 
