@@ -6,11 +6,24 @@ guessing for a 135M model), with the Python tool in its own ChatML format:
 `<tool_call>{"name": "python", "arguments": {"code": "print(...)"}}
 </tool_call><|im_end|>`. An SFT warm start on demonstrations in its template
 (half calling the tool with `print(EXPRESSION)`, half answering directly)
-precedes asynchronous SAO. The same budget without the tool:
-`--config.env.name=reasoning_gym --config.train.sft_tool_frac=0`.
+precedes asynchronous SAO. The same budget without the tool is the sweep's
+`no_tool` arm (`get_sweep`): a single-turn task, an instruction without the
+tool, demonstrations that all answer directly.
+
+One arm:
 
   python -m sao_jax.main --config=configs/smollm2_code.py --workdir=/tmp/smollm2_code
+
+Both, resumable over several sessions (experiments/RESULTS.md §11), then the
+table (`--baseline=no_tool`):
+
+  nice -n 19 python experiments/sweep.py --config=configs/smollm2_code.py \
+      --workdir=runs/smollm2_code --parallel=1
+  python experiments/paper_comparison.py runs/smollm2_code \
+      --out=experiments/results/smollm2_code --baseline=no_tool
 """
+
+from typing import Any
 
 import ml_collections
 
@@ -20,6 +33,7 @@ INSTRUCTION = (
     " You may run Python by replying only with <tool_call>{\"name\": "
     "\"python\", \"arguments\": {\"code\": \"print(...)\"}}</tool_call>; its "
     "output comes back to you. End with the final answer as a number.")
+NO_TOOL_INSTRUCTION = " End with the final answer as a number."
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -45,9 +59,25 @@ def get_config() -> ml_collections.ConfigDict:
   s.max_total_tokens = 320  # Prompt ~90, two calls + results + answer.
   config.train.max_seq_len = 320
   t = config.train
-  t.sft_steps = 200  # A few hundred demonstrations in its own template.
-  t.sft_batch_size = 16
+  # 480 demonstrations in its own template (60 steps of 8: CPU-sized).
+  t.sft_steps = 60
+  t.sft_batch_size = 8
   t.sft_lr = 1e-5
   t.sft_max_len = 320
   t.sft_tool_frac = 0.5
+  t.batch_size = 8
+  s.batch_size = 8
+  t.num_steps = 40
+  t.eval_every = 10
+  t.checkpoint_every = 5
   return config
+
+
+def get_sweep() -> list[dict[str, Any]]:
+  """With the tool, and the same budget without it."""
+  return [
+      {"_name": "tool"},
+      {"_name": "no_tool", "env.name": "reasoning_gym",
+       "env.instruction": NO_TOOL_INSTRUCTION, "env.max_turns": 1,
+       "train.sft_tool_frac": 0.0},
+  ]
