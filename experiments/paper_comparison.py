@@ -24,22 +24,15 @@ evaluation's noise, not the seed-to-seed spread of training.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 import json
 import math
 import os
 from typing import Any
 
-from absl import app
-from absl import flags
 import numpy as np
 import report_runs
-
-_OUT = flags.DEFINE_string("out", None, "Output directory.")
-_BASELINE = flags.DEFINE_string("baseline", "sao", "The arm gaps are to.")
-_PROBLEMS = flags.DEFINE_integer(
-    "problems", 256, "Held-out problems per eval where a run does not log "
-    "eval/num_problems.")
 
 
 def standard_error(p: float, n: int) -> float:
@@ -181,11 +174,19 @@ def make(directory: str, out: str, baseline: str = "sao",
   return text
 
 
-def main(argv: Sequence[str]) -> None:
-  if len(argv) != 2 or not _OUT.value:
-    raise app.UsageError("usage: paper_comparison.py SWEEP_DIR --out=DIR")
-  print(make(argv[1], _OUT.value, _BASELINE.value, _PROBLEMS.value))
+def main(argv: Sequence[str] | None = None) -> None:
+  # argparse, not absl flags: tests import this module beside report.py,
+  # whose absl flags (--out) would be defined twice.
+  p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+  p.add_argument("sweep_dir", help="The sweep's directory (runs/...).")
+  p.add_argument("--out", required=True, help="Output directory.")
+  p.add_argument("--baseline", default="sao", help="The arm gaps are to.")
+  p.add_argument("--problems", type=int, default=256,
+                 help="Held-out problems per eval where a run does not log "
+                 "eval/num_problems.")
+  args = p.parse_args(argv)
+  print(make(args.sweep_dir, args.out, args.baseline, args.problems))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -95,3 +95,11 @@ def test_a_sweep_without_evals_is_refused(tmp_path):
     w.write_scalars(1, {"reward/mean": 0.5})
   with pytest.raises(FileNotFoundError, match="logged eval/accuracy"):
     pc.make(str(tmp_path / "empty"), str(tmp_path / "out"))
+
+
+def test_command_line_writes_the_same_table(sweep, tmp_path, capsys):
+  pc.main([str(sweep), "--out", str(tmp_path / "cli"), "--baseline=grpo"])
+  text = (tmp_path / "cli" / "comparison.md").read_text()
+  assert capsys.readouterr().out.strip() == text.strip()
+  assert "Gap to grpo" in text
+  assert "| sao | +0.0 ± 7.1 | -30.0 ± 6.4* | +30.0 ± 5.7* | v4 |" in text
