@@ -1,9 +1,11 @@
-"""The policy a run starts from: HF checkpoint, or random init + SFT warm start.
+"""The policy a run starts from: an HF checkpoint or a random init, then an
+optional SFT warm start.
 
 The warm start trains on demonstrations in the sampler's template
 (``sft_examples``, drawn from ``sft_tasks``) with ``sft.run_sft``; the result
 is cached on disk (``initial_policy``) so a resumed run, or any run with the
-same model, tokenizer, env and SFT settings, does not train it again.
+same starting checkpoint, model, tokenizer, env and SFT settings, does not
+train it again.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def sft_cache_key(config: Any, mcfg: ModelConfig,
   t = config.train
   parts = {
       "model": dataclasses.asdict(mcfg),
+      "init_from": str(config.model.init_from),
       "tokenizer": hashlib.sha256(tokenizer.serialized_proto()).hexdigest(),
       "env": json.loads(config.env.to_json_best_effort(sort_keys=True)),
       "sft": [int(t.sft_steps), int(t.sft_batch_size), float(t.sft_lr),
@@ -126,9 +129,11 @@ def sft_tasks(config: Any, train_tasks: reasoning_gym_env.ReasoningGymTasks,
 def _run_sft(config: Any, mcfg: ModelConfig,
              tokenizer: text_tokenizer.TextTokenizer,
              tasks: reasoning_gym_env.ReasoningGymTasks,
-             writer: metrics_lib.MetricWriter) -> Any:
-  """Random init + supervised warm start (``train.sft_*``)."""
-  params = random_policy(mcfg, int(config.train.sft_seed))
+             writer: metrics_lib.MetricWriter, params: Any = None) -> Any:
+  """Supervised warm start (``train.sft_*``) of ``params``, or of a random
+  init (``train.sft_seed``) when None."""
+  if params is None:
+    params = random_policy(mcfg, int(config.train.sft_seed))
   cfg = sft_lib.SFTConfig(
       steps=int(config.train.sft_steps),
       batch_size=int(config.train.sft_batch_size),
@@ -153,15 +158,17 @@ def initial_policy(config: Any, mcfg: ModelConfig,
                    tokenizer: text_tokenizer.TextTokenizer,
                    train_tasks, eval_tasks, workdir: str,
                    writer: metrics_lib.MetricWriter) -> Any:
-  """HF checkpoint, cached SFT result, or random init + SFT (cached).
+  """The checkpoint (``model.init_from``) or a random init, then SFT when
+  ``train.sft_steps`` > 0 (cached).
 
   The SFT result is cached in ``workdir/sft``, or with ``train.sft_cache_dir``
   in ``<sft_cache_dir>/<sft_cache_key>``, shared by every run with the same
-  model, tokenizer, env and SFT settings; a file lock makes concurrent runs
-  wait for the one that trains it.
+  starting checkpoint, model, tokenizer, env and SFT settings; a file lock
+  makes concurrent runs wait for the one that trains it.
   """
+  start = None
   if config.model.init_from:
-    loaded_cfg, params = hf.load_hf_checkpoint(
+    loaded_cfg, start = hf.load_hf_checkpoint(
         config.model.init_from, param_dtype=mcfg.param_dtype,
         scan_layers=mcfg.scan_layers)
     if not loaded_cfg.same_architecture(mcfg):
@@ -169,9 +176,9 @@ def initial_policy(config: Any, mcfg: ModelConfig,
           f"config.model does not match the checkpoint at "
           f"{config.model.init_from}: config {mcfg} vs checkpoint "
           f"{loaded_cfg}.")
-    return params
   if int(config.train.sft_steps) <= 0:
-    return random_policy(mcfg, int(config.train.seed))
+    return start if start is not None else random_policy(
+        mcfg, int(config.train.seed))
   cache_root = str(config.train.sft_cache_dir)
   if cache_root:
     os.makedirs(cache_root, exist_ok=True)
@@ -185,13 +192,12 @@ def initial_policy(config: Any, mcfg: ModelConfig,
       return hf.load_hf_checkpoint(sft_dir,
                                    scan_layers=mcfg.scan_layers)[1]
     params = _run_sft(config, mcfg, tokenizer,
-                      sft_tasks(config, train_tasks, eval_tasks), writer)
+                      sft_tasks(config, train_tasks, eval_tasks), writer,
+                      start)
     if os.path.exists(sft_dir):  # Left by a run killed while saving.
       shutil.rmtree(sft_dir)
     tmp = f"{sft_dir}.tmp{os.getpid()}"
-    # Dense: Llama/Qwen2 as before; MoE: the family its router belongs to.
-    hf.save_hf_checkpoint(mcfg, params, tmp, arch=(
-        mcfg.hf_architecture() if mcfg.moe is not None
-        else "Qwen2ForCausalLM" if mcfg.qkv_bias else "LlamaForCausalLM"))
+    # The family the config belongs to (Llama or Qwen2 for a plain one).
+    hf.save_hf_checkpoint(mcfg, params, tmp, arch=mcfg.hf_architecture())
     os.replace(tmp, sft_dir)  # Readers never see a half-written cache.
   return params
