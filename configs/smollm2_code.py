@@ -14,8 +14,8 @@ One arm:
 
   python -m sao_jax.main --config=configs/smollm2_code.py --workdir=/tmp/smollm2_code
 
-Both, resumable over several sessions (experiments/RESULTS.md §11), then the
-table (`--baseline=no_tool`):
+Both, resumable over several sessions, then the table
+(`--baseline=no_tool`):
 
   nice -n 19 python experiments/sweep.py --config=configs/smollm2_code.py \
       --workdir=runs/smollm2_code --parallel=1

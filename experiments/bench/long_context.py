@@ -34,8 +34,8 @@ Figures (``--figures``, comma-separated), one JSON line each with the load:
   seconds timed alternately arm after arm (medians of ``--repeats`` after
   ``--warmup``); ``--smollm2_layers`` shrinks it for a smoke run. Every arm
   but ``dense`` takes the config's own ``model.remat_policy``
-  ('dots_with_no_batch_dims_saveable'); ``dense`` is the step before issue 25, which kept every
-  activation (``SMOLLM2_BEFORE``: remat 'none').
+  ('dots_with_no_batch_dims_saveable'); ``dense`` is the step before issue
+  25, which kept every activation (``SMOLLM2_BEFORE``: remat 'none').
 - ``packing``: the real loop (`loop.train_and_evaluate`, as
   ``async_vs_sync.py``) on ``configs/longtail.py`` and the quickstart,
   unpacked vs packed (``--pack_arms``, JSON of arm -> overrides; an arm whose
