@@ -45,9 +45,14 @@ def test_sft_warm_starts_the_checkpoint_it_is_given(tmp_path):
                                       writer)  # From the cache.
   for a, b in zip(_leaves(again), _leaves(got)):
     np.testing.assert_array_equal(a, b)
+  # Another checkpoint saved at the same path: another cache entry.
+  key = warm_start.sft_cache_key(config, mcfg, tokenizer)
+  replaced = warm_start.random_policy(mcfg, 8)
+  hf.save_hf_checkpoint(mcfg, replaced, str(tmp_path / "ckpt"))
+  assert warm_start.sft_cache_key(config, mcfg, tokenizer) != key
 
   config.train.sft_steps = 0  # No SFT: the checkpoint as it is.
   plain = warm_start.initial_policy(config, mcfg, tokenizer, train_tasks,
                                     eval_tasks, str(tmp_path / "run3"), None)
-  for a, b in zip(_leaves(plain), _leaves(start)):
+  for a, b in zip(_leaves(plain), _leaves(replaced)):
     np.testing.assert_array_equal(a, b)

@@ -87,13 +87,23 @@ def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
   return out
 
 
+def _checkpoint_files(path: str) -> list[tuple[str, int, int]]:
+  """(name, size, mtime_ns) of a checkpoint directory's files: the SFT cache
+  of a checkpoint replaced at the same path is not reused."""
+  if not path:
+    return []
+  return sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                for e in os.scandir(path) if e.is_file())
+
+
 def sft_cache_key(config: Any, mcfg: ModelConfig,
                   tokenizer: text_tokenizer.TextTokenizer) -> str:
   """Hash of everything the SFT warm start depends on (a shared-cache key)."""
   t = config.train
   parts = {
       "model": dataclasses.asdict(mcfg),
-      "init_from": str(config.model.init_from),
+      "init_from": [str(config.model.init_from),
+                    _checkpoint_files(str(config.model.init_from))],
       "tokenizer": hashlib.sha256(tokenizer.serialized_proto()).hexdigest(),
       "env": json.loads(config.env.to_json_best_effort(sort_keys=True)),
       "sft": [int(t.sft_steps), int(t.sft_batch_size), float(t.sft_lr),
