@@ -56,3 +56,25 @@ def test_sft_warm_starts_the_checkpoint_it_is_given(tmp_path):
                                     eval_tasks, str(tmp_path / "run3"), None)
   for a, b in zip(_leaves(plain), _leaves(replaced)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_resumed_run_does_not_train_sft_again(tmp_path):
+  """`resuming` (setup.build: the run has a checkpoint): the starting
+  params as they are, SFT neither run nor cached (the checkpoint holds the
+  trained policy)."""
+  config = tiny_config(**{"train.sft_steps": 3, "train.sft_batch_size": 4})
+  tokenizer = setup.run_tokenizer(config, str(tmp_path / "tok"), True)
+  train_tasks, eval_tasks = env_build.build_tasks(config.env)
+  config = task_sizing.resolve(config, tokenizer, (train_tasks, eval_tasks))
+  mcfg = setup.model_config_from(config, tokenizer)
+  start = warm_start.random_policy(mcfg, 7)
+  hf.save_hf_checkpoint(mcfg, start, str(tmp_path / "ckpt"))
+  config.model.init_from = str(tmp_path / "ckpt")
+  config.train.sft_cache_dir = str(tmp_path / "cache")
+  got = warm_start.initial_policy(config, mcfg, tokenizer, train_tasks,
+                                  eval_tasks, str(tmp_path / "run"), None,
+                                  resuming=True)
+  for a, b in zip(_leaves(got), _leaves(start)):
+    np.testing.assert_array_equal(a, b)
+  assert not (tmp_path / "cache").exists()
+  assert not (tmp_path / "run" / "sft").exists()

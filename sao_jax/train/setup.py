@@ -243,17 +243,19 @@ def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
   memory.log_memory_estimate(config, mcfg)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.normalize_rules(config.mesh.rules)
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  source, source_step = (ckpt, None) if ckpt.latest_step() is not None else (
+      _replay_start(config))
+  # A resumed run's policy comes from its checkpoint: no SFT warm start.
   policy_params = warm_start.initial_policy(
-      config, mcfg, tokenizer, train_tasks, eval_tasks, artifacts, writer)
+      config, mcfg, tokenizer, train_tasks, eval_tasks, artifacts, writer,
+      resuming=source is not None)
   step_cfg = step_config_from(config)
   state, state_sharding, policy_tx, value_tx = _train_state(
       config, mcfg, step_cfg, policy_params, len(train_tasks), mesh, rules)
 
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
   meta: dict[str, Any] = {"episodes_consumed": 0, "stream": {},
                           "eval_before": None}
-  source, source_step = (ckpt, None) if ckpt.latest_step() is not None else (
-      _replay_start(config))
   if source is not None:
     # Restored straight into the mesh shardings (each host reads its shards).
     state, meta, step0 = (ckpt.restore_newest(state) if source is ckpt else
