@@ -98,3 +98,58 @@ def test_result_fields(warm_pool):
   assert warm_pool.stats.counts["timeouts"] == 1
   assert warm_pool.stats.counts["calls"] == 3
 
+
+
+def _bwrap_or_skip():
+  problem = probe.bwrap_problem() or probe.seccomp_problem()
+  if problem and not os.environ.get("CI"):
+    pytest.skip(problem)
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+@pytest.mark.multiprocess
+def test_strict_calls_get_a_fresh_sandbox_started_ahead():
+  """Strict mode: the sandbox for the next call is up before the call
+  (started while the caller went on), each call's sandbox is gone when the
+  call returns, and nothing a call did reaches the next."""
+  _bwrap_or_skip()
+  pool = SandboxPool(Limits(wall_s=2.0, cpu_s=2), workers=1, mode="strict",
+                     mechanism="bwrap")
+  try:
+    (worker,) = pool.workers
+    bwraps, outs = [], []
+    for i in range(4):
+      pool._wait_for_starts()  # pylint: disable=protected-access
+      assert worker.started  # Before the call asks for it.
+      bwraps.append(worker._launched.proc.pid)  # pylint: disable=protected-access
+      outs.append(pool.run(f"""
+import os
+print(sorted(os.listdir(".")), os.getpid())
+open("mark_{i}", "w").write("x")
+""").stdout.split("]")[0] + "]")
+      assert not _alive(bwraps[-1])  # That call's sandbox: gone.
+  finally:
+    pool.close()
+  assert len(set(bwraps)) == 4
+  assert outs == ["[]"] * 4  # No call sees an earlier call's file.
+
+
+def test_a_pool_whose_sandboxes_cannot_start_says_so(monkeypatch):
+  _bwrap_or_skip()
+  from sao_jax.sandbox import launcher  # pylint: disable=import-outside-toplevel
+  from sao_jax.sandbox import pool as pool_lib  # pylint: disable=import-outside-toplevel
+
+  def fail(*_):
+    raise pool_lib.SandboxError("the bwrap sandbox did not start: no bwrap")
+
+  monkeypatch.setattr(launcher, "launch", fail)
+  for mode in ("warm", "strict"):
+    with pytest.raises(pool_lib.SandboxError, match="did not start"):
+      SandboxPool(Limits(), workers=2, mode=mode, mechanism="bwrap")

@@ -4,7 +4,13 @@ Arms, each running ``print(1 + 1)`` (and, with ``--numpy``, a small numpy
 call) ``--calls`` times per repetition:
 
 * ``bare``            ``python -I -c`` in a plain subprocess (no isolation)
-* ``strict``          a fresh sandbox per call (bwrap, or ``--mechanism``)
+* ``strict``          a fresh sandbox per call (bwrap, or ``--mechanism``),
+                      calls back to back: each waits for the next sandbox's
+                      start-up
+* ``strict_paced``    the same with ``--pace_ms`` of idle time between a
+                      thread's calls (as a sampler decoding between tool
+                      calls), in which the next fresh sandbox starts; the
+                      latency excludes the pause, the rate includes it
 * ``warm``            a warm sandbox forking per call
 * ``warm_preload``    the same with numpy and sympy imported once
 
@@ -49,20 +55,22 @@ class _Bare:
 def _make(arm, workers, mechanism):
   if arm == "bare":
     return _Bare()
-  mode = "strict" if arm == "strict" else "warm"
+  mode = "strict" if arm.startswith("strict") else "warm"
   preload = ("numpy", "sympy") if arm == "warm_preload" else ()
   return SandboxPool(Limits(), workers=workers, mode=mode,
                      mechanism=mechanism, preload=preload)
 
 
-def _measure(runner, code, calls, workers):
-  """(calls/s, latencies in ms) of `calls` calls from `workers` threads."""
+def _measure(runner, code, calls, workers, pace_s=0.0):
+  """(calls/s, latencies in ms) of `calls` calls from `workers` threads,
+  each pausing `pace_s` before every call."""
   lat = []
   lock = threading.Lock()
   per_thread = calls // workers
 
   def work():
     for _ in range(per_thread):
+      time.sleep(pace_s)
       t0 = time.perf_counter()
       runner.run(code)
       dt = (time.perf_counter() - t0) * 1000
@@ -89,7 +97,10 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--mechanism", default="bwrap")
   parser.add_argument("--workers", default="1,2")
-  parser.add_argument("--arms", default="bare,strict,warm,warm_preload")
+  parser.add_argument("--arms",
+                      default="bare,strict,strict_paced,warm,warm_preload")
+  parser.add_argument("--pace_ms", type=float, default=50.0,
+                      help="idle time before each call of a *_paced arm")
   parser.add_argument("--numpy", action="store_true",
                       help="run a numpy call instead of print(1 + 1)")
   args = parser.parse_args()
@@ -106,7 +117,9 @@ def main():
         runner.run(code)
     for _ in range(args.repeats):
       for key, runner in runners.items():
-        figures[key].append(_measure(runner, code, args.calls, key[1]))
+        pace_s = args.pace_ms / 1000 if key[0].endswith("_paced") else 0.0
+        figures[key].append(_measure(runner, code, args.calls, key[1],
+                                     pace_s))
   finally:
     for runner in runners.values():
       runner.close()
@@ -124,7 +137,10 @@ def main():
                         2),
         "p99_ms": round(statistics.median(_quantile(l, 0.99) for _, l in runs),
                         2),
-        "rate_vs_bare": round(rate / bare[w], 2) if w in bare else None,
+        "rate_vs_bare": (round(rate / bare[w], 2)
+                         if w in bare and not arm.endswith("_paced")
+                         else None),
+        "pace_ms": args.pace_ms if arm.endswith("_paced") else 0.0,
         "calls": args.calls, "repeats": args.repeats,
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in load_after],

@@ -4,7 +4,10 @@ one-shot sandboxes (docs/DESIGN.md "Code sandbox").
 warm: `workers` sandboxes stay up (numpy/sympy optionally preloaded); each
 call forks a fresh child from the server, and everything the call made
 (processes, files in scratch, /tmp, /dev/shm) is gone before the next.
-strict: a fresh sandbox per call, closed after it.
+strict: a fresh sandbox per call, closed before the call returns; the next
+one is started in the background meanwhile (a spare per worker), so a call
+waits for a sandbox's start-up only when calls come faster than sandboxes
+start.
 `PlainRunner` ('unsafe_subprocess') is the unconfined `python -c` baseline.
 """
 
@@ -25,6 +28,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from absl import logging
 
 from sao_jax.sandbox import cgroup as cgroup_lib
 from sao_jax.sandbox import launcher
@@ -52,6 +57,10 @@ class Sandbox:
     self.preloaded: list[str] = []
     self.server_pid: int | None = None
     self._launched: launcher.Launched | None = None
+
+  @property
+  def started(self) -> bool:
+    return self._launched is not None
 
   @property
   def uid(self) -> int | None:
@@ -214,27 +223,71 @@ class SandboxPool:
     self.stats = SandboxStats()
     self._idle: queue.Queue = queue.Queue()
     self._all = []
+    # Every sandbox starts in one long-lived thread, whatever thread asks:
+    # bwrap's --die-with-parent follows the thread that forked it.
+    self._to_start: queue.Queue = queue.Queue()
+    self._starter: threading.Thread | None = None
+    self._pending = 0
+    self._start_errors: list[Exception] = []
+    self._lock = threading.Lock()
+    self._started = threading.Condition(self._lock)
     for _ in range(workers):
       if self.mechanism == "unsafe_subprocess":
         worker = PlainRunner(self.limits)
+        self._idle.put(worker)
       else:
         worker = Sandbox(self.mechanism, self.limits,
                          preload if mode == "warm" else ())
-        if mode == "warm":
-          worker.start()
+        self._start(worker)
       self._all.append(worker)
-      self._idle.put(worker)
+    self._wait_for_starts()
+    if self._start_errors:
+      self.close()
+      raise self._start_errors[0]
 
   def run(self, code: str) -> CallResult:
     worker = self._idle.get()
     try:
       result = worker.run(code)
-      if self.mode == "strict" and isinstance(worker, Sandbox):
-        worker.close()
     finally:
-      self._idle.put(worker)
+      if not isinstance(worker, Sandbox):
+        self._idle.put(worker)
+      elif self.mode == "strict":
+        worker.close()  # Everything the call started is gone on return.
+        self._start(worker)  # A fresh spare, while the caller goes on.
+      elif not worker.started:
+        self._start(worker)  # It stopped answering and closed itself.
+      else:
+        self._idle.put(worker)
     self.stats.record(result)
     return result
+
+  def _start(self, worker: Sandbox) -> None:
+    """Has the starter thread start `worker`, then hand it out."""
+    with self._lock:
+      if self._starter is None:
+        self._starter = threading.Thread(target=self._starter_loop,
+                                         daemon=True, name="sandbox-starter")
+        self._starter.start()
+      self._pending += 1
+    self._to_start.put(worker)
+
+  def _starter_loop(self) -> None:
+    while (worker := self._to_start.get()) is not None:
+      try:
+        worker.start()
+      except Exception as e:  # pylint: disable=broad-except
+        # Handed out unstarted: its next call starts it and raises there.
+        logging.warning("A %s sandbox did not start: %s", self.mechanism, e)
+        self._start_errors.append(e)
+      with self._lock:
+        self._pending -= 1
+        self._started.notify_all()
+      self._idle.put(worker)
+
+  def _wait_for_starts(self) -> None:
+    with self._lock:
+      self._started.wait_for(lambda: self._pending == 0)
 
   @property
   def workers(self) -> list:
@@ -245,6 +298,7 @@ class SandboxPool:
     servers (None when not root: the sandboxes then share this uid)."""
     if self.mechanism == "unsafe_subprocess" or os.getuid() != 0:
       return None
+    self._wait_for_starts()  # A starting sandbox is not a leftover.
     uids = {launcher.sandbox_uid(w.slot) for w in self._all}
     servers = set()
     for w in self._all:
@@ -255,6 +309,11 @@ class SandboxPool:
     return [p for p in _all_pids() if _uid(p) in uids and p not in servers]
 
   def close(self) -> None:
+    self._wait_for_starts()
+    if self._starter is not None:
+      self._to_start.put(None)
+      self._starter.join()
+      self._starter = None
     for worker in self._all:
       worker.close()
 
