@@ -16,17 +16,25 @@ def _leaves(params):
   return [np.asarray(x) for x in jax.tree.leaves(params)]
 
 
-def test_sft_warm_starts_the_checkpoint_it_is_given(tmp_path):
-  """`model.init_from` + `train.sft_steps` > 0: SFT from the checkpoint
-  (not a random init, not skipped), cached under a key with the checkpoint."""
+def _tiny_run(tmp_path, **overrides):
+  """A tiny SFT config, its tokenizer, tasks, model config and a random
+  policy saved as the HF checkpoint ``tmp_path/ckpt``."""
   config = tiny_config(**{"train.sft_steps": 3, "train.sft_batch_size": 4,
-                          "train.sft_lr": 1e-6})
+                          **overrides})
   tokenizer = setup.run_tokenizer(config, str(tmp_path / "tok"), True)
   train_tasks, eval_tasks = env_build.build_tasks(config.env)
   config = task_sizing.resolve(config, tokenizer, (train_tasks, eval_tasks))
   mcfg = setup.model_config_from(config, tokenizer)
   start = warm_start.random_policy(mcfg, 7)
   hf.save_hf_checkpoint(mcfg, start, str(tmp_path / "ckpt"))
+  return config, tokenizer, train_tasks, eval_tasks, mcfg, start
+
+
+def test_sft_warm_starts_the_checkpoint_it_is_given(tmp_path):
+  """`model.init_from` + `train.sft_steps` > 0: SFT from the checkpoint
+  (not a random init, not skipped), cached under a key with the checkpoint."""
+  config, tokenizer, train_tasks, eval_tasks, mcfg, start = _tiny_run(
+      tmp_path, **{"train.sft_lr": 1e-6})
   random_key = warm_start.sft_cache_key(config, mcfg, tokenizer)
   config.model.init_from = str(tmp_path / "ckpt")
   config.train.sft_cache_dir = str(tmp_path / "cache")
@@ -62,13 +70,8 @@ def test_a_resumed_run_does_not_train_sft_again(tmp_path):
   """`resuming` (setup.build: the run has a checkpoint): the starting
   params as they are, SFT neither run nor cached (the checkpoint holds the
   trained policy)."""
-  config = tiny_config(**{"train.sft_steps": 3, "train.sft_batch_size": 4})
-  tokenizer = setup.run_tokenizer(config, str(tmp_path / "tok"), True)
-  train_tasks, eval_tasks = env_build.build_tasks(config.env)
-  config = task_sizing.resolve(config, tokenizer, (train_tasks, eval_tasks))
-  mcfg = setup.model_config_from(config, tokenizer)
-  start = warm_start.random_policy(mcfg, 7)
-  hf.save_hf_checkpoint(mcfg, start, str(tmp_path / "ckpt"))
+  config, tokenizer, train_tasks, eval_tasks, mcfg, start = _tiny_run(
+      tmp_path)
   config.model.init_from = str(tmp_path / "ckpt")
   config.train.sft_cache_dir = str(tmp_path / "cache")
   got = warm_start.initial_policy(config, mcfg, tokenizer, train_tasks,
