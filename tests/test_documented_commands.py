@@ -126,7 +126,7 @@ TINY: dict[str, Tiny] = {
               "--steps_per_repeat=1")),
     "experiments/bench/sandbox.py": Tiny(
         args=("--calls", "3", "--repeats", "1", "--workers", "1",
-              "--arms", "bare,warm")),
+              "--arms", "bare,warm,strict_paced", "--pace_ms", "1")),
     "experiments/bench/scan_layers.py": Tiny(
         args=("--figures=compile", "--depths=1,2", "--seq=16",
               "--arms=scan", "--repeats=1", "--warmup=0")),
