@@ -1,4 +1,4 @@
-r"""SmolLM2-135M-Instruct with the code tool (issue 28 item 3; not yet run).
+r"""SmolLM2-135M-Instruct with the code tool (issue 28 item 3; RESULTS §11).
 
 configs/smollm2.py's model, tokenizer and SAO settings, on reasoning-gym
 `basic_arithmetic` with 3-4 terms of 2-4 digits (where computing beats
@@ -67,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
   t.sft_tool_frac = 0.5
   t.batch_size = 8
   s.batch_size = 8
-  t.num_steps = 40
+  t.num_steps = 20  # Policy steps (after 5 critic warm-up steps): CPU-sized.
   t.eval_every = 10
   t.checkpoint_every = 5
   return config
