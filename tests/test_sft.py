@@ -60,7 +60,7 @@ def test_sft_memorises_small_set():
   examples = [[(list(rng.integers(4, 32, 5)), False),
                (list(rng.integers(4, 32, 3)), True)] for _ in range(8)]
   cfg = sft.SFTConfig(steps=150, batch_size=8, max_len=10, lr=1e-2,
-                      warmup_steps=10, log_every=50)
+                      warmup_steps=10, log_every=50, log_every_s=0)
   seen = []
   _, metrics = sft.run_sft(CFG, params, examples, cfg,
                            on_metrics=lambda i, m: seen.append((i, m)))
@@ -68,3 +68,15 @@ def test_sft_memorises_small_set():
   assert seen[0][1]["sft/loss"] > metrics["sft/loss"]
   assert metrics["sft/loss"] < 0.1
   assert metrics["sft/token_accuracy"] == 1.0
+
+
+def test_sft_logs_slow_steps_by_time():
+  """With ``log_every_s`` shorter than a step, every step is logged."""
+  _, params = _init(1)
+  examples = [[([5, 6, 7], False), ([8, 9], True)]] * 4
+  cfg = sft.SFTConfig(steps=4, batch_size=4, max_len=6, log_every=50,
+                      log_every_s=1e-9)
+  seen = []
+  sft.run_sft(CFG, params, examples, cfg,
+              on_metrics=lambda i, m: seen.append(i))
+  assert seen == [1, 2, 3, 4]

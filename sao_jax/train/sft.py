@@ -36,6 +36,9 @@ class SFTConfig:
   grad_clip: float = 1.0
   seed: int = 0
   log_every: int = 50
+  # Also log once this many seconds have passed since the last log (0: off),
+  # so a slow step (a 135M model on CPU: ~25 s) still shows progress.
+  log_every_s: float = 60.0
 
 
 # One SFT example: segments of token ids, each trained on (policy actions) or
@@ -140,7 +143,8 @@ def run_sft(model_config: ModelConfig, params: Any,
     examples: Segment lists (see ``Example``).
     cfg: SFT hyperparameters.
     pad_id: Padding token id.
-    on_metrics: Called every ``log_every`` steps with (step, metrics).
+    on_metrics: Called every ``log_every`` steps (and after ``log_every_s``
+      seconds without a call) with (step, metrics).
 
   Returns:
     (trained params, last metrics).
@@ -152,11 +156,13 @@ def run_sft(model_config: ModelConfig, params: Any,
   step = make_sft_step(model_config, tx)
   it = iter(sft_dataset(examples, cfg, pad_id))
   metrics: dict[str, float] = {}
-  start = time.time()
+  start = last_log = time.time()
   for i in range(1, cfg.steps + 1):
     batch = next(it)
     params, opt_state, m = step(params, opt_state, batch)
-    if i % cfg.log_every == 0 or i == cfg.steps:
+    due = cfg.log_every_s > 0 and time.time() - last_log >= cfg.log_every_s
+    if i % cfg.log_every == 0 or i == cfg.steps or due:
+      last_log = time.time()
       metrics = {k: float(v) for k, v in m.items()}
       metrics["sft/steps_per_s"] = i / (time.time() - start)
       logging.info("SFT step %d/%d: %s", i, cfg.steps, metrics)
