@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -65,6 +66,9 @@ def evaluate(params: Any, model_config: ModelConfig, config: Any,
       lengths.append(traj.num_action_tokens)
       stops.append(traj.finish_reason == FinishReason.STOP)
       errors.append(traj.finish_reason == FinishReason.ERROR)
+    logging.info("eval (v%d): %d/%d problems, accuracy so far %.3f, %.0f s",
+                 version, len(scores), n, float(np.mean(scores)),
+                 time.perf_counter() - t0)
   return {
       "eval/accuracy": float(np.mean(scores)),
       "eval/num_problems": float(n),
