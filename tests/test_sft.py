@@ -80,3 +80,36 @@ def test_sft_logs_slow_steps_by_time():
   sft.run_sft(CFG, params, examples, cfg,
               on_metrics=lambda i, m: seen.append(i))
   assert seen == [1, 2, 3, 4]
+
+
+def test_sft_time_logs_follow_the_device_not_dispatch(monkeypatch):
+  """Steps that take ~0.3 s on the device: a time-based log comes before
+  the last step (JAX's async dispatch must not let the loop run ahead)."""
+  real_make = sft.make_sft_step
+
+  @jax.jit
+  def sleeper(loss):  # ~0.3 s of device work (not a host callback: those
+    # run synchronously and would hide the run-ahead).
+    a = jnp.full((1000, 1000), 1e-3) * loss
+    a = jax.lax.fori_loop(0, 20, lambda _, a: jnp.tanh(a @ a), a)
+    return loss + 0.0 * a[0, 0]
+
+  def slow_make(model_config, tx):
+    real = real_make(model_config, tx)
+
+    def step(params, opt_state, batch):
+      params, opt_state, m = real(params, opt_state, batch)
+      return params, opt_state, {**m, "sft/loss": sleeper(m["sft/loss"])}
+    return step
+
+  monkeypatch.setattr(sft, "make_sft_step", slow_make)
+  _, params = _init(1)
+  examples = [[([5, 6, 7], False), ([8, 9], True)]] * 4
+  cfg = sft.SFTConfig(steps=8, batch_size=4, max_len=6, log_every=50,
+                      log_every_s=0.5)
+  seen = []
+  sft.run_sft(CFG, params, examples, cfg,
+              on_metrics=lambda i, m: seen.append(i))
+  assert seen[-1] == 8
+  # Step 1 logs anyway (its compile takes more than 0.5 s).
+  assert any(1 < i < 8 for i in seen), seen

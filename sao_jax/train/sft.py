@@ -157,9 +157,16 @@ def run_sft(model_config: ModelConfig, params: Any,
   it = iter(sft_dataset(examples, cfg, pad_id))
   metrics: dict[str, float] = {}
   start = last_log = time.time()
+  in_flight = None
   for i in range(1, cfg.steps + 1):
     batch = next(it)
     params, opt_state, m = step(params, opt_state, batch)
+    # At most one step queued behind the running one: without this, JAX's
+    # async dispatch lets the loop run tens of steps ahead of the device,
+    # and the clock below would measure dispatch, not progress.
+    if in_flight is not None:
+      jax.block_until_ready(in_flight)
+    in_flight = m
     due = cfg.log_every_s > 0 and time.time() - last_log >= cfg.log_every_s
     if i % cfg.log_every == 0 or i == cfg.steps or due:
       last_log = time.time()
