@@ -167,9 +167,10 @@ def run_sft(model_config: ModelConfig, params: Any,
     if in_flight is not None:
       jax.block_until_ready(in_flight)
     in_flight = m
-    due = cfg.log_every_s > 0 and time.time() - last_log >= cfg.log_every_s
+    now = time.time()
+    due = cfg.log_every_s > 0 and now - last_log >= cfg.log_every_s
     if i % cfg.log_every == 0 or i == cfg.steps or due:
-      last_log = time.time()
+      last_log = now
       metrics = {k: float(v) for k, v in m.items()}
       metrics["sft/steps_per_s"] = i / (time.time() - start)
       logging.info("SFT step %d/%d: %s", i, cfg.steps, metrics)
