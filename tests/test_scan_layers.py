@@ -61,6 +61,20 @@ def _close(a, b, atol=ATOL):
       np.asarray(x), np.asarray(y), atol=atol, rtol=0), a, b)
 
 
+def _close_to_scale(a, b, tol=ATOL):
+  """Within `tol` of each array's largest magnitude (at least 1).
+
+  Losses and gradients of the 4x-scaled model reach 10-40 (a value loss 1e4):
+  the scanned and unrolled programs sum in different orders, so float32
+  rounding alone moves them by ~1e-7 of their size, over an absolute 1e-5.
+  """
+  def check(x, y):
+    x, y = np.asarray(x), np.asarray(y)
+    scale = max(1.0, float(np.abs(y).max()))
+    np.testing.assert_allclose(x, y, atol=tol * scale, rtol=0)
+  jax.tree.map(check, a, b)
+
+
 def test_stacked_params_have_a_leading_layers_axis(params):
   unrolled, stacked = params
   init = _init(SCAN)
@@ -97,9 +111,9 @@ def test_logits_loss_and_gradients_match_unrolled(params):
 
   (l_u, g_u), (l_s, g_s) = (jax.value_and_grad(loss)(p, c) for p, c in (
       (unrolled, UNROLLED), (stacked, SCAN)))
-  np.testing.assert_allclose(l_u, l_s, atol=ATOL, rtol=0)
+  _close_to_scale(l_u, l_s)
   assert float(optax.global_norm(g_s)) > 1e-3
-  _close(layout.stack_layers(g_u), g_s)
+  _close_to_scale(layout.stack_layers(g_u), g_s)
 
 
 def test_value_model_and_its_gradients_match_unrolled(params):
@@ -118,9 +132,9 @@ def test_value_model_and_its_gradients_match_unrolled(params):
 
   (l_u, val_u), g_u = jax.value_and_grad(loss, has_aux=True)(v_u, UNROLLED)
   (l_s, val_s), g_s = jax.value_and_grad(loss, has_aux=True)(v_s, SCAN)
-  _close(val_u, val_s)
-  np.testing.assert_allclose(l_u, l_s, atol=ATOL, rtol=0)
-  _close(layout.stack_layers(g_u), g_s)
+  _close_to_scale(val_u, val_s)
+  _close_to_scale(l_u, l_s)
+  _close_to_scale(layout.stack_layers(g_u), g_s)
 
 
 @pytest.mark.parametrize("per_row", [False, True])
