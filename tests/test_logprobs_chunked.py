@@ -22,6 +22,10 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.train import sft
 from sao_jax.train import step as step_lib
 
+# Compile-heavy (about 179 s as one Bazel target on 2 cores): //:fast_tests
+# leaves it to the pytest run, which runs every test.
+pytestmark = pytest.mark.slow
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 TEMP = 0.7
 B, T, V = 3, 29, 61  # T - 1 = 28: chunks of 5 or 6 positions leave a tail.

@@ -14,6 +14,10 @@ from sao_jax.models.config import MoeConfig
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
+# Compile-heavy (about 88 s as one Bazel target on 2 cores): //:fast_tests
+# leaves it to the pytest run, which runs every test.
+pytestmark = pytest.mark.slow
+
 E, K = 8, 2
 
 

@@ -15,6 +15,10 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
+# Compile-heavy (about 72 s as one Bazel target on 2 cores): //:fast_tests
+# leaves it to the pytest run, which runs every test.
+pytestmark = pytest.mark.slow
+
 CFG = ModelConfig.tiny(vocab_size=64)
 
 

@@ -26,6 +26,10 @@ from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
+# Compile-heavy (about 95 s as one Bazel target on 2 cores): //:fast_tests
+# leaves it to the pytest run, which runs every test.
+pytestmark = pytest.mark.slow
+
 SCAN = ModelConfig.tiny(vocab_size=64, num_layers=3, qkv_bias=True)
 UNROLLED = dataclasses.replace(SCAN, scan_layers=False)
 ATOL = 1e-5

@@ -15,6 +15,10 @@ from sao_jax.rl import losses
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
+# Compile-heavy (about 87 s as one Bazel target on 2 cores): //:fast_tests
+# leaves it to the pytest run, which runs every test.
+pytestmark = pytest.mark.slow
+
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
 TEMP = 0.7
