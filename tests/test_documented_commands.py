@@ -110,11 +110,12 @@ TINY: dict[str, Tiny] = {
               "--num_layers=1")),
     "experiments/bench/weights.py": Tiny(
         args=("--repeats=1", "--model=quickstart")),
-    "experiments/bench/async_vs_sync.py": Tiny(
-        args=("--repeats=1", "--steps=3", "--arms=async")),  # 3: a steady step.
+    "experiments/bench/async_vs_sync.py": Tiny(  # 3 steps: one steady step.
+        args=("--repeats=1", "--steps=3", "--arms=async",
+              "--tool_latency_s=0.05", "--max_new_tokens=16")),
     "experiments/bench/record.py": Tiny(
-        args=("--repeats=1", "--steps=1", "--trajectories=16",
-              "--seq_len=32")),
+        args=("--repeats=1", "--warmup_rounds=0", "--steps=1",
+              "--trajectories=16", "--seq_len=32")),
     "experiments/bench/quickstart.py": Tiny(
         args=("--repeats=1", "--arms=continuous",
               *(f"--main_flag={f}" for f in _MAIN))),

@@ -34,6 +34,9 @@ _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Tokens per trajectory "
                                 "(microbenchmark).")
 _TRAJECTORIES = flags.DEFINE_integer("trajectories", 2000, "Trajectories per "
                                      "microbenchmark run.")
+_WARMUP_ROUNDS = flags.DEFINE_integer(
+    "warmup_rounds", 1, "Untimed loop rounds first (they fill the "
+    "compilation caches).")
 
 
 def _trajectories(n: int, seq_len: int):
@@ -88,9 +91,10 @@ def loop_cost(tmp: str) -> None:
 
   rates = {"off": [], "on": [], "replay": []}
   recorded = None
-  # One warm-up round fills the compilation caches; the order of the three
-  # kinds rotates each round so that drifts in machine load spread evenly.
-  for i in range(_REPEATS.value + 1):
+  # Warm-up rounds fill the compilation caches; the order of the three kinds
+  # rotates each round so that drifts in machine load spread evenly.
+  warmup = _WARMUP_ROUNDS.value
+  for i in range(warmup + _REPEATS.value):
     kinds = ["off", "on", "replay"]
     kinds = kinds[i % 3:] + kinds[:i % 3]
     if recorded is None:  # The first round needs a recording to replay.
@@ -103,7 +107,7 @@ def loop_cost(tmp: str) -> None:
                 if kind == "replay" else loop_config(kind == "on"))
       summary = loop.train_and_evaluate(config, workdir)
       recorded = workdir if kind == "on" else recorded
-      if i:
+      if i >= warmup:
         rates[kind].append(_steps_per_s(summary))
   for kind in ("off", "on"):
     loop_setup.emit("async_steps_per_s", record_stream=kind == "on",
