@@ -2,10 +2,13 @@
 other programs' ``/dev/shm/sao_*`` files are never taken for ours, and each
 test file's compiled programs are freed when it ends."""
 
+import atexit
 import gc
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -16,6 +19,38 @@ import pytest
 # What needs TPU compile-only devices runs in a child of its own
 # (tests/fresh_process.py). Set JAX_PLATFORMS to override.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _session_compilation_cache() -> str | None:
+  """One persistent JAX compilation cache for this pytest session.
+
+  The suite compiles the same tiny programs over and over: in each test file
+  (conftest clears jax's in-memory caches between files) and in every child
+  process (``sao_jax.main`` runs, sampler processes, documented commands).
+  jax reads ``JAX_COMPILATION_CACHE_DIR`` and the two thresholds from the
+  environment, so the pytest process, its xdist workers and all their
+  children share one directory. It is made fresh for each session (the
+  process that made it, pytest's controller, removes it at exit), so a cache
+  from another checkout or jax version is never read; and jax's key is the
+  program, its compile options, the backend and jax's version, so a hit
+  returns the executable a compile would have made. An unreadable entry (a
+  partly written one) is a miss with a warning, never a wrong result.
+  ``SAO_TEST_COMPILATION_CACHE=0`` turns it off (a cold run, as before).
+  """
+  if os.environ.get("SAO_TEST_COMPILATION_CACHE", "1") == "0":
+    return None
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # Set by the controller.
+    return None
+  path = tempfile.mkdtemp(prefix="sao_jax_test_jit_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  # Every program, however small or fast to compile: most of the suite's are.
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+  return path
+
+
+_session_compilation_cache()
 
 # sao_jax.ipc.segment's name pattern (make_name: sao_<kind>_<pid>_<8 hex>),
 # spelled out so that this conftest (part of every test target) needs no
