@@ -1,25 +1,54 @@
-"""The family parity tests' shared pieces: a left-padded batch, logits of a
-transformers model and of ours on it, and the checks every windowed family
-(Mistral, Gemma 3) runs the same way: packed rows, greedy decoding through
-the KV cache, export -> transformers reload.
+"""The family parity tests' shared pieces: a random transformers checkpoint,
+a left-padded batch, logits of a transformers model and of ours on it, and
+checks several families run the same way: packed rows and greedy decoding
+through the KV cache.
 
 Needs the `ref` extra (torch, transformers); importers skip without it.
 """
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-import transformers
 
 from sao_jax.models import hf
 from sao_jax.models import transformer as tm
-from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import generate as generate_lib
 from sao_jax.sampler.sampling import SamplingParams
+
+
+def save_random_model(model_class, config, path, *, scale: float = 0.2,
+                      norm_center: float | None = 1.0, norm_scale: float = 0.2,
+                      buffers: bool = False):
+  """A transformers model with every weight random, saved to `path`.
+
+  Seeds torch with 0, builds `model_class(config)` in eval mode and replaces
+  each weight by `scale` * N(0, 1) noise, in `named_parameters` order; a
+  `*norm.weight` by `norm_center` + `norm_scale` * N(0, 1) (transformers
+  inits RMSNorm weights to 1; `norm_center=None`: `scale` * N(0, 1) like
+  the rest, as for Gemma's `1 + w` norms, which init to 0). With `buffers`,
+  the non-RoPE buffers too (e.g. GLM-4.5's router bias).
+
+  Returns:
+    The model, as saved by `save_pretrained(path)`.
+  """
+  torch.manual_seed(0)
+  model = model_class(config).eval()
+  tensors = list(model.named_parameters())
+  if buffers:
+    tensors += list(model.named_buffers())
+  with torch.no_grad():
+    for name, p in tensors:
+      if name.endswith("inv_freq"):
+        continue
+      if norm_center is not None and name.endswith("norm.weight"):
+        p.copy_(norm_center + norm_scale * torch.randn_like(p))
+      else:
+        p.copy_(scale * torch.randn_like(p))
+  model.save_pretrained(path)
+  return model
 
 
 def left_padded_batch(vocab: int = 128, length: int = 10,
@@ -103,20 +132,3 @@ def check_greedy_continuation(path, model, tokens, mask,
     trainer = np.take_along_axis(np.asarray(logp), s.tokens[:, None], 1)[:, 0]
     np.testing.assert_allclose(s.logprobs, trainer, atol=1e-4, rtol=0)
   assert len(set(map(tuple, want))) == len(want)  # Rows really differ.
-
-
-def check_export_reloads(path, want, out_dir, arch: str, batch) -> dict:
-  """Export -> transformers reload: the same architecture and logits, and
-  the config reads back equal. Returns the saved config.json."""
-  config, params = hf.load_hf_checkpoint(path)
-  hf.save_hf_checkpoint(config, params, out_dir)
-  saved = json.loads((out_dir / "config.json").read_text())
-  assert saved["architectures"] == [arch]
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-      out_dir, attn_implementation="eager").eval()
-  assert type(reloaded).__name__ == arch
-  tokens, mask, positions = batch
-  again = hf_logits(reloaded, tokens, mask, positions)
-  assert np.abs(again[mask] - want[mask]).max() <= 1e-4
-  assert ModelConfig.from_hf_config(saved) == config
-  return saved

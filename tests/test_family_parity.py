@@ -1,0 +1,656 @@
+"""Every supported family against transformers, float32: one row each.
+
+A row of FAMILIES is a tiny random checkpoint of one architecture (built by
+transformers, every weight perturbed, eager attention) and what our import
+must read from it. Every row runs the same checks: the logits of a
+left-padded batch within 1e-4 of transformers in each layout the row lists
+(scanned or unrolled layers, dense or blockwise attention), the parameter
+counts, export -> transformers reload -> the same tensors and logits, and a
+sharded bfloat16 copy loaded onto a mesh. A row also names the checks of its
+own features (CHECKS): a sliding window that really applies, packed rows,
+greedy decoding through the KV cache (a left-padded batch against
+`generate`, or each prompt alone with decode_parity), q/k norms, MoE
+routing and its replay (R3), malformed checkpoints; and, with a tiny
+`ModelConfig`, its conversion and the configs it refuses.
+
+A new family is a new row: `test_every_supported_architecture_has_a_row`
+fails until it has one.
+"""
+
+from collections.abc import Callable, Mapping
+import copy
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import decode_parity
+
+from sao_jax.models import hf
+from sao_jax.models import transformer as tm
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import SUPPORTED_ARCHITECTURES
+from sao_jax.models.config import UnsupportedConfigError
+from sao_jax.train import memory
+from sao_jax.train import optim
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import hf_reference  # pylint: disable=g-import-not-at-top,wrong-import-position
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+pytestmark = pytest.mark.ref
+
+WINDOW = 4
+NEW_TOKENS = 32
+# Layout name -> (scan_layers, attention); "default": load_hf_checkpoint's.
+LAYOUTS = {
+    "default": None,
+    "scan-dense": (True, "dense"),
+    "scan-blockwise": (True, "blockwise"),
+    "unrolled-dense": (False, "dense"),
+    "unrolled-blockwise": (False, "blockwise"),
+}
+ALL_LAYOUTS = tuple(k for k in LAYOUTS if k != "default")
+# The feature checks a row can name (each a test below).
+CHECKS = ("sliding_window", "packed_rows", "batch_decode", "prompt_decode",
+          "qk_norm", "moe", "malformed_checkpoints")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One architecture's tiny random checkpoint and what must hold for it.
+
+  Attributes:
+    arch: the transformers class; also our `ModelConfig.hf_architecture()`.
+    hf_config: makes its transformers config.
+    reads: `ModelConfig` attributes (dotted for nested ones) and the values
+      `load_hf_checkpoint` must read from the checkpoint.
+    batch: `hf_reference.left_padded_batch` arguments of the test batch.
+    weights: `hf_reference.save_random_model` arguments.
+    layouts: the LAYOUTS its logits are compared in.
+    saved: items the exported config.json must hold.
+    checks: the CHECKS of its features it runs.
+    tiny: `ModelConfig.tiny` arguments of the config whose conversion
+      `test_tiny_config_converts_and_refuses` checks; None: no such check.
+    export_refusals: (`ModelConfig.tiny` arguments, None for `tiny`'s;
+      architecture; words of the error) of refused exports.
+    import_refusals: (config.json items added to `tiny`'s; words of the
+      error) of refused imports.
+    marks: pytest marks of all its tests.
+  """
+  arch: str
+  hf_config: Callable[[], Any]
+  reads: Mapping[str, Any]
+  batch: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  weights: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  layouts: tuple[str, ...] = ("default",)
+  saved: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  checks: frozenset[str] = frozenset()
+  tiny: Mapping[str, Any] | None = None
+  export_refusals: tuple[tuple[Mapping[str, Any] | None, str, str], ...] = ()
+  import_refusals: tuple[tuple[Mapping[str, Any], str], ...] = ()
+  marks: tuple[Any, ...] = ()
+
+
+_DENSE = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
+              num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, attn_implementation="eager")
+_MOE = dict(vocab_size=96, hidden_size=32, intermediate_size=48,
+            moe_intermediate_size=16, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, attn_implementation="eager")
+_GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention",
+                       "sliding_attention", "sliding_attention")
+
+
+def _gemma3_config() -> Any:
+  config = transformers.Gemma3TextConfig(
+      **{**_DENSE, "num_hidden_layers": 4}, head_dim=16, rms_norm_eps=1e-6,
+      sliding_window=WINDOW, max_position_embeddings=128,
+      query_pre_attn_scalar=24, layer_types=list(_GEMMA3_LAYER_TYPES),
+      rope_parameters={
+          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+          "full_attention": {"rope_type": "linear", "factor": 2.0,
+                             "rope_theta": 10000.0}})
+  config.architectures = ["Gemma3ForCausalLM"]
+  return config
+
+
+def _qwen3(tie: bool, **row) -> Family:
+  return Family(
+      arch="Qwen3ForCausalLM",
+      hf_config=lambda: transformers.Qwen3Config(
+          **_DENSE, head_dim=24, rms_norm_eps=1e-6, tie_word_embeddings=tie,
+          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+      reads={"qk_norm": True, "qkv_bias": False, "head_dim": 24},
+      batch=dict(length=11, pads=(0, 3, 8), seed=1),
+      checks=frozenset({"prompt_decode", "qk_norm"}), **row)
+
+
+FAMILIES = {
+    # Tied embeddings, non-default theta, head_dim != hidden / heads.
+    "llama": Family(
+        arch="LlamaForCausalLM",
+        hf_config=lambda: transformers.LlamaConfig(
+            **_DENSE, rms_norm_eps=1e-5, tie_word_embeddings=True,
+            rope_theta=500.0, head_dim=8),
+        reads={"qkv_bias": False, "tie_embeddings": True},
+        weights=dict(scale=0.1)),
+    # q/k/v biases, untied output head.
+    "qwen2": Family(
+        arch="Qwen2ForCausalLM",
+        hf_config=lambda: transformers.Qwen2Config(
+            **_DENSE, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            rope_theta=10000.0),
+        reads={"qkv_bias": True, "tie_embeddings": False},
+        weights=dict(scale=0.1),
+        checks=frozenset({"malformed_checkpoints"})),
+    # Per-head q/k RMSNorm, explicit head_dim, no biases.
+    "qwen3_tied": _qwen3(True),
+    "qwen3_untied": _qwen3(
+        False, tiny=dict(qk_norm=True),
+        export_refusals=((None, "LlamaForCausalLM", "export as Qwen3"),
+                         ({}, "Qwen3ForCausalLM", "Qwen3ForCausalLM")),
+        import_refusals=(({"attention_bias": True}, "attention_bias"),
+                         ({"use_sliding_window": True},
+                          "use_sliding_window"))),
+    # A sliding window (4) shorter than every test sequence.
+    "mistral": Family(
+        arch="MistralForCausalLM",
+        hf_config=lambda: transformers.MistralConfig(
+            **_DENSE, head_dim=16, rms_norm_eps=1e-5, sliding_window=WINDOW,
+            max_position_embeddings=128, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        reads={"sliding_window": WINDOW, "qkv_bias": False},
+        batch=dict(length=11, pads=(0, 3, 5), seed=1),
+        layouts=ALL_LAYOUTS, saved={"sliding_window": WINDOW},
+        checks=frozenset({"sliding_window", "packed_rows", "batch_decode"}),
+        tiny=dict(sliding_window=8),
+        export_refusals=((None, "LlamaForCausalLM", "export as Mistral"),
+                         ({"qkv_bias": True}, "MistralForCausalLM",
+                          "qkv_bias")),
+        import_refusals=(({"layer_types": ["sliding_attention",
+                                           "full_attention"]},
+                          "layer_types"),)),
+    # Sliding and full layers interleaved, their own RoPE bases, linear RoPE
+    # scaling on the full layers, query_pre_attn_scalar != head_dim; its
+    # (1 + w) norms init to 0, so they are perturbed like any weight.
+    "gemma3": Family(
+        arch="Gemma3ForCausalLM",
+        hf_config=_gemma3_config,
+        reads={"sliding_window": WINDOW, "qk_norm": True,
+               "layer_types": _GEMMA3_LAYER_TYPES, "tie_embeddings": True,
+               "local_rope_theta": 100.0, "rope_theta": 10000.0},
+        batch=dict(length=11, pads=(0, 3, 5), seed=1),
+        weights=dict(norm_center=None),
+        layouts=ALL_LAYOUTS, saved={"sliding_window": WINDOW},
+        checks=frozenset({"sliding_window", "packed_rows", "batch_decode"}),
+        tiny=dict(num_layers=3, sliding_window=8, qk_norm=True,
+                  tie_embeddings=True,
+                  layer_types=("sliding_attention",) * 2 + ("full_attention",),
+                  local_rope_theta=10000.0, query_pre_attn_scalar=32.0,
+                  norm_style="gemma", mlp_activation="gelu_tanh"),
+        export_refusals=((None, "LlamaForCausalLM", "export as Gemma3"),
+                         ({}, "Gemma3ForCausalLM", "Gemma3ForCausalLM needs")),
+        import_refusals=(({"final_logit_softcapping": 30.0}, "softcapping"),)),
+    # Softmax top-k with renormalised weights, q/k norms, a dense first layer
+    # (mlp_only_layers), untied head.
+    "qwen3_moe": Family(
+        arch="Qwen3MoeForCausalLM",
+        hf_config=lambda: transformers.Qwen3MoeConfig(
+            **_MOE, num_experts=8, mlp_only_layers=[0], decoder_sparse_step=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+        reads={"moe.num_experts": 8, "first_dense_layers": 1,
+               "num_moe_layers": 2, "qk_norm": True, "rotary_dim": 0,
+               "moe.router": "softmax"},
+        batch=dict(vocab=96), weights=dict(buffers=True),
+        checks=frozenset({"moe"}), marks=(pytest.mark.slow,)),
+    # Every GLM-4.5 routing feature: one dense layer first, grouped sigmoid
+    # routing with a score-correction bias, routed scaling, a shared expert,
+    # q/k/v biases, q/k norms and partial rotary.
+    "glm4_moe": Family(
+        arch="Glm4MoeForCausalLM",
+        hf_config=lambda: transformers.Glm4MoeConfig(
+            **_MOE, n_routed_experts=8, n_group=2, topk_group=1,
+            n_shared_experts=1, routed_scaling_factor=1.5,
+            first_k_dense_replace=1, attention_bias=True, use_qk_norm=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                             "partial_rotary_factor": 0.5}),
+        reads={"moe.num_experts": 8, "first_dense_layers": 1,
+               "num_moe_layers": 2, "qk_norm": True, "rotary_dim": 4,
+               "moe.router": "sigmoid"},
+        batch=dict(vocab=96), weights=dict(buffers=True),
+        checks=frozenset({"moe"}), marks=(pytest.mark.slow,)),
+}
+
+
+def _rows(check: str | None = None,
+          variants: Callable[[Family], tuple[str, ...]] | None = None
+          ) -> list[Any]:
+  """pytest params of each row naming `check` (all rows: None): its name,
+  and with `variants` one param per (name, variant)."""
+  assert check is None or check in CHECKS, check
+  params = []
+  for name, family in FAMILIES.items():
+    if check is not None and check not in family.checks:
+      continue
+    if variants is None:
+      params.append(pytest.param(name, id=name, marks=family.marks))
+    else:
+      params.extend(pytest.param(name, v, id=f"{name}-{v}", marks=family.marks)
+                    for v in variants(family))
+  return params
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+  """A row's saved random checkpoint, its transformers model, test batch
+  (tokens, mask, positions) and transformers' logits on that batch."""
+  family: Family
+  path: pathlib.Path
+  model: Any
+  batch: tuple[np.ndarray, np.ndarray, np.ndarray]
+  want: np.ndarray
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, Reference]:
+  """The references built so far in this module, by row name."""
+  return {}
+
+
+@pytest.fixture
+def reference(request, built, tmp_path_factory) -> Reference:
+  """The row's Reference, built once per module whatever the test order."""
+  name = request.param
+  if name not in built:
+    family = FAMILIES[name]
+    path = tmp_path_factory.mktemp(name) / "hf"
+    model = hf_reference.save_random_model(
+        getattr(transformers, family.arch), family.hf_config(), path,
+        **family.weights)
+    batch = hf_reference.left_padded_batch(**family.batch)
+    built[name] = Reference(family, path, model, batch,
+                            hf_reference.hf_logits(model, *batch))
+  return built[name]
+
+
+def _in_layout(config: ModelConfig, layout: str) -> ModelConfig:
+  if layout == "default":
+    return config
+  return dataclasses.replace(config, attention=LAYOUTS[layout][1],
+                             attention_block_q=3, attention_block_kv=2)
+
+
+def _load(path: pathlib.Path, layout: str) -> tuple[ModelConfig, Any]:
+  if layout == "default":
+    return hf.load_hf_checkpoint(path)
+  return hf.load_hf_checkpoint(path, scan_layers=LAYOUTS[layout][0])
+
+
+def _attribute(config: ModelConfig, dotted: str) -> Any:
+  value = config
+  for name in dotted.split("."):
+    value = getattr(value, name)
+  return value
+
+
+def _attention_params(params: Any,
+                      path_is_attention: Callable[[Any], bool]) -> int:
+  return sum(x.size for k, x in jax.tree_util.tree_leaves_with_path(params)
+             if path_is_attention(k))
+
+
+def test_every_supported_architecture_has_a_row():
+  assert {f.arch for f in FAMILIES.values()} == set(SUPPORTED_ARCHITECTURES)
+  for family in FAMILIES.values():
+    assert family.checks <= set(CHECKS)
+    assert set(family.layouts) <= set(LAYOUTS)
+
+
+# --------------------------------------------------- every row ---------------
+
+
+@pytest.mark.parametrize("reference,layout", _rows(None, lambda f: f.layouts),
+                         indirect=["reference"])
+def test_logits_match_transformers(reference, layout):
+  """The import reads the row's config, counts its parameters, and gives
+  transformers' logits on the left-padded batch."""
+  family, want = reference.family, reference.want
+  config, params = _load(reference.path, layout)
+  for name, value in family.reads.items():
+    assert _attribute(config, name) == value, name
+  assert config.hf_architecture() == family.arch
+  assert sum(x.size for x in jax.tree.leaves(params)) == config.num_params()
+  assert _attention_params(params, optim.path_is_attention) == (
+      memory.attention_params(config))
+  tokens, mask, positions = reference.batch
+  got = hf_reference.our_logits(_in_layout(config, layout), params, tokens,
+                                mask, positions)
+  assert np.abs(got[mask] - want[mask]).max() <= 1e-4
+  assert np.abs(want[mask]).max() > 0.1  # Real logits, not near zero.
+
+
+@pytest.mark.parametrize("reference", _rows(), indirect=True)
+def test_export_reloads_in_transformers(reference, tmp_path):
+  """Export: tensor for tensor what transformers saved; transformers loads
+  it as the same architecture with the same logits; the config reads back."""
+  family, want = reference.family, reference.want
+  config, params = hf.load_hf_checkpoint(reference.path)
+  assert config.hf_architecture() == family.arch
+  hf.save_hf_checkpoint(config, params, tmp_path, arch=family.arch)
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert saved["architectures"] == [family.arch]
+  for name, value in family.saved.items():
+    assert saved[name] == value, name
+  assert ModelConfig.from_hf_config(saved) == config
+  theirs = safetensors_numpy.load_file(
+      os.path.join(reference.path, "model.safetensors"))
+  ours = safetensors_numpy.load_file(
+      os.path.join(tmp_path, "model.safetensors"))
+  assert sorted(ours) == sorted(theirs)
+  for name in theirs:
+    np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path, attn_implementation="eager").eval()
+  assert type(reloaded).__name__ == family.arch
+  tokens, mask, positions = reference.batch
+  got = hf_reference.hf_logits(reloaded, tokens, mask, positions)
+  ref = hf_reference.our_logits(config, params, tokens, mask, positions)
+  assert np.abs(got[mask] - ref[mask]).max() <= 1e-4
+  assert np.abs(got[mask] - want[mask]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("reference", _rows(), indirect=True)
+def test_sharded_checkpoint_bf16_and_shardings(reference, tmp_path):
+  """A bfloat16 checkpoint in several files loads onto a mesh, upcast."""
+  _, ref_params = hf.load_hf_checkpoint(reference.path)
+  # Sharded (index.json + several files), stored in bfloat16.
+  copy.deepcopy(reference.model).to(torch.bfloat16).save_pretrained(
+      tmp_path, max_shard_size="40KB")
+  assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+  assert len(list(tmp_path.glob("*.safetensors"))) > 1
+  # Place every tensor on a mesh, with shardings from the logical axis names.
+  config = ModelConfig.from_hf_config(json.loads(
+      (tmp_path / "config.json").read_text()))
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+  tok = jnp.zeros((1, 2), jnp.int32)
+  abstract = jax.eval_shape(tm.Transformer(config).init, jax.random.key(0), tok,
+                            tok, tok > 0)
+  shardings = nn.logical_to_mesh_sharding(
+      nn.get_partition_spec(abstract), mesh, [("embed", "fsdp")])["params"]
+  config, params = hf.load_hf_checkpoint(tmp_path, shardings=shardings)
+  emb = params["decoder"]["embedder"]["embedding"]
+  assert emb.sharding == jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(None, "fsdp"))
+  assert emb.dtype == jnp.float32
+  # bf16 values upcast exactly: equal to the float32 weights rounded to bf16.
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+    np.testing.assert_array_equal(
+        np.asarray(a), np.asarray(b).astype(jnp.bfloat16).astype(np.float32))
+  _, bf = hf.load_hf_checkpoint(tmp_path, param_dtype="bfloat16")
+  assert bf["decoder"]["final_norm"]["scale"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, f in FAMILIES.items() if f.tiny is not None])
+def test_tiny_config_converts_and_refuses(name):
+  """A tiny config of the family round-trips through its HF config; the
+  exports and imports it cannot express are refused."""
+  family = FAMILIES[name]
+  cfg = ModelConfig.tiny(**family.tiny)
+  assert cfg.hf_architecture() == family.arch
+  hf_cfg = cfg.to_hf_config(family.arch)
+  assert hf_cfg["architectures"] == [family.arch]
+  assert ModelConfig.from_hf_config(hf_cfg) == cfg
+  for tiny, arch, words in family.export_refusals:
+    other = cfg if tiny is None else ModelConfig.tiny(**tiny)
+    with pytest.raises(UnsupportedConfigError, match=words):
+      other.to_hf_config(arch)
+  for items, words in family.import_refusals:
+    with pytest.raises(UnsupportedConfigError, match=words):
+      ModelConfig.from_hf_config(hf_cfg | items)
+
+
+# ---------------------------------------------- sliding windows --------------
+
+
+@pytest.mark.parametrize("reference,layout",
+                         _rows("sliding_window", lambda f: f.layouts),
+                         indirect=["reference"])
+def test_sliding_window_applies(reference, layout):
+  """Without the window the logits differ from transformers'."""
+  config, params = _load(reference.path, layout)
+  tokens, mask, positions = reference.batch
+  full = hf_reference.our_logits(
+      dataclasses.replace(_in_layout(config, layout), sliding_window=0),
+      params, tokens, mask, positions)
+  assert np.abs(full[mask] - reference.want[mask]).max() > 1e-2
+
+
+@pytest.mark.parametrize("reference,attn",
+                         _rows("packed_rows", lambda f: ("dense", "blockwise")),
+                         indirect=["reference"])
+def test_packed_row_equals_trajectories_alone(reference, attn):
+  hf_reference.check_packed_row_equals_trajectories_alone(
+      reference.path, reference.model, attn)
+
+
+@pytest.mark.parametrize("reference", _rows("batch_decode"), indirect=True)
+def test_greedy_continuation_through_the_kv_cache(reference):
+  """32 greedy tokens per prompt of the left-padded batch (far past any
+  window) equal HF `generate`; the recorded log-probs equal the trainer's
+  full forward."""
+  tokens, mask, _ = reference.batch
+  hf_reference.check_greedy_continuation(reference.path, reference.model,
+                                         tokens, mask, NEW_TOKENS)
+
+
+def test_mistral_without_a_window_reads_and_writes_none():
+  cfg = ModelConfig.tiny(**FAMILIES["mistral"].tiny)
+  hf_cfg = cfg.to_hf_config(cfg.hf_architecture())
+  no_window = ModelConfig.from_hf_config(hf_cfg | {"sliding_window": None})
+  assert no_window.sliding_window == 0
+  assert no_window.to_hf_config("MistralForCausalLM")["sliding_window"] is None
+
+
+def test_gemma3_layer_types_must_name_every_layer():
+  with pytest.raises(ValueError, match="layer_types"):
+    ModelConfig.tiny(layer_types=("full_attention",))
+
+
+# ------------------------------------------ decoding, prompt by prompt -------
+
+
+@pytest.mark.parametrize("reference", _rows("prompt_decode"), indirect=True)
+def test_sampler_decode_matches_transformers(reference):
+  """Greedy 32 tokens = HF generate; sampler log-probs = full forward."""
+  path = reference.path
+  config, params = hf.load_hf_checkpoint(path)
+  decode_parity.check_greedy_matches_generate(
+      config, params, lambda: transformers.AutoModelForCausalLM.from_pretrained(
+          path, attn_implementation="eager").eval(), torch)
+  decode_parity.check_sampler_logprobs_equal_full_forward(config, params)
+
+
+# ------------------------------------------------------ q/k norms ------------
+
+
+@pytest.mark.parametrize("reference", _rows("qk_norm"), indirect=True)
+def test_qk_norms_are_attention_params_and_applied(reference):
+  config, params = hf.load_hf_checkpoint(reference.path)
+  attn = params["decoder"]["layers"]["attn"]  # Stacked: [L, ...] leaves.
+  assert attn["q_norm"]["scale"].shape == attn["k_norm"]["scale"].shape == (
+      config.num_layers, reference.family.reads["head_dim"])
+  # The q/k norms are attention parameters (frozen with the attention).
+  assert _attention_params(
+      params, lambda k: "attn" in jax.tree_util.keystr(k)) == (
+          memory.attention_params(config))
+  # Without the q/k norms the logits differ: they are really applied.
+  layers = {"layers": dict(params["decoder"]["layers"])}
+  for layer in layers.values():
+    layer["attn"] = {k: v for k, v in layer["attn"].items()
+                     if not k.endswith("_norm")}
+  tokens, mask, positions = reference.batch
+  plain = hf_reference.our_logits(
+      dataclasses.replace(config, qk_norm=False),
+      {**params, "decoder": {**params["decoder"], **layers}},
+      tokens, mask, positions)
+  assert np.abs(plain[mask] - reference.want[mask]).max() > 1e-2
+
+
+# ------------------------------------------------- mixture of experts --------
+
+
+def _logits_and_routing(config: ModelConfig, params: Any, tokens: np.ndarray,
+                        mask: np.ndarray, positions: np.ndarray,
+                        routing: Any = None) -> tuple[np.ndarray, Any]:
+  """Our logits and the MoE layers' outputs (experts, aux_loss, ...)."""
+  (logits, _), state = tm.Transformer(config).apply(
+      {"params": params}, jnp.asarray(tokens), jnp.asarray(positions),
+      jnp.asarray(mask), routing=routing, mutable=["moe"])
+  return np.asarray(logits), tm.moe_outputs(state)
+
+
+@pytest.mark.parametrize("reference", _rows("moe"), indirect=True)
+def test_moe_routing_is_recorded(reference):
+  config, params = hf.load_hf_checkpoint(reference.path)
+  assert params["decoder"]["moe_layers"]["moe"]["gate_proj"].shape == (
+      2, 8, 32, 16)
+  tokens, mask, positions = reference.batch
+  got, moe = _logits_and_routing(config, params, tokens, mask, positions)
+  want = reference.want
+  assert np.abs(got[mask] - want[mask]).max() <= 1e-4
+  assert np.abs(want[mask]).max() > 0.1
+  experts = np.asarray(moe["experts"])
+  assert experts.shape == (3, 10, 2, 2)  # [B, T, M, k]
+  assert float(moe["aux_loss"]) > 0
+
+
+@pytest.mark.parametrize("reference", _rows("moe"), indirect=True)
+def test_moe_unrolled_layout_matches_scanned(reference):
+  config, params = hf.load_hf_checkpoint(reference.path)
+  flat_cfg, flat = hf.load_hf_checkpoint(reference.path, scan_layers=False)
+  tokens, mask, positions = reference.batch
+  scanned, m1 = _logits_and_routing(config, params, tokens, mask, positions)
+  unrolled, m2 = _logits_and_routing(flat_cfg, flat, tokens, mask, positions)
+  np.testing.assert_allclose(unrolled, scanned, atol=1e-5)
+  np.testing.assert_array_equal(m1["experts"], m2["experts"])
+
+
+@pytest.mark.parametrize("reference", _rows("moe"), indirect=True)
+def test_moe_replay_reproduces_recorded_routing(reference):
+  config, params = hf.load_hf_checkpoint(reference.path)
+  tokens, mask, positions = reference.batch
+  logits, moe = _logits_and_routing(config, params, tokens, mask, positions)
+  recorded = moe["experts"]
+  replayed, again = _logits_and_routing(config, params, tokens, mask,
+                                        positions, routing=recorded)
+  np.testing.assert_allclose(replayed, logits, atol=1e-6)
+  np.testing.assert_array_equal(again["experts"], recorded)
+  # Replaying other experts changes the function, and uses exactly those.
+  other = (np.asarray(recorded) + 1) % 8
+  changed, used = _logits_and_routing(config, params, tokens, mask, positions,
+                                      routing=jnp.asarray(other))
+  np.testing.assert_array_equal(used["experts"], other)
+  # The router's own choice is still reported (the agreement metric): in
+  # the first MoE layer it is the recorded one (later layers see hidden
+  # states computed with the replayed experts).
+  np.testing.assert_array_equal(used["own_experts"][:, :, 0],
+                                np.asarray(recorded)[:, :, 0])
+  assert np.abs(changed[mask] - logits[mask]).max() > 1e-3
+
+
+@pytest.mark.parametrize("reference", _rows("moe"), indirect=True)
+def test_moe_kv_cache_decode_matches_full_forward(reference):
+  config, params = hf.load_hf_checkpoint(reference.path)
+  tokens, mask, positions = reference.batch
+  full, _ = _logits_and_routing(config, params, tokens, mask, positions)
+  model = tm.Transformer(config)
+  cache = tm.init_cache(config, 3, 12)
+  pre, cache = model.apply({"params": params}, jnp.asarray(tokens[:, :7]),
+                           jnp.asarray(positions[:, :7]),
+                           jnp.asarray(mask[:, :7]), cache)
+  outs = [pre]
+  for t in range(7, 10):
+    step, cache = model.apply(
+        {"params": params}, jnp.asarray(tokens[:, t:t + 1]),
+        jnp.asarray(positions[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
+        cache)
+    outs.append(step)
+  got = np.concatenate([np.asarray(o) for o in outs], axis=1)
+  assert np.abs(got[mask] - full[mask]).max() <= 1e-4
+
+
+# ------------------------------------------------ malformed checkpoints ------
+
+
+def _copy(path: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+  shutil.copytree(path, out)
+  return out
+
+
+def _rewrite(path: pathlib.Path,
+             edit: Callable[[dict[str, np.ndarray]], Any]) -> None:
+  file = os.path.join(path, "model.safetensors")
+  tensors = safetensors_numpy.load_file(file)
+  edit(tensors)
+  safetensors_numpy.save_file(tensors, file, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("reference", _rows("malformed_checkpoints"),
+                         indirect=True)
+def test_malformed_checkpoints(reference, tmp_path):
+  path = reference.path
+  name = "model.layers.1.self_attn.k_proj.bias"
+
+  missing = _copy(path, tmp_path / "missing")
+  _rewrite(missing, lambda t: t.pop(name))
+  with pytest.raises(hf.CheckpointError, match=rf"'{name}' is missing"):
+    hf.load_hf_checkpoint(missing)
+
+  shape = _copy(path, tmp_path / "shape")
+  _rewrite(shape, lambda t: t.update({name: np.zeros(16, np.float32)}))
+  with pytest.raises(hf.CheckpointError) as e:
+    hf.load_hf_checkpoint(shape)
+  assert name in str(e.value) and "model.safetensors" in str(e.value)
+  assert "(16,)" in str(e.value) and "(32,)" in str(e.value)
+
+  extra = _copy(path, tmp_path / "extra")  # E.g. config of a 1-layer model.
+  cfg = json.loads((extra / "config.json").read_text())
+  (extra / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 1}))
+  with pytest.raises(hf.CheckpointError, match=r"model\.layers\.1\..*not part"):
+    hf.load_hf_checkpoint(extra)
+
+  arch = _copy(path, tmp_path / "arch")
+  (arch / "config.json").write_text(
+      json.dumps(cfg | {"architectures": ["Olmo2ForCausalLM"]}))
+  with pytest.raises(hf.CheckpointError,
+                     match=r"config\.json.*Unsupported architecture.*Olmo2"):
+    hf.load_hf_checkpoint(arch)
+
+  no_config = _copy(path, tmp_path / "no_config")
+  os.remove(no_config / "config.json")
+  with pytest.raises(hf.CheckpointError,
+                     match=r"no_config/config\.json not found"):
+    hf.load_hf_checkpoint(no_config)
+
+  no_weights = _copy(path, tmp_path / "no_weights")
+  os.remove(no_weights / "model.safetensors")
+  with pytest.raises(hf.CheckpointError, match=r"No \*\.safetensors files"):
+    hf.load_hf_checkpoint(no_weights)
+
+  config, params = hf.load_hf_checkpoint(path)
+  with pytest.raises(hf.CheckpointError, match="qkv_bias"):
+    hf.save_hf_checkpoint(config, params, tmp_path / "out",
+                          arch="LlamaForCausalLM")
