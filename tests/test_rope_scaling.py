@@ -93,16 +93,10 @@ _our_logits = hf_reference.our_logits
 
 @pytest.fixture(scope="module", params=sorted(SCALINGS))
 def reference(request, tmp_path_factory):
-  torch.manual_seed(0)
-  model = transformers.LlamaForCausalLM(_hf_config(request.param)).eval()
-  with torch.no_grad():  # HF inits norms to 1: perturb every weight.
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.2 * torch.randn_like(p))
-      else:
-        p.copy_(0.3 * torch.randn_like(p))
   path = tmp_path_factory.mktemp(request.param) / "hf"
-  model.save_pretrained(path)
+  model = hf_reference.save_random_model(
+      transformers.LlamaForCausalLM, _hf_config(request.param), path,
+      scale=0.3)
   return request.param, path, _hf_logits(model, *_batch()), model
 
 
