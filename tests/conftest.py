@@ -52,6 +52,16 @@ def _session_compilation_cache() -> str | None:
 
 _session_compilation_cache()
 
+# XLA without its expensive optimisation passes (backend optimisation level 0)
+# for the suite's processes and their children: what a test program computes
+# is the same up to float rounding and every test keeps its tolerance, and the
+# suite's tiny programs compile in about half the CPU time (test_attention and
+# test_models: 328 -> 175 CPU-s). Compiles for TPU report memory figures that
+# tests assert, so their processes run with it off
+# (fresh_process.TPU_ENV). SAO_TEST_XLA_OPTIMIZE=1 turns it off everywhere.
+if os.environ.get("SAO_TEST_XLA_OPTIMIZE", "0") != "1":
+  os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 # sao_jax.ipc.segment's name pattern (make_name: sao_<kind>_<pid>_<8 hex>),
 # spelled out so that this conftest (part of every test target) needs no
 # dependency on the package; tests/test_ring.py checks that they agree.

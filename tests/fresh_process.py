@@ -19,8 +19,12 @@ from sao_jax import tpu_topology
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_TESTS)
-# The children load libtpu: as sao_jax.tpu_topology sets it up.
-_ENV = tpu_topology.LIBTPU_ENV
+# What a process that compiles for TPUs runs with: libtpu as
+# sao_jax.tpu_topology sets it up, and XLA's full optimisation (the suite
+# turns most of it off for CPU programs, conftest.py), since the tests assert
+# the memory figures of these compiles.
+TPU_ENV = {**tpu_topology.LIBTPU_ENV, "JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}
+_ENV = TPU_ENV
 
 
 def run(module: str, function: str, *args: str, timeout: float = 900) -> str:

@@ -22,7 +22,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _aot(*flags: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=_ROOT, ALLOW_MULTIPLE_LIBTPU_LOAD="true")
+  env = dict(os.environ, PYTHONPATH=_ROOT, **fresh_process.TPU_ENV)
   return subprocess.run(
       [sys.executable, "-m", "sao_jax.aot", *flags], cwd=_ROOT, env=env,
       capture_output=True, text=True, timeout=900, check=False)

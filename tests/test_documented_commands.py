@@ -24,6 +24,8 @@ import sys
 
 import pytest
 
+import fresh_process
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", "BENCHMARKS.md")
 
@@ -137,7 +139,8 @@ TINY: dict[str, Tiny] = {
     # One layer, the decode chunk only: the command and its report, cheaply
     # (tests/test_aot.py compiles SmolLM2 whole and the oversized case).
     "sao_jax.aot": Tiny(args=("--config.model.num_layers=1",
-                              "--programs=sampler_decode")),
+                              "--programs=sampler_decode"),
+                        env=tuple(fresh_process.TPU_ENV.items())),
     "experiments/bench/soak.py": Tiny(
         args=("--steps=6", "--checkpoint_every=2", "--resumes=1",
               "--kill_every_s=1e6", "--nobaseline",

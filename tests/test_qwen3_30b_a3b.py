@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+import fresh_process
+
 from configs import qwen3_30b_a3b
 from sao_jax import tpu_topology as topology
 from sao_jax.aot import programs
@@ -51,7 +53,7 @@ def test_aot_batch_holds_the_recorded_experts():
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_layers_compile_for_a_v5p_64():
-  env = dict(os.environ, PYTHONPATH=_ROOT, ALLOW_MULTIPLE_LIBTPU_LOAD="true")
+  env = dict(os.environ, PYTHONPATH=_ROOT, **fresh_process.TPU_ENV)
   got = subprocess.run(
       [sys.executable, "-m", "sao_jax.aot",
        "--config=configs/qwen3_30b_a3b.py", "--topology=v5p-64",
