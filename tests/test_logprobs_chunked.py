@@ -22,6 +22,8 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.train import sft
 from sao_jax.train import step as step_lib
 
+import tiny_models
+
 # Compile-heavy (about 179 s as one Bazel target on 2 cores): //:fast_tests
 # leaves it to the pytest run, which runs every test.
 pytestmark = pytest.mark.slow
@@ -32,9 +34,8 @@ B, T, V = 3, 29, 61  # T - 1 = 28: chunks of 5 or 6 positions leave a tail.
 
 
 def _cfg(tie: bool, chunk: int = 0) -> ModelConfig:
-  return ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                     tie_embeddings=tie, logits_chunk=chunk)
+  return tiny_models.tiny_model_config(vocab_size=V, tie_embeddings=tie,
+                                       logits_chunk=chunk)
 
 
 def _params(cfg: ModelConfig):

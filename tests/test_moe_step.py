@@ -14,6 +14,8 @@ from sao_jax.models.config import MoeConfig
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
+import tiny_models
+
 # Compile-heavy (about 88 s as one Bazel target on 2 cores): //:fast_tests
 # leaves it to the pytest run, which runs every test.
 pytestmark = pytest.mark.slow
@@ -22,10 +24,9 @@ E, K = 8, 2
 
 
 def _cfg(chunk: int) -> ModelConfig:
-  return ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                     logits_chunk=chunk,
-                     moe=MoeConfig(num_experts=E, top_k=K, intermediate_size=16))
+  return tiny_models.tiny_model_config(
+      vocab_size=64, intermediate_size=48, logits_chunk=chunk,
+      moe=MoeConfig(num_experts=E, top_k=K, intermediate_size=16))
 
 
 def _problem(cfg):

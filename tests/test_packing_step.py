@@ -18,12 +18,11 @@ import pytest
 
 import packing_inputs as pi
 from sao_jax.models import transformer
-from sao_jax.models.config import ModelConfig
 from sao_jax.train import step as step_lib
 
-CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                  attention="dense")
+import tiny_models
+
+CFG = tiny_models.tiny_model_config(attention="dense")
 TEMP = 0.8
 
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from sao_jax.models import transformer
-from sao_jax.models.config import ModelConfig
 from sao_jax.train import sft
 
-CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+import tiny_models
+
+CFG = tiny_models.tiny_model_config()
 
 
 def _init(rng=0):

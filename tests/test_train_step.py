@@ -9,18 +9,18 @@ import pytest
 
 from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
-from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import losses
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
+import tiny_models
+
 # Compile-heavy (about 87 s as one Bazel target on 2 cores): //:fast_tests
 # leaves it to the pytest run, which runs every test.
 pytestmark = pytest.mark.slow
 
-CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+CFG = tiny_models.tiny_model_config()
 TEMP = 0.7
 
 
