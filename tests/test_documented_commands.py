@@ -83,7 +83,8 @@ TINY: dict[str, Tiny] = {
     "pip": Tiny(ci=_CI_INSTALL),
     "pytest": Tiny(ci=".ci/run phase 3 (the whole suite)"),
     "echo": Tiny(ci=".ci/run phase 5 (writes .venv/bazelrc)"),
-    "bazel": Tiny(ci=".ci/run phase 5 (bazel test //:fast_tests)"),
+    "bazel": Tiny(ci=".ci/run phase 5 (bazel build //:all_tests, "
+                  "bazel test //:smoke_tests)"),
     "sao_jax.main": Tiny(args=_MAIN),
     "sao_jax.main configs/smollm2.py": Tiny(args=_MAIN_PRETRAINED),
     "sao_jax.models.convert": Tiny(),  # Once: a converted copy is kept.
