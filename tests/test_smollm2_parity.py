@@ -6,7 +6,6 @@ eager attention for the reference. Prompts are real chat prompts in the
 model's own template.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,10 +13,8 @@ import pytest
 from sao_jax.tokenization import hf_tokenizer
 from sao_jax.models import hf
 from sao_jax.models import transformer as tm
-from sao_jax.models.logprobs import token_logprobs
-from sao_jax.sampler import generate as gen_lib
-from sao_jax.sampler import sampling
 
+import decode_parity
 import smollm2_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -73,39 +70,19 @@ def test_logits_match_transformers_left_padded(setup):
 
 
 def test_greedy_continuation_matches_transformers_generate(setup):
+  """All prompts in one batch, up to 32 tokens or the end of the turn."""
   tok, config, params, ref, prompts = setup
-  ours = gen_lib.generate(
-      params, config, prompts, jax.random.PRNGKey(0), max_new_tokens=32,
-      sampling=sampling.SamplingParams(greedy=True), stop_ids=tok.stop_ids)
-  n_tokens = 0
-  for prompt, seg in zip(prompts, ours):
-    with torch.no_grad():
-      out = ref.generate(torch.tensor([prompt]), max_new_tokens=32,
-                         do_sample=False, eos_token_id=tok.eos_id,
-                         pad_token_id=tok.pad_id)
-    want = out[0, len(prompt):].tolist()
-    assert list(seg.tokens) == want, (tok.decode(seg.tokens), tok.decode(want))
-    n_tokens += len(want)
+  n_tokens = decode_parity.check_greedy_matches_generate(
+      config, params, lambda: ref, torch, prompts=prompts, alone=False,
+      eos_id=tok.eos_id, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+      describe=tok.decode)
   assert n_tokens >= 64  # Continuations are long enough to mean something.
 
 
 def test_sampler_logprobs_equal_full_forward(setup):
   """At temperature 0.7 (the scaled log-softmax both sides must apply)."""
   tok, config, params, _, prompts = setup
-  temperature = 0.7
-  segs = gen_lib.generate(
-      params, config, prompts, jax.random.PRNGKey(3), max_new_tokens=16,
-      sampling=sampling.SamplingParams(temperature=temperature))
-  histories = [p + list(s.tokens) for p, s in zip(prompts, segs)]
-  t = max(map(len, histories))
-  tokens = np.full((len(histories), t), tok.pad_id, np.int32)
-  mask = np.zeros((len(histories), t), bool)
-  for i, h in enumerate(histories):  # Right-padded, as the trainer packs.
-    tokens[i, :len(h)], mask[i, :len(h)] = h, True
-  full = np.asarray(token_logprobs(params, config, jnp.asarray(tokens),
-                                   jnp.asarray(mask), temperature))
-  for p, s, row in zip(prompts, segs, full):
-    assert len(s.tokens) == 16
-    np.testing.assert_allclose(s.logprobs, row[len(p):len(p) + 16],
-                               atol=1e-4, rtol=0)
+  segs = decode_parity.check_sampler_logprobs_equal_full_forward(
+      config, params, new_tokens=16, temperature=0.7, prompts=prompts,
+      pad_id=tok.pad_id)
   assert np.mean(np.concatenate([s.logprobs for s in segs])) < -0.05
