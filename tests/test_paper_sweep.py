@@ -20,14 +20,13 @@ import pytest
 from configs import paper_smollm2
 import smollm2_checkpoint
 from sao_jax.models import hf
-from sao_jax.models.config import ModelConfig
 from sao_jax.train import warm_start
+import tiny_models
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tiny model: SmolLM2's vocabulary, everything else small.
-_TINY = {"model.hidden_size": 32, "model.intermediate_size": 64,
-         "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2,
-         "model.head_dim": 8}
+_TINY = {f"model.{k}": v for k, v in tiny_models.TINY_MODEL.items()
+         if k != "vocab_size"}
 # Two policy steps, evaluations on 8 problems after each, short replies.
 _SHORT = {"train.num_steps": 2, "train.eval_every": 1, "env.eval_size": 8,
           "train.checkpoint_every": 1, "sampler.max_new_tokens": 8,
@@ -52,10 +51,9 @@ def test_arms_compare_at_equal_rollouts():
 
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
-  mcfg = ModelConfig(vocab_size=49152, hidden_size=32, intermediate_size=64,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                     rope_theta=100000.0, rms_norm_eps=9.999999747378752e-06,
-                     tie_embeddings=True)
+  mcfg = tiny_models.tiny_model_config(
+      vocab_size=49152, rope_theta=100000.0,
+      rms_norm_eps=9.999999747378752e-06, tie_embeddings=True)
   hf.save_hf_checkpoint(mcfg, warm_start.random_policy(mcfg, 0), out)
   for name in os.listdir(smollm2_dir):
     if "token" in name or "template" in name or name.startswith("special"):
