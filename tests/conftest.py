@@ -21,7 +21,7 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def _session_compilation_cache() -> str | None:
+def _session_compilation_cache() -> None:
   """One persistent JAX compilation cache for this pytest session.
 
   The suite compiles the same tiny programs over and over: in each test file
@@ -38,16 +38,15 @@ def _session_compilation_cache() -> str | None:
   ``SAO_TEST_COMPILATION_CACHE=0`` turns it off (a cold run, as before).
   """
   if os.environ.get("SAO_TEST_COMPILATION_CACHE", "1") == "0":
-    return None
+    return
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # Set by the controller.
-    return None
+    return
   path = tempfile.mkdtemp(prefix="sao_jax_test_jit_cache_")
   os.environ["JAX_COMPILATION_CACHE_DIR"] = path
   # Every program, however small or fast to compile: most of the suite's are.
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
   atexit.register(shutil.rmtree, path, ignore_errors=True)
-  return path
 
 
 _session_compilation_cache()

@@ -24,7 +24,6 @@ _ROOT = os.path.dirname(_TESTS)
 # turns most of it off for CPU programs, conftest.py), since the tests assert
 # the memory figures of these compiles.
 TPU_ENV = {**tpu_topology.LIBTPU_ENV, "JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}
-_ENV = TPU_ENV
 
 
 def run(module: str, function: str, *args: str, timeout: float = 900) -> str:
@@ -34,7 +33,7 @@ def run(module: str, function: str, *args: str, timeout: float = 900) -> str:
   """
   code = (f"import sys; sys.path[:0] = [{_TESTS!r}, {_ROOT!r}]; "
           f"import {module}; {module}.{function}(*sys.argv[1:])")
-  env = dict(os.environ, PYTHONPATH=_ROOT, **_ENV)
+  env = dict(os.environ, PYTHONPATH=_ROOT, **TPU_ENV)
   got = subprocess.run([sys.executable, "-c", code, *args], cwd=_ROOT,
                        env=env, capture_output=True, text=True,
                        timeout=timeout, check=False)
@@ -49,7 +48,7 @@ def libtpu_available() -> tuple[bool, str]:
   """`tpu_topology.libtpu_available()`, asked of a child process."""
   code = ("import json; from sao_jax import tpu_topology as t; "
           "print(json.dumps(t.libtpu_available()))")
-  env = dict(os.environ, PYTHONPATH=_ROOT, **_ENV)
+  env = dict(os.environ, PYTHONPATH=_ROOT, **TPU_ENV)
   got = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, env=env,
                        capture_output=True, text=True, timeout=300,
                        check=False)
