@@ -51,6 +51,28 @@ def _session_compilation_cache() -> None:
 
 _session_compilation_cache()
 
+
+def _session_tokenizer_cache() -> None:
+  """One trained-tokenizer cache (``SAO_JAX_TOKENIZER_CACHE``) per session.
+
+  Nearly every ``sao_jax.main`` run of the suite trains the same few
+  SentencePiece models (3-4 CPU-s each). Training is deterministic and the
+  cache's key is everything the model depends on
+  (``sao_jax.tokenization.trained_cache``), so a hit is the model a training
+  would have made; tests of training itself turn it off. Fresh per session,
+  removed at exit; ``SAO_TEST_TOKENIZER_CACHE=0`` turns it off.
+  """
+  if os.environ.get("SAO_TEST_TOKENIZER_CACHE", "1") == "0":
+    return
+  if "SAO_JAX_TOKENIZER_CACHE" in os.environ:  # Set by the controller.
+    return
+  path = tempfile.mkdtemp(prefix="sao_jax_test_tokenizers_")
+  os.environ["SAO_JAX_TOKENIZER_CACHE"] = path
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+_session_tokenizer_cache()
+
 # XLA without its expensive optimisation passes (backend optimisation level 0)
 # for the suite's processes and their children: what a test program computes
 # is the same up to float rounding and every test keeps its tolerance, and the

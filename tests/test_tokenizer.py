@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 import pytest
 
 from sao_jax.tokenization import tokenizer as tok_lib
+from sao_jax.tokenization import trained_cache
 
 _DATASETS = ("basic_arithmetic", "chain_sum", "leg_counting",
              "letter_counting")
@@ -38,8 +39,10 @@ def test_corpus_shape_and_template(corpus):
       tok_lib.task_corpus(_DATASETS[:1], n=5, seed=4))
 
 
-def test_training_is_deterministic(corpus, trained, tmp_path):
+def test_training_is_deterministic(corpus, trained, tmp_path, monkeypatch):
   path, tok = trained
+  # Trained again for real: the suite's tokenizer cache is off here.
+  monkeypatch.delenv(trained_cache.ENV_VAR, raising=False)
   again = tok_lib.train_tokenizer(corpus, tmp_path / "b.model", _VOCAB, seed=0)
   assert again.serialized_proto() == tok.serialized_proto()
   assert (tmp_path / "b.model").read_bytes() == path.read_bytes()
@@ -177,3 +180,75 @@ def test_ids_past_the_vocabulary_decode_as_unk(trained):
   assert tok.decode(ids + [tok.vocab_size + 3]) == tok.decode(
       ids + [tok_lib.UNK_ID])
   assert tok.decode(ids + [tok.vocab_size + 3]) != tok.decode(ids)
+
+
+def _count_trainings(monkeypatch) -> list[int]:
+  """Counts SentencePiece trainings from now on (they still run)."""
+  calls = []
+  real = tok_lib.spm.SentencePieceTrainer.train
+
+  def counted(*args, **kwargs):
+    calls.append(1)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(tok_lib.spm.SentencePieceTrainer, "train", counted)
+  return calls
+
+
+def test_cache_returns_the_model_training_makes(corpus, tmp_path,
+                                                monkeypatch):
+  monkeypatch.delenv(trained_cache.ENV_VAR, raising=False)
+  texts = corpus
+  uncached = tok_lib.train_tokenizer(texts, tmp_path / "u.model", 380, seed=1)
+  cache = tmp_path / "cache"
+  monkeypatch.setenv(trained_cache.ENV_VAR, str(cache))
+  calls = _count_trainings(monkeypatch)
+  first = tok_lib.train_tokenizer(texts, tmp_path / "a.model", 380, seed=1)
+  second = tok_lib.train_tokenizer(texts, tmp_path / "b.model", 380, seed=1)
+  assert len(calls) == 1  # The second came from the cache.
+  assert len(list(cache.glob("*.model"))) == 1
+  for tok, name in ((first, "a.model"), (second, "b.model")):
+    assert tok.serialized_proto() == uncached.serialized_proto()
+    assert (tmp_path / name).read_bytes() == uncached.serialized_proto()
+  # Any input that changes the model misses: texts, size, seed, limit.
+  tok_lib.train_tokenizer(texts[:-1], tmp_path / "c.model", 380, seed=1)
+  tok_lib.train_tokenizer(texts, tmp_path / "d.model", 381, seed=1)
+  tok_lib.train_tokenizer(texts, tmp_path / "e.model", 380, seed=2)
+  soft = tok_lib.train_tokenizer(texts, tmp_path / "f.model", 380, seed=1,
+                                 hard_limit=False)
+  assert len(calls) == 5 and len(list(cache.glob("*.model"))) == 5
+  assert soft.vocab_size <= 380
+
+
+def test_cache_key_separates_texts_that_concatenate_alike():
+  options = {"vocab_size": 300}
+  assert (trained_cache.key(["ab", "c"], options, 0)
+          != trained_cache.key(["a", "bc"], options, 0))
+  assert (trained_cache.key(["ab"], options, 0)
+          != trained_cache.key(["ab"], {"vocab_size": 301}, 0))
+  assert (trained_cache.key(["ab"], options, 0)
+          == trained_cache.key(["ab"], dict(options), 0))
+
+
+def test_unusable_cache_entry_is_trained_again(corpus, tmp_path, monkeypatch):
+  cache = tmp_path / "cache"
+  monkeypatch.setenv(trained_cache.ENV_VAR, str(cache))
+  texts = corpus
+  good = tok_lib.train_tokenizer(texts, tmp_path / "a.model", 380, seed=3)
+  (entry,) = cache.glob("*.model")
+  entry.write_bytes(b"not a sentencepiece model")  # A corrupted entry.
+  calls = _count_trainings(monkeypatch)
+  again = tok_lib.train_tokenizer(texts, tmp_path / "b.model", 380, seed=3)
+  assert len(calls) == 1
+  assert again.serialized_proto() == good.serialized_proto()
+  assert entry.read_bytes() == good.serialized_proto()  # Rewritten.
+
+
+def test_cache_off_writes_nothing(corpus, tmp_path, monkeypatch):
+  monkeypatch.delenv(trained_cache.ENV_VAR, raising=False)
+  monkeypatch.chdir(tmp_path)
+  calls = _count_trainings(monkeypatch)
+  tok_lib.train_tokenizer(corpus, tmp_path / "a.model", 380, seed=4)
+  tok_lib.train_tokenizer(corpus, tmp_path / "b.model", 380, seed=4)
+  assert len(calls) == 2
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["a.model", "b.model"]

@@ -24,6 +24,7 @@ import sentencepiece as spm
 
 from sao_jax.tokenization.chat_template import ChatTemplate
 from sao_jax.tokenization.chat_template import SAO_MARKUP
+from sao_jax.tokenization import trained_cache
 
 # The SAO markup under its historical module-level names (one definition:
 # `chat_template.SAO_MARKUP`).
@@ -154,7 +155,9 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
   """Trains a deterministic unigram SentencePiece model on `texts`.
 
   Same texts, vocab size and seed give a byte-identical model file (single
-  thread, no sentence shuffling, fixed random seed).
+  thread, no sentence shuffling, fixed random seed); so with
+  `SAO_JAX_TOKENIZER_CACHE` set, a model trained before on the same inputs
+  is taken from that cache instead (`trained_cache`).
 
   Args:
     texts: training sentences (may contain the special tokens and newlines).
@@ -176,35 +179,41 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
   texts = [t for t in texts if t]
   if not texts:
     raise ValueError("train_tokenizer got no non-empty texts.")
-  spm.set_random_generator_seed(seed)
-  model = io.BytesIO()
-  try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type="unigram",
-        character_coverage=1.0,
-        byte_fallback=True,
-        split_digits=True,
-        normalization_rule_name="identity",
-        add_dummy_prefix=False,
-        remove_extra_whitespaces=False,
-        allow_whitespace_only_pieces=True,
-        user_defined_symbols=list(SPECIAL_TOKENS),
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>",
-        eos_piece="</s>",
-        num_threads=1,
-        input_sentence_size=len(texts),
-        shuffle_input_sentence=False,
-        max_sentence_length=1 << 16,
-        minloglevel=2,
-        hard_vocab_limit=hard_limit,
-    )
-  except RuntimeError as e:
-    raise ValueError(_training_error(str(e), vocab_size, len(texts))) from e
-  proto = model.getvalue()
+  options = dict(
+      vocab_size=vocab_size,
+      model_type="unigram",
+      character_coverage=1.0,
+      byte_fallback=True,
+      split_digits=True,
+      normalization_rule_name="identity",
+      add_dummy_prefix=False,
+      remove_extra_whitespaces=False,
+      allow_whitespace_only_pieces=True,
+      user_defined_symbols=list(SPECIAL_TOKENS),
+      pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+      pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>",
+      eos_piece="</s>",
+      num_threads=1,
+      input_sentence_size=len(texts),
+      shuffle_input_sentence=False,
+      max_sentence_length=1 << 16,
+      minloglevel=2,
+      hard_vocab_limit=hard_limit,
+  )
+  digest = trained_cache.key(texts, options, seed)
+  proto = trained_cache.lookup(digest)
+  cached = proto is not None
+  if not cached:
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(texts), model_writer=model, **options)
+    except RuntimeError as e:
+      raise ValueError(
+          _training_error(str(e), vocab_size, len(texts))) from e
+    proto = model.getvalue()
+    trained_cache.store(digest, proto)
   out_dir = os.path.dirname(os.fspath(out_path))
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
@@ -215,9 +224,11 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike[str],
     f.write(proto)
   os.replace(tmp, out_path)
   tokenizer = Tokenizer(proto)
-  logging.info("Trained a %d-piece tokenizer (%s %d) on %d texts -> %s",
-               tokenizer.vocab_size, "exactly" if hard_limit else "at most",
-               vocab_size, len(texts), out_path)
+  logging.info("%s %d-piece tokenizer (%s %d) on %d texts -> %s",
+               "Reused a cached" if cached else "Trained a",
+               tokenizer.vocab_size,
+               "exactly" if hard_limit else "at most", vocab_size, len(texts),
+               out_path)
   return tokenizer
 
 
