@@ -1,5 +1,12 @@
 """The SAO step on a mixture-of-experts policy: routing replay (R3), its
-metrics and the router's load-balancing loss (train/step.py)."""
+metrics and the router's load-balancing loss (train/step.py).
+
+The problem (params, batch, the router's own choice) is built once per
+config and shared; its init and forwards are jitted (one compile each, not
+op-by-op dispatch).
+"""
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -29,10 +36,14 @@ def _cfg(chunk: int) -> ModelConfig:
       moe=MoeConfig(num_experts=E, top_k=K, intermediate_size=16))
 
 
+@functools.cache
 def _problem(cfg):
+  """(params, batch, the un-replayed forward's stats), once per config."""
   tok = jnp.zeros((1, 4), jnp.int32)
-  params = nn.unbox(transformer.Transformer(cfg).init(
-      jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
+  params = jax.jit(lambda k: nn.unbox(transformer.Transformer(cfg).init(
+      k, tok, tok, tok > -1)["params"]))(jax.random.PRNGKey(0))
+  stats = jax.jit(functools.partial(logprobs_lib.policy_token_stats,
+                                    config=cfg))
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 64, (3, 12)).astype(np.int32)
   attn = np.ones((3, 12), bool)
@@ -41,12 +52,12 @@ def _problem(cfg):
   action[:, 4:9] = 1
   action[2, 6:8] = 0  # A multi-turn observation inside the actions.
   positions = transformer.positions_from_mask(jnp.asarray(attn))
-  own = logprobs_lib.policy_token_stats(params, cfg, tokens, positions, attn)
+  own = stats(params, tokens=tokens, positions=positions, attention_mask=attn)
   # The sampler routed every token elsewhere (another kernel, dtype or
   # batch shape); its log-probs are those of the experts it used.
   recorded = (own["moe_experts"] + 1) % E
-  sampled = logprobs_lib.policy_token_stats(params, cfg, tokens, positions,
-                                            attn, routing=recorded)
+  sampled = stats(params, tokens=tokens, positions=positions,
+                  attention_mask=attn, routing=recorded)
   batch = {"tokens": tokens, "attention_mask": attn, "action_mask": action,
            "rewards": np.eye(12, dtype=np.float32)[[8, 8, 8]],
            "rollout_logp": np.asarray(sampled["logp"]) * action,
@@ -60,11 +71,13 @@ def test_replay_reproduces_the_samplers_logprobs(chunk):
   params, batch, own = _problem(cfg)
   policy = transformer.Transformer(cfg)
   act = np.asarray(batch["action_mask"], bool)
-  replayed, _, moe = step_lib._policy_logp(policy, params, batch, 1.0,
-                                           replay=True)
+  logp = jax.jit(functools.partial(step_lib._policy_logp, policy,
+                                   temperature=1.0),
+                 static_argnames="replay")
+  replayed, _, moe = logp(params, batch, replay=True)
   np.testing.assert_allclose(np.asarray(replayed)[act],
                              np.asarray(batch["rollout_logp"])[act], atol=1e-5)
-  own_logp, _, _ = step_lib._policy_logp(policy, params, batch, 1.0)
+  own_logp, _, _ = logp(params, batch)
   assert np.abs(np.asarray(own_logp)[act] -
                 np.asarray(batch["rollout_logp"])[act]).max() > 1e-3
   # Under replay the router's own choice is still reported: in the first MoE
@@ -76,6 +89,7 @@ def test_replay_reproduces_the_samplers_logprobs(chunk):
 
 def _step(cfg, replay: bool, coef: float):
   params, batch, _ = _problem(cfg)
+  params = jax.tree.map(jnp.copy, params)  # The step donates its state.
   value = transformer.value_params_from_policy(params, cfg,
                                                jax.random.PRNGKey(1))
   tx = optim.make_optimizer(1e-3)
