@@ -18,11 +18,12 @@ import pytest
 import fresh_process
 
 from configs import qwen3_30b_a3b
-from sao_jax import tpu_topology as topology
 from sao_jax.aot import programs
 from sao_jax.train import setup
 
-_OK, _WHY = topology.libtpu_available()
+# Asked of a child (libtpu never loads in pytest's process; the answer is
+# cached per process, so test_aot's probe in the same worker is this one).
+_OK, _WHY = fresh_process.libtpu_available()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
