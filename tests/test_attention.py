@@ -22,6 +22,7 @@ from sao_jax.models.layers import fused as fused_lib
 from sao_jax.models.layers import masks
 
 import fresh_process
+import tiny_models
 
 CFG = ModelConfig.tiny(vocab_size=61, qkv_bias=True)
 
@@ -91,9 +92,11 @@ def test_packed_row_equals_its_segments_run_alone():
     idx = np.flatnonzero(seg[0] == n)
     positions[0, idx] = np.arange(idx.size)
   model, critic = tm.Transformer(CFG), tm.ValueModel(CFG)
-  params = nn.unbox(model.init(jax.random.key(0), tokens, positions, mask))
-  vparams = {"params": tm.value_params_from_policy(
-      params["params"], CFG, jax.random.key(1))}
+  params = tiny_models.init_params(model, jax.random.key(0), tokens,
+                                   positions, mask)
+  vparams = {"params": jax.jit(functools.partial(
+      tm.value_params_from_policy, config=CFG))(
+          params["params"], rng=jax.random.key(1))}
   apply, value = jax.jit(model.apply), jax.jit(critic.apply)
   packed, _ = apply(params, tokens, positions, mask, None, jnp.asarray(seg))
   values = value(vparams, tokens, positions, mask, jnp.asarray(seg))
@@ -117,20 +120,32 @@ def _cfg(attention: str, **kw) -> ModelConfig:
                           **kw)
 
 
-def _loss_and_grads(cfg, params, tokens, positions, mask, seg):
-  """A masked next-token loss of the policy and its gradients."""
+@functools.cache
+def _loss_and_grads(cfg: ModelConfig):
+  """Jitted (params, tokens, positions, mask, seg) -> a masked next-token
+  loss of the policy, its logits and its gradients; one compile per cfg."""
   model = tm.Transformer(cfg)
 
-  def loss(p):
+  def loss(p, tokens, positions, mask, seg):
     logits, _ = model.apply(p, tokens, positions, mask, segment_ids=seg)
     logp = jax.nn.log_softmax(logits[:, :-1])
     nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
     w = mask[:, 1:].astype(jnp.float32)
     return jnp.sum(nll * w) / jnp.sum(w), logits
 
-  (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
-      params)
-  return value, logits, grads
+  def value_logits_grads(params, *args):
+    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(
+        params, *args)
+    return value, logits, grads
+  return jax.jit(value_logits_grads)
+
+
+@functools.cache
+def _dense_params(b: int, t: int):
+  """The dense policy's params (they depend on the shapes only), once."""
+  ones = jnp.ones((b, t), jnp.int32)
+  return tiny_models.init_params(tm.Transformer(_cfg("dense")),
+                                 jax.random.key(0), ones, ones, ones > 0)
 
 
 @pytest.mark.parametrize("block_q,block_kv", [(4, 8), (5, 3), (64, 64)])
@@ -144,12 +159,10 @@ def test_blockwise_equals_dense_on_loss_logits_and_grads(block_q, block_kv):
   positions[0] = np.maximum(np.arange(t) - 6, 0)
   tokens = jnp.asarray(rng.integers(1, 61, (b, t)), jnp.int32)
   args = (tokens, jnp.asarray(positions), jnp.asarray(mask), jnp.asarray(seg))
-  dense_cfg = _cfg("dense")
-  params = nn.unbox(tm.Transformer(dense_cfg).init(
-      jax.random.key(0), *args[:3]))
-  ref = _loss_and_grads(dense_cfg, params, *args)
+  params = _dense_params(b, t)
+  ref = _loss_and_grads(_cfg("dense"))(params, *args)
   got = _loss_and_grads(_cfg("blockwise", attention_block_q=block_q,
-                             attention_block_kv=block_kv), params, *args)
+                             attention_block_kv=block_kv))(params, *args)
   np.testing.assert_allclose(got[0], ref[0], atol=1e-5, rtol=0)
   np.testing.assert_allclose(got[1], ref[1], atol=1e-5, rtol=0)  # All slots.
   flat_ref, flat_got = jax.tree.leaves(ref[2]), jax.tree.leaves(got[2])
@@ -164,10 +177,10 @@ def test_blockwise_value_model_equals_dense():
   seg, mask, positions = _packed_batch(rng, 3, 19)
   args = (jnp.asarray(rng.integers(1, 61, (3, 19)), jnp.int32),
           jnp.asarray(positions), jnp.asarray(mask))
-  params = nn.unbox(tm.ValueModel(_cfg("dense")).init(jax.random.key(2),
-                                                       *args))
+  params = tiny_models.init_params(tm.ValueModel(_cfg("dense")),
+                                   jax.random.key(2), *args)
   def values(cfg):
-    return tm.ValueModel(cfg).apply(params, *args, jnp.asarray(seg))
+    return jax.jit(tm.ValueModel(cfg).apply)(params, *args, jnp.asarray(seg))
   np.testing.assert_allclose(
       values(_cfg("blockwise", attention_block_q=4, attention_block_kv=6)),
       values(_cfg("dense")), atol=1e-5, rtol=0)
@@ -184,8 +197,9 @@ def test_cached_chunks_through_blockwise_equal_the_dense_full_forward():
   mask = jnp.asarray(mask)
   positions = tm.positions_from_mask(mask)
   dense = tm.Transformer(_cfg("dense"))
-  params = nn.unbox(dense.init(jax.random.key(0), tokens, positions, mask))
-  full, _ = dense.apply(params, tokens, positions, mask)
+  params = tiny_models.init_params(dense, jax.random.key(0), tokens,
+                                   positions, mask)
+  full, _ = jax.jit(dense.apply)(params, tokens, positions, mask)
   cfg = _cfg("blockwise", attention_block_q=2, attention_block_kv=5)
   assert attention.choose(cfg, 5, 16, cached=True) == "blockwise"
   apply = jax.jit(tm.Transformer(cfg).apply)
@@ -226,8 +240,9 @@ def test_choose_per_backend_and_refusals():
   tokens = jnp.ones((1, 4), jnp.int32)
   ones = jnp.ones((1, 4), bool)
   with pytest.raises(ValueError, match="'splash' runs on TPU only"):
-    tm.Transformer(_cfg("splash")).init(jax.random.key(0), tokens,
-                                        tm.positions_from_mask(ones), ones)
+    tiny_models.init_params(tm.Transformer(_cfg("splash")),
+                            jax.random.key(0), tokens,
+                            tm.positions_from_mask(ones), ones)
 
 
 def _qkv(rng, b, t, k=2, g=2, d=8):
@@ -251,22 +266,27 @@ def test_cudnn_wrapper_layout_and_fallback_via_the_xla_implementation():
   packed[0, 5:] = 2  # Two segments in row 0: not expressible, falls back.
   q, k, v = _qkv(rng, b, t)
   w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
-  for seg in (prefix.astype(np.int32), packed):
-    spec, _ = masks.mask_spec(jnp.asarray(seg > 0), None, jnp.asarray(seg))
-    real = jnp.asarray(seg > 0)[:, :, None, None, None]
+  fused = functools.partial(fused_lib.cudnn_attention, block_q=4,
+                            block_kv=4, implementation="xla")
 
-    def loss(fn, q, k, v, spec=spec, real=real):
+  @jax.jit
+  def outputs_and_grads(seg, q, k, v):
+    """(fused, dense) outputs on real slots and their (q, k, v) grads."""
+    spec, _ = masks.mask_spec(seg > 0, None, seg)
+    real = (seg > 0)[:, :, None, None, None]
+
+    def loss(fn, q, k, v):
       return jnp.sum(jnp.where(real, w * fn(q, k, v, spec), 0.0))
 
-    fused = functools.partial(fused_lib.cudnn_attention, block_q=4,
-                              block_kv=4, implementation="xla")
-    np.testing.assert_allclose(
-        jnp.where(real, fused(q, k, v, spec), 0),
-        jnp.where(real, attention.dense_attention(q, k, v, spec), 0),
-        atol=1e-5, rtol=0)
-    for a, r in zip(jax.grad(functools.partial(loss, fused), (0, 1, 2))(
-        q, k, v), jax.grad(functools.partial(
-            loss, attention.dense_attention), (0, 1, 2))(q, k, v)):
+    return [(jnp.where(real, fn(q, k, v, spec), 0),
+             jax.grad(functools.partial(loss, fn), (0, 1, 2))(q, k, v))
+            for fn in (fused, attention.dense_attention)]
+
+  for seg in (prefix.astype(np.int32), packed):  # One compile for both.
+    (got, got_grads), (want, want_grads) = outputs_and_grads(
+        jnp.asarray(seg), q, k, v)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    for a, r in zip(got_grads, want_grads):
       np.testing.assert_allclose(a, r, atol=1e-5, rtol=0)
   spec, _ = masks.mask_spec(jnp.asarray(packed > 0), None,
                             jnp.asarray(packed))
@@ -320,12 +340,14 @@ def test_splash_in_interpret_mode_equals_dense():
   def loss(fn, q, k, v):
     return jnp.sum(w * fn(q, k, v, spec))
 
-  np.testing.assert_allclose(splash(q, k, v, spec),
-                             attention.dense_attention(q, k, v, spec),
-                             atol=1e-5, rtol=0)
-  got = jax.grad(functools.partial(loss, splash), (0, 1, 2))(q, k, v)
-  ref = jax.grad(functools.partial(loss, attention.dense_attention),
-                 (0, 1, 2))(q, k, v)
+  @jax.jit
+  def output_and_grads(q, k, v):
+    return [(fn(q, k, v, spec),
+             jax.grad(functools.partial(loss, fn), (0, 1, 2))(q, k, v))
+            for fn in (splash, attention.dense_attention)]
+
+  (out, got), (want, ref) = output_and_grads(q, k, v)
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=0)
   for g, r in zip(got, ref):
     np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
 
