@@ -4,6 +4,8 @@ trajectory carries them through the ring codec and the trainer's batch
 (unpacked and packed rows), and the trainer's forward with replay reproduces
 the sampler's log-probs (issue 27, item 3)."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -49,10 +51,13 @@ def _cfg(vocab: int, router: str = "softmax") -> ModelConfig:
                     n_shared_experts=int(router == "sigmoid")))
 
 
+@functools.cache
 def _params(cfg, seed=0):
+  """The model's random params, once per config (jitted init; the sampler
+  never donates params, so tests share them)."""
   x = jnp.zeros((1, 4), jnp.int32)
-  return nn.unbox(transformer.Transformer(cfg).init(
-      jax.random.PRNGKey(seed), x, x, x == 0)["params"])
+  return jax.jit(lambda k: nn.unbox(transformer.Transformer(cfg).init(
+      k, x, x, x == 0)["params"]))(jax.random.PRNGKey(seed))
 
 
 class _EchoEnv(base.Environment):
@@ -132,7 +137,10 @@ def _packed(trajs, seq_len=2 * LIMITS.max_total_tokens):
   return jax.tree.map(jnp.asarray, packed)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "replay"))
 def _logp(cfg, params, batch, replay):
+  """The trainer's log-probs (and routing), jitted: one compile, not
+  op-by-op dispatch."""
   return step_lib._policy_logp(transformer.Transformer(cfg), params, batch,
                                TEMPERATURE, replay=replay)
 
