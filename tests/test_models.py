@@ -11,6 +11,8 @@ from sao_jax.models.layers import rope
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import UnsupportedConfigError
 
+import tiny_models
+
 B, T = 3, 12
 
 
@@ -27,7 +29,8 @@ def setup():
   mask[2, 8] = False
   mask = jnp.asarray(mask)
   positions = tm.positions_from_mask(mask)
-  variables = model.init(jax.random.key(0), tokens, positions, mask)
+  variables = tiny_models.init_params(model, jax.random.key(0), tokens,
+                                      positions, mask, unbox=False)
   params = nn.unbox(variables)
   full, _ = jax.jit(model.apply)(params, tokens, positions, mask)
   return cfg, model, variables, params, tokens, mask, positions, full
@@ -86,18 +89,19 @@ def test_left_padding_does_not_change_real_logits(setup):
   # Row 1 has 3 left pads: unpadded on its own it must give the same logits.
   row = tokens[1:2, 3:]
   ones = jnp.ones_like(row, bool)
-  alone, _ = model.apply(params, row, tm.positions_from_mask(ones), ones)
+  apply = jax.jit(model.apply)  # One compile per shape; op by op costs more.
+  alone, _ = apply(params, row, tm.positions_from_mask(ones), ones)
   np.testing.assert_allclose(alone[0], full[1, 3:], atol=1e-5, rtol=0)
   # Pad token ids are irrelevant to real positions.
   other = jnp.where(mask, tokens, (tokens + 7) % cfg.vocab_size)
-  again, _ = model.apply(params, other, positions, mask)
+  again, _ = apply(params, other, positions, mask)
   _close_on_real(again, full, mask, 1e-6)
 
 
 def test_causality(setup):
   _, model, _, params, tokens, mask, positions, full = setup
   changed = tokens.at[:, -1].set((tokens[:, -1] + 1) % 97)
-  logits, _ = model.apply(params, changed, positions, mask)
+  logits, _ = jax.jit(model.apply)(params, changed, positions, mask)
   # Padding positions included: they attend only to themselves.
   np.testing.assert_allclose(logits[:, :-1], full[:, :-1], atol=1e-6, rtol=0)
   assert float(jnp.abs(logits[0, -1] - full[0, -1]).max()) > 1e-4
@@ -148,13 +152,14 @@ def test_num_params_and_tied_embeddings():
     tok = jnp.zeros((1, 4), jnp.int32)
     m = jnp.ones((1, 4), bool)
     model = tm.Transformer(cfg)
-    params = nn.unbox(model.init(jax.random.key(0), tok, tok, m))["params"]
+    params = tiny_models.init_params(model, jax.random.key(0), tok, tok,
+                                     m)["params"]
     assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params()
     assert ("lm_head" in params) != tie
     if tie:  # Logits = final hidden . embedding^T.
-      hidden, _ = tm.Decoder(cfg).apply({"params": params["decoder"]}, tok,
-                                        tok, m)
-      logits, _ = model.apply({"params": params}, tok, tok, m)
+      hidden, _ = jax.jit(tm.Decoder(cfg).apply)(
+          {"params": params["decoder"]}, tok, tok, m)
+      logits, _ = jax.jit(model.apply)({"params": params}, tok, tok, m)
       want = hidden @ params["decoder"]["embedder"]["embedding"].T
       np.testing.assert_allclose(logits, want, atol=1e-5)
 
@@ -184,7 +189,8 @@ def test_value_model_and_value_params_from_policy(setup):
 
 def test_value_head_init_std():
   cfg = ModelConfig.tiny(hidden_size=8192)
-  head = tm.ValueHead(cfg).init(jax.random.key(0), jnp.zeros((1, 1, 8192)))
+  head = tiny_models.init_params(tm.ValueHead(cfg), jax.random.key(0),
+                                 jnp.zeros((1, 1, 8192)), unbox=False)
   kernel = np.asarray(nn.unbox(head)["params"]["kernel"])
   assert kernel.shape == (8192, 1)
   assert np.std(kernel) == pytest.approx(0.02, rel=0.05)
