@@ -2,8 +2,8 @@
 weights."""
 
 import dataclasses
+import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +15,8 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 
+import tiny_models
+
 # Compile-heavy (about 72 s as one Bazel target on 2 cores): //:fast_tests
 # leaves it to the pytest run, which runs every test.
 pytestmark = pytest.mark.slow
@@ -24,8 +26,9 @@ CFG = ModelConfig.tiny(vocab_size=64)
 
 def _policy(cfg):
   tok = jnp.zeros((1, 4), jnp.int32)
-  return nn.unbox(transformer.Transformer(cfg).init(
-      jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
+  return tiny_models.init_params(transformer.Transformer(cfg),
+                                 jax.random.PRNGKey(0), tok, tok,
+                                 tok > -1)["params"]
 
 
 def _data():
@@ -38,17 +41,27 @@ def _loss(cfg, params, tokens, mask):
   return -logprobs_lib.token_logprobs(params, cfg, tokens, mask).mean()
 
 
+@functools.cache
+def _without_remat(scan: bool):
+  """(config, params, gradient) without remat: the reference of the three
+  policies' cases, computed once per layout."""
+  base = dataclasses.replace(CFG, scan_layers=scan)
+  params = _policy(base)
+  tokens, mask = _data()
+  return base, params, jax.grad(lambda p: _loss(base, p, tokens, mask))(params)
+
+
 @pytest.mark.parametrize("scan", [True, False])
 @pytest.mark.parametrize("policy", ["full", "dots_saveable",
                                     "dots_with_no_batch_dims_saveable"])
 def test_remat_recomputes_and_gives_the_same_gradients(policy, scan):
-  base = dataclasses.replace(CFG, scan_layers=scan)
-  params = _policy(base)
+  base, params, base_grads = _without_remat(scan)
   tokens, mask = _data()
   remat = dataclasses.replace(base, remat_policy=policy)
-  assert jax.tree.structure(_policy(remat)) == jax.tree.structure(params)
-  grads = [jax.grad(lambda p, c=c: _loss(c, p, tokens, mask))(params)
-           for c in (base, remat)]
+  assert jax.tree.structure(jax.eval_shape(lambda: _policy(remat))) == (
+      jax.tree.structure(params))
+  grads = [base_grads,
+           jax.grad(lambda p: _loss(remat, p, tokens, mask))(params)]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
                *grads)
   text = [str(jax.make_jaxpr(jax.grad(lambda p, c=c: _loss(c, p, tokens,
