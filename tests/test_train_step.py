@@ -1,6 +1,7 @@
 """Tests for the SAO train step: wiring of log-probs, values, critic and policy."""
 
-import flax.linen as nn
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,12 +25,15 @@ CFG = tiny_models.tiny_model_config()
 TEMP = 0.7
 
 
+@functools.cache
 def _params():
+  """Policy and critic params, made once per process (steps get copies)."""
   tok = jnp.zeros((1, 4), jnp.int32)
-  p = transformer.Transformer(CFG).init(jax.random.PRNGKey(0), tok, tok,
-                                        tok > -1)["params"]
-  p = nn.unbox(p)
-  v = transformer.value_params_from_policy(p, CFG, jax.random.PRNGKey(1))
+  p = tiny_models.init_params(transformer.Transformer(CFG),
+                              jax.random.PRNGKey(0), tok, tok,
+                              tok > -1)["params"]
+  v = jax.jit(functools.partial(transformer.value_params_from_policy,
+                                config=CFG))(p, rng=jax.random.PRNGKey(1))
   return p, v
 
 
@@ -93,7 +97,7 @@ def test_policy_update_equals_manual_dis_gradient():
     return losses.dis_policy_loss(logp, batch["rollout_logp"], adv, mask,
                                   eps_low=0.3, eps_high=5.0)
 
-  (loss, m), grads = jax.value_and_grad(manual, has_aux=True)(p)
+  (loss, m), grads = jax.jit(jax.value_and_grad(manual, has_aux=True))(p)
   expected = jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
   for a, b in zip(jax.tree.leaves(new_state.policy_params),
                   jax.tree.leaves(expected)):
@@ -114,10 +118,14 @@ def test_critic_updates_k_times_on_returns():
   mask = batch["action_mask"]
   returns = adv_lib.reward_to_go(batch["rewards"], mask)  # lambda=1, gamma=1.
   vv = v
-  for _ in range(2):
+
+  @jax.jit
+  def sgd(q):
     g = jax.grad(lambda q: losses.value_loss(_values(q, batch), returns,
-                                             mask)[0])(vv)
-    vv = jax.tree.map(lambda a, b: a - 0.05 * b, vv, g)
+                                             mask)[0])(q)
+    return jax.tree.map(lambda a, b: a - 0.05 * b, q, g)
+  for _ in range(2):
+    vv = sgd(vv)
   for a, b in zip(jax.tree.leaves(new_state.value_params),
                   jax.tree.leaves(vv)):
     np.testing.assert_allclose(a, b, atol=1e-6)
