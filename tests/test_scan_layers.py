@@ -173,8 +173,9 @@ def test_prefill_and_decode_with_the_cache_match_unrolled(params, per_row):
 
 
 def _dot_count(cfg):
-  """dot_generals in the lowered SAO-style grad of the log-prob loss."""
-  p = _init(cfg)
+  """dot_generals in the lowered SAO-style grad of the log-prob loss
+  (lowered only: the params' shapes are all it needs)."""
+  p = jax.eval_shape(lambda: _init(cfg))
   tokens, mask = _batch()
   fn = jax.jit(jax.grad(lambda p: token_logprobs(p, cfg, tokens, mask).sum()))
   return len(re.findall(r"dot_general", fn.lower(p).as_text()))
