@@ -45,6 +45,10 @@ def main(argv: Sequence[str]) -> None:
   topology = _TOPOLOGY.value or str(config.sampler.chips).rpartition(":")[0]
   if not topology or topology.lower() == "gpu":
     sys.exit("--topology is required (e.g. --topology=v5e-8).")
+  try:  # A mistyped slice is named at once, before libtpu loads.
+    topo_lib.parse(topology)
+  except topo_lib.TopologyError as e:
+    sys.exit(str(e))
   ok, why = check_lib.compile_devices_ok()
   if not ok:
     sys.exit(f"Cannot compile for TPUs here: {why}")
