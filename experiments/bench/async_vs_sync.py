@@ -62,6 +62,13 @@ _LATENCY = flags.DEFINE_float(
     "(default: configs/longtail.py's).")
 _ARMS = flags.DEFINE_list("arms", ["sync", "batch-async", "async"],
                           "Arms to run (the ratios need all three).")
+_WARMUP_ROUNDS = flags.DEFINE_integer(
+    "warmup_rounds", 1, "Untimed rounds of every arm first (they fill the "
+    "compilation caches; 0: the timed runs compile).")
+_SET = flags.DEFINE_multi_string(
+    "set", [], "KEY=VALUE: a config override (dotted key of configs/base.py, "
+    "JSON value) of every run, after the workload's and the arm's, e.g. "
+    "--set=model.num_layers=2.")
 
 # Arm -> its config overrides.
 ARMS = {
@@ -89,6 +96,7 @@ def bench_config(arm: str):
                       "train.max_seq_len": 32 + n})
   if _LATENCY.value is not None:
     overrides["env.longtail_tool_latency_s"] = _LATENCY.value
+  overrides.update(loop_setup.parse_sets(_SET.value))
   base = "longtail" if _WORKLOAD.value == "longtail" else "quickstart"
   return loop_setup.loop_config(_STEPS.value, overrides, base=base)
 
@@ -115,8 +123,9 @@ def main(argv):
 
   runs = {arm: [] for arm in _ARMS.value}
   with tempfile.TemporaryDirectory() as tmp:
-    # One warm-up run of each arm fills the compilation caches of the trainer.
-    for i in range(_REPEATS.value + 1):
+    # Warm-up runs of each arm fill the compilation caches of the trainer.
+    warmup = _WARMUP_ROUNDS.value
+    for i in range(warmup + _REPEATS.value):
       for arm in _ARMS.value:
         config = bench_config(arm)
         # Each run spawns a new sampler process: the warm-up round fills a
@@ -124,11 +133,11 @@ def main(argv):
         config.sampler.compilation_cache_dir = os.path.join(tmp, "jax_cache")
         summary = loop.train_and_evaluate(config, os.path.join(
             tmp, f"{arm}_{i}"))
-        if i == 0:
+        if i < warmup:
           continue
         runs[arm].append(_figures(summary, int(config.train.batch_size)))
-        loop_setup.emit("run", workload=_WORKLOAD.value, arm=arm, repeat=i,
-                        **runs[arm][-1])
+        loop_setup.emit("run", workload=_WORKLOAD.value, arm=arm,
+                        repeat=i - warmup + 1, **runs[arm][-1])
   med = {arm: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
          for arm, rs in runs.items()}
   for arm, figures in med.items():

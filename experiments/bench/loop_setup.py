@@ -56,6 +56,22 @@ def loop_config(num_steps: int,
   return config
 
 
+def parse_sets(items: list[str]) -> dict[str, Any]:
+  """``--set KEY=VALUE`` items as overrides (``VALUE`` read as JSON, else as a
+  string): ``["model.num_layers=2"]`` -> ``{"model.num_layers": 2}``."""
+  overrides = {}
+  for item in items:
+    key, _, value = item.partition("=")
+    if not key or not value:
+      raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. "
+                       "model.num_layers=2")
+    try:
+      overrides[key] = json.loads(value)
+    except json.JSONDecodeError:
+      overrides[key] = value
+  return overrides
+
+
 def emit(figure: str, **values: Any) -> None:
   """Prints one figure as a JSON line with the 1-minute load average."""
   print(json.dumps({"figure": figure, **values,

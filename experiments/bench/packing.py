@@ -51,6 +51,10 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions (medians).")
 _STEPS_PER_REPEAT = flags.DEFINE_integer(
     "steps_per_repeat", 3, "Steps timed per arm and repetition.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Where to record ('' = temp).")
+_SET = flags.DEFINE_multi_string(
+    "set", [], "KEY=VALUE: a config override (dotted key of configs/base.py, "
+    "JSON value) of the workload's config, recorded and timed, e.g. "
+    "--set=model.num_layers=2.")
 
 
 def _record(workdir: str):
@@ -58,7 +62,8 @@ def _record(workdir: str):
   from sao_jax.train import loop  # pylint: disable=g-import-not-at-top
 
   config = loop_setup.loop_config(
-      _RECORD_STEPS.value, {"train.record_stream": True, "train.pack": False,
+      _RECORD_STEPS.value, {**loop_setup.parse_sets(_SET.value),
+                            "train.record_stream": True, "train.pack": False,
                             "train.log_every": 1000},
       base=_WORKLOAD.value)
   t0 = time.perf_counter()
@@ -106,7 +111,7 @@ def _step_fn(config, workdir: str):
   tokenizer = tok_lib.Tokenizer.load(os.path.join(workdir, "tokenizer.model"))
   mcfg = setup_lib.model_config_from(config, tokenizer)
   tok = jnp.zeros((1, 4), jnp.int32)
-  params = nn.unbox(transformer.Transformer(mcfg).init(
+  params = nn.unbox(jax.jit(transformer.Transformer(mcfg).init)(
       jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
   values = transformer.value_params_from_policy(params, mcfg,
                                                 jax.random.PRNGKey(1))
