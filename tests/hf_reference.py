@@ -73,8 +73,9 @@ def hf_logits(model, tokens, mask, positions) -> np.ndarray:
 
 def our_logits(config, params, tokens, mask, positions,
                segment_ids=None) -> np.ndarray:
-  """Our `Transformer`'s logits on the batch (optionally packed rows)."""
-  logits, _ = tm.Transformer(config).apply(
+  """Our `Transformer`'s logits on the batch (optionally packed rows), by
+  one jitted forward (op by op, each op would be a compile of its own)."""
+  logits, _ = jax.jit(tm.Transformer(config).apply)(
       {"params": params}, jnp.asarray(tokens), jnp.asarray(positions),
       jnp.asarray(mask),
       segment_ids=None if segment_ids is None else jnp.asarray(segment_ids))

@@ -516,10 +516,16 @@ def _logits_and_routing(config: ModelConfig, params: Any, tokens: np.ndarray,
                         mask: np.ndarray, positions: np.ndarray,
                         routing: Any = None) -> tuple[np.ndarray, Any]:
   """Our logits and the MoE layers' outputs (experts, aux_loss, ...)."""
-  (logits, _), state = tm.Transformer(config).apply(
-      {"params": params}, jnp.asarray(tokens), jnp.asarray(positions),
-      jnp.asarray(mask), routing=routing, mutable=["moe"])
-  return np.asarray(logits), tm.moe_outputs(state)
+
+  @jax.jit
+  def forward(params, tokens, positions, mask, routing):
+    (logits, _), state = tm.Transformer(config).apply(
+        {"params": params}, tokens, positions, mask, routing=routing,
+        mutable=["moe"])
+    return logits, tm.moe_outputs(state)
+  logits, moe = forward(params, jnp.asarray(tokens), jnp.asarray(positions),
+                        jnp.asarray(mask), routing)
+  return np.asarray(logits), moe
 
 
 @pytest.mark.parametrize("reference", _rows("moe"), indirect=True)
@@ -577,13 +583,14 @@ def test_moe_kv_cache_decode_matches_full_forward(reference):
   tokens, mask, positions = reference.batch
   full, _ = _logits_and_routing(config, params, tokens, mask, positions)
   model = tm.Transformer(config)
+  apply = jax.jit(model.apply)
   cache = tm.init_cache(config, 3, 12)
-  pre, cache = model.apply({"params": params}, jnp.asarray(tokens[:, :7]),
+  pre, cache = apply({"params": params}, jnp.asarray(tokens[:, :7]),
                            jnp.asarray(positions[:, :7]),
                            jnp.asarray(mask[:, :7]), cache)
   outs = [pre]
   for t in range(7, 10):
-    step, cache = model.apply(
+    step, cache = apply(
         {"params": params}, jnp.asarray(tokens[:, t:t + 1]),
         jnp.asarray(positions[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
         cache)
