@@ -586,8 +586,8 @@ def test_moe_kv_cache_decode_matches_full_forward(reference):
   apply = jax.jit(model.apply)
   cache = tm.init_cache(config, 3, 12)
   pre, cache = apply({"params": params}, jnp.asarray(tokens[:, :7]),
-                           jnp.asarray(positions[:, :7]),
-                           jnp.asarray(mask[:, :7]), cache)
+                     jnp.asarray(positions[:, :7]), jnp.asarray(mask[:, :7]),
+                     cache)
   outs = [pre]
   for t in range(7, 10):
     step, cache = apply(
