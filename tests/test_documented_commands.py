@@ -8,7 +8,11 @@ finds them), paths under ``/tmp``, ``runs/`` and ``$HOME`` moved into the
 test's directory, and each script's or module's extra flags from ``TINY``
 appended (the later flag wins). A documented command whose script or module
 has no entry in ``TINY`` fails the test: a new command gets a tiny form (one
-line here) when it is documented, so CI runs it.
+line here) when it is documented, so CI runs it. A tiny form that a test
+process has run already (a command quoted twice, or two that differ only in
+options their tiny flags override: ``effective_argv``) runs once. The SmolLM2
+commands find a one-layer cut of the converted checkpoint
+(``smollm2_tiny_checkpoint``).
 """
 
 from __future__ import annotations
@@ -48,9 +52,17 @@ def _config_flags(overrides: dict) -> tuple[str, ...]:
   return tuple(f"--config.{k}={v}" for k, v in overrides.items())
 
 
+# The loop benchmarks' (experiments/bench/loop_setup.py) tiny model and
+# batches, as their `--set` overrides.
+_LOOP_SETS = tuple(f"--set={k}={v}" for k, v in {
+    **_TINY_MODEL, "train.batch_size": 4, "sampler.batch_size": 4}.items())
+
+
 _MAIN = _config_flags({**_TINY_MODEL, **_TINY_RUN})
-# A pretrained checkpoint fixes the model: only the run gets small.
-_MAIN_PRETRAINED = _config_flags(_TINY_RUN)
+# A pretrained checkpoint fixes the model's widths, vocabulary and tokenizer:
+# the run gets small, and the checkpoint placed for the documents' SmolLM2
+# commands has one layer (smollm2_tiny_checkpoint).
+_MAIN_PRETRAINED = _config_flags({"model.num_layers": 1, **_TINY_RUN})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +126,8 @@ TINY: dict[str, Tiny] = {
     "experiments/bench/weights.py": Tiny(
         args=("--repeats=1", "--model=quickstart")),
     "experiments/bench/async_vs_sync.py": Tiny(  # 3 steps: one steady step.
-        args=("--repeats=1", "--steps=3", "--arms=async",
-              "--tool_latency_s=0.05", "--max_new_tokens=16")),
+        args=("--repeats=1", "--warmup_rounds=0", "--steps=3", "--arms=async",
+              "--tool_latency_s=0.05", "--max_new_tokens=16", *_LOOP_SETS)),
     "experiments/bench/record.py": Tiny(
         args=("--repeats=1", "--warmup_rounds=0", "--steps=1",
               "--trajectories=16", "--seq_len=32")),
@@ -127,7 +139,8 @@ TINY: dict[str, Tiny] = {
               "--layers", "1", "--block", "8", "--repeats", "1")),
     "experiments/bench/packing.py": Tiny(
         args=("--record_steps=3", "--max_segments=2", "--repeats=1",
-              "--steps_per_repeat=1")),
+              "--steps_per_repeat=1", *_LOOP_SETS,
+              "--set=env.longtail_tool_latency_s=0.05")),
     "experiments/bench/sandbox.py": Tiny(
         args=("--calls", "3", "--repeats", "1", "--workers", "1",
               "--arms", "bare,warm,strict_paced", "--pace_ms", "1")),
@@ -258,14 +271,48 @@ def _environment(tmp: pathlib.Path, tiny: Tiny) -> dict[str, str]:
   return env
 
 
-def _shared_smollm2(home: pathlib.Path, pytestconfig) -> None:
-  """The converted SmolLM2 checkpoint where the documents' commands look for
-  it (``~/.cache/sao_jax/smollm2``): the suite's one conversion."""
+def one_layer_smollm2(converted: pathlib.Path, out: pathlib.Path) -> None:
+  """Writes SmolLM2 cut to its first decoder layer into ``out``: the converted
+  checkpoint's embeddings, layer 0 and final norm, its tokenizer files, and
+  its config.json with ``num_hidden_layers=1``."""
+  # pylint: disable-next=g-import-not-at-top
+  from safetensors import numpy as st_numpy
+  out.mkdir(parents=True)
+  for f in converted.iterdir():
+    if f.suffix != ".safetensors" and f.name != "config.json":
+      (out / f.name).write_bytes(f.read_bytes())
+  hf_config = json.loads((converted / "config.json").read_text())
+  hf_config["num_hidden_layers"] = 1
+  (out / "config.json").write_text(json.dumps(hf_config, indent=2))
+  tensors = st_numpy.load_file(str(converted / "model.safetensors"))
+  kept = {k: v for k, v in tensors.items()
+          if not re.match(r"model\.layers\.(?!0\.)\d+\.", k)}
+  st_numpy.save_file(kept, str(out / "model.safetensors"),
+                     metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="session")
+def smollm2_tiny_checkpoint(pytestconfig, tmp_path_factory) -> pathlib.Path:
+  """A one-layer SmolLM2 (SmolLM2's tokenizer, vocabulary and widths) cut from
+  the suite's one conversion: what the documents' SmolLM2 commands load in
+  their tiny forms (``TINY`` sets ``model.num_layers=1`` to match). The
+  conversion command itself runs, finding a complete checkpoint; the real
+  model's conversion and parity are tests/test_smollm2_parity.py's, its TPU
+  compile tests/test_aot.py's."""
   import smollm2_checkpoint  # pylint: disable=g-import-not-at-top
+  out = tmp_path_factory.mktemp("smollm2") / "one_layer"
+  one_layer_smollm2(pathlib.Path(smollm2_checkpoint.converted_dir(
+      pytestconfig)), out)
+  return out
+
+
+def _shared_smollm2(home: pathlib.Path, checkpoint: pathlib.Path) -> None:
+  """``checkpoint`` where the documents' commands look for the converted
+  SmolLM2 (``~/.cache/sao_jax/smollm2``)."""
   target = home / ".cache" / "sao_jax" / "smollm2"
   target.parent.mkdir(parents=True, exist_ok=True)
   if not target.exists():
-    target.symlink_to(smollm2_checkpoint.converted_dir(pytestconfig))
+    target.symlink_to(checkpoint)
 
 
 def tiny_argv(cmd: Command, tmp: pathlib.Path,
@@ -293,6 +340,21 @@ def tiny_argv(cmd: Command, tmp: pathlib.Path,
                           a.replace("/tmp/", f"{tmp}/tmp/")), env)
            for a in kept]
   return moved + list(tiny.args)
+
+
+def effective_argv(argv: list[str], tiny: Tiny) -> list[str]:
+  """What ``argv`` (a tiny form) runs: less the documented ``--flag=value``
+  options that a flag given once in ``tiny.args`` overrides (the later flag
+  wins), and less those ``tiny.args`` repeats verbatim (a repeated flag,
+  ``--main_flag`` or ``--set``, given the same value again changes nothing).
+  Two commands that differ only there run the same tiny form."""
+  names = [a.split("=", 1)[0] for a in tiny.args if a.startswith("--")]
+  once = {n for n in names if names.count(n) == 1}
+  documented = argv[:len(argv) - len(tiny.args)]
+  return [a for a in documented
+          if a not in tiny.args and not (
+              a.startswith("--") and "=" in a
+              and a.split("=", 1)[0] in once)] + list(tiny.args)
 
 
 def _expand(arg: str, env: dict[str, str]) -> str:
@@ -325,7 +387,7 @@ _CI_VERBATIM = {part.strip() for block in re.findall(
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("where", sorted(_BLOCKS),
                          ids=[f"{d}-{b}" for d, b in sorted(_BLOCKS)])
-def test_documented_block_runs_in_its_tiny_form(where, tmp_path, pytestconfig):
+def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request):
   """The commands of one block, in order, in one directory (a block's later
   commands read what its earlier ones wrote)."""
   ran = []
@@ -334,12 +396,14 @@ def test_documented_block_runs_in_its_tiny_form(where, tmp_path, pytestconfig):
     argv = tiny_argv(cmd, tmp_path, env)
     if argv is None or _run_verbatim_by_ci(cmd):
       continue
-    generic = shlex.join(argv).replace(str(tmp_path), "TMP")
+    generic = shlex.join(effective_argv(argv, TINY[cmd.key])).replace(
+        str(tmp_path), "TMP")
     if generic in _RAN:  # Quoted again (e.g. in two sections): ran once.
       ran.append(cmd.key)
       continue
     if "smollm2" in cmd.text or "smollm2" in cmd.key:
-      _shared_smollm2(tmp_path / "home", pytestconfig)
+      _shared_smollm2(tmp_path / "home",
+                      request.getfixturevalue("smollm2_tiny_checkpoint"))
     (tmp_path / "tmp").mkdir(exist_ok=True)
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=1800)
