@@ -8,8 +8,8 @@ do not change when its row neighbours do.
 """
 
 import dataclasses
+import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,11 +26,16 @@ CFG = tiny_models.tiny_model_config(attention="dense")
 TEMP = 0.8
 
 
-def _params(cfg):
+@functools.cache
+def _params():
+  """Policy and critic params of CFG (the attention path changes none of
+  them), made once per process."""
   tok = jnp.zeros((1, 4), jnp.int32)
-  p = nn.unbox(transformer.Transformer(cfg).init(
-      jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
-  v = transformer.value_params_from_policy(p, cfg, jax.random.PRNGKey(1))
+  p = tiny_models.init_params(transformer.Transformer(CFG),
+                              jax.random.PRNGKey(0), tok, tok,
+                              tok > -1)["params"]
+  v = jax.jit(functools.partial(transformer.value_params_from_policy,
+                                config=CFG))(p, rng=jax.random.PRNGKey(1))
   return p, v
 
 
@@ -56,7 +61,7 @@ def _layouts(cfg, params, seed=0):
 def test_logprobs_and_values_packed_equal_unpacked(attention):
   cfg = dataclasses.replace(CFG, attention=attention, attention_block_q=8,
                             attention_block_kv=8)
-  p, v = _params(cfg)
+  p, v = _params()
   un, pk = _layouts(cfg, p)
   policy, critic = transformer.Transformer(cfg), transformer.ValueModel(cfg)
   for fn, params, args in ((step_lib._policy_logp, p, (TEMP,)),
@@ -72,7 +77,7 @@ def test_logprobs_and_values_packed_equal_unpacked(attention):
 
 @pytest.mark.parametrize("loss", ["sao", "ppo"])
 def test_train_step_losses_and_gradients_packed_equal_unpacked(loss):
-  p, v = _params(CFG)
+  p, v = _params()
   un, pk = _layouts(CFG, p, seed=1)
   cfg = step_lib.StepConfig(loss=loss, critic_updates_per_step=1,
                             temperature=TEMP, gamma=0.99, max_groups=66)
@@ -101,7 +106,7 @@ def test_train_step_losses_and_gradients_packed_equal_unpacked(loss):
 
 
 def test_nothing_leaks_across_segments_in_the_models():
-  p, v = _params(CFG)
+  p, v = _params()
   _, pk = _layouts(CFG, p, seed=2)
   victim = (pk["segment_ids"] == 2) & (jnp.arange(3) == 0)[:, None]
   other = pk["attention_mask"] & ~victim
