@@ -1,6 +1,11 @@
 """Sampler restarts (sao_jax/sampler/supervisor.py; docs/DESIGN.md §1, failure
 handling): a run whose sampler dies carries on, trains on no episode twice
-and loses none."""
+and loses none.
+
+The runs' sampler processes (restarted ones included) compile into the
+session's persistent compilation cache (tests/conftest.py), not a cache of
+their own: one of their own would compile every run's decode loop cold.
+test_loop.py checks that ``sampler.compilation_cache_dir`` is used."""
 
 import json
 import os
@@ -81,8 +86,7 @@ def test_sigkilled_sampler_is_restarted_and_nothing_trains_twice(
   killed = _kill_sampler_after(monkeypatch, kills)
   config = tiny_config(**{
       "train.mode": mode, "train.num_steps": 8, "train.max_staleness": 2,
-      "train.checkpoint_every": 0, "sampler.max_restarts": 5,
-      "sampler.compilation_cache_dir": str(tmp_path / "jax_cache")})
+      "train.checkpoint_every": 0, "sampler.max_restarts": 5})
   summary = loop.train_and_evaluate(config, str(tmp_path / "run"))
   assert len({pid for _, pid in killed}) == len(kills)  # A new one each time.
   assert [s for s, _ in killed][0] == kills[0]
@@ -134,8 +138,7 @@ _CRASHING_ENV_RUN = textwrap.dedent("""
       config = tiny_config(**{
           "env.name": "crash", "train.mode": "async", "train.num_steps": 6,
           "train.checkpoint_every": 0, "sampler.max_restarts": 5,
-          "sampler.max_restarts_per_window": int(sys.argv[2]),
-          "sampler.compilation_cache_dir": sys.argv[1] + "/jax_cache"})
+          "sampler.max_restarts_per_window": int(sys.argv[2])})
       summary = loop.train_and_evaluate(config, sys.argv[1] + "/run")
       print("SUMMARY", json.dumps(summary), flush=True)
 """)
