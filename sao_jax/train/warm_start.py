@@ -39,10 +39,20 @@ MAX_SFT_EXAMPLES = 4096
 
 
 def random_policy(mcfg: ModelConfig, seed: int) -> Any:
-  """Unboxed ``Transformer`` params from ``PRNGKey(seed)``."""
+  """Unboxed ``Transformer`` params from ``PRNGKey(seed)``.
+
+  One jitted init program: op by op, every layer's initialisers dispatch (and
+  on first use compile) dozens of tiny programs, which cost about 2-3x the
+  CPU of the one compile. The values are the same random draws (jax's PRNG does
+  not depend on jit); only float rounding of the scaled draws may differ.
+  """
   tok = jnp.zeros((1, 1), jnp.int32)
-  return nn.unbox(transformer.Transformer(mcfg).init(
-      jax.random.PRNGKey(seed), tok, tok, tok == 0)["params"])
+
+  def init(key):
+    return nn.unbox(transformer.Transformer(mcfg).init(
+        key, tok, tok, tok == 0)["params"])
+
+  return jax.jit(init)(jax.random.PRNGKey(seed))
 
 
 def sft_examples(tasks, tokenizer: text_tokenizer.TextTokenizer, n: int,
