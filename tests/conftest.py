@@ -85,7 +85,7 @@ if os.environ.get("SAO_TEST_XLA_OPTIMIZE", "0") != "1":
 
 # sao_jax.ipc.segment's name pattern (make_name: sao_<kind>_<pid>_<8 hex>),
 # spelled out so that this conftest (part of every test target) needs no
-# dependency on the package; tests/test_ring.py checks that they agree.
+# dependency on the package; tests/ipc/test_ring.py checks that they agree.
 NAME_RE = re.compile(r"^sao_([A-Za-z0-9]+)_([0-9]+)_([0-9a-f]{8})$")
 # Names another program could leave in /dev/shm (the issue-30 report's among
 # them): present for the whole session, so every segment check runs with them.

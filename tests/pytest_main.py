@@ -1,7 +1,7 @@
 """Bazel `main` for every `py_test` in BUILD: runs pytest on the given files.
 
 Each test target in the top-level BUILD passes its own test file as the argument,
-e.g. `tests/pytest_main.py tests/test_models.py`. Bazel runs the test with the
+e.g. `tests/pytest_main.py tests/models/test_models.py`. Bazel runs the test with the
 runfiles tree of the target as working directory, so the paths are relative to it,
 and only the files the target declares (its `srcs`, `deps` and `data`) exist there:
 a missing `deps` entry shows up as an ImportError instead of silently importing the

@@ -8,7 +8,6 @@ model equals the single-device one.
 """
 
 import json
-import os
 import subprocess
 import sys
 
@@ -300,12 +299,9 @@ def _multi_process_main(process_id: int, port: int) -> dict:
 
 
 def _run_self(*args, devices: int) -> subprocess.Popen:
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      f" --xla_force_host_platform_device_count={devices}")
-  return subprocess.Popen([sys.executable, __file__, *map(str, args)],
-                          env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  return multihost.run_as_main(__file__, *args, devices=devices,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
 
 
 def _result(proc, timeout=600) -> dict:

@@ -1,6 +1,6 @@
 """Test bodies that need TPU compile-only devices (libtpu), each run in a
 fresh interpreter by tests/fresh_process.py so that libtpu never loads in
-the pytest process (tests/test_aot.py, tests/test_attention.py call them)."""
+the pytest process (tests/aot/test_aot.py, tests/models/test_attention.py call them)."""
 
 import flax.linen as nn
 import jax

@@ -48,7 +48,7 @@ Every figure (slow on CPU: SmolLM2 compiles for minutes, the loop runs):
 
   python experiments/bench/long_context.py
 
-A tiny form, seconds (tests/test_bench_long_context.py runs it):
+A tiny form, seconds (tests/experiments/test_bench_long_context.py runs it):
 
   python experiments/bench/long_context.py --figures=memory,compile \
       --arms=dense,logits_chunk --set=logits_chunk:model.logits_chunk=64 \

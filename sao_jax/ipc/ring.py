@@ -381,7 +381,7 @@ class RingWriter(seg_lib.RingEnd):
 
   def _copy_in(self, start: int, parts: Sequence[memoryview], n: int) -> None:
     """Copies the payload into the lane (tests replace this to fail mid-way)."""
-    del n  # Used by the fault-injecting replacement in tests/test_ring.py.
+    del n  # Used by the fault-injecting replacement in tests/ipc/test_ring.py.
     mv = self._mv
     for p in parts:
       mv[start:start + p.nbytes] = p

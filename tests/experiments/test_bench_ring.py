@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-_BENCH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench"
+_BENCH = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None, reason="needs a C compiler (cc)")

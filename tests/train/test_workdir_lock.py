@@ -12,7 +12,7 @@ import pytest
 
 from sao_jax.train import workdir_lock
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_second_lock_refuses_naming_the_holder_until_released(tmp_path):

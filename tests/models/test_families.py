@@ -16,7 +16,7 @@ from sao_jax.models.config import SUPPORTED_ARCHITECTURES
 from sao_jax.models.config import UnsupportedConfigError
 from sao_jax.models.families import registry
 
-FAMILIES_DIR = (pathlib.Path(__file__).resolve().parents[1] / "sao_jax" /
+FAMILIES_DIR = (pathlib.Path(__file__).resolve().parents[2] / "sao_jax" /
                 "models" / "families")
 _MOE = dict(num_experts=4, top_k=2, intermediate_size=16)
 # architecture -> a tiny config only that family expresses.

@@ -16,7 +16,7 @@ from sao_jax import config_overrides as overrides_lib
 from sao_jax import config_validation as cv
 import tiny_settings
 
-_REPO = pathlib.Path(__file__).resolve().parents[1]
+_REPO = pathlib.Path(__file__).resolve().parents[2]
 _BASE = str(_REPO / "configs" / "base.py")
 
 

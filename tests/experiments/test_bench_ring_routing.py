@@ -8,7 +8,7 @@ import pytest
 
 from sao_jax.data import trajectory as codec
 
-_BENCH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench"
+_BENCH = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench"
 
 
 # Imported by name (not by path) so that the ring's spawned producer process

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-_BENCH = (pathlib.Path(__file__).resolve().parents[1] / "experiments" /
+_BENCH = (pathlib.Path(__file__).resolve().parents[2] / "experiments" /
           "bench" / "long_context.py")
 
 

@@ -23,7 +23,7 @@ from sao_jax.models import hf
 from sao_jax.train import warm_start
 import tiny_models
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny model: SmolLM2's vocabulary, everything else small.
 _TINY = {f"model.{k}": v for k, v in tiny_models.TINY_MODEL.items()
          if k != "vocab_size"}

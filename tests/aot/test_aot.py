@@ -18,7 +18,7 @@ import fresh_process
 _OK, _WHY = fresh_process.libtpu_available()  # Not in this process.
 needs_libtpu = pytest.mark.skipif(
     not _OK, reason=f"cannot compile for TPUs here: {_WHY}")
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _aot(*flags: str) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from sao_jax.train import publish as publish_lib
 from sao_jax.train import warm_start
 from sao_jax.train import step as step_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
                  if p.stem != "__init__")
 

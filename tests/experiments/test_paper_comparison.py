@@ -10,7 +10,7 @@ import pytest
 
 from sao_jax.train import metrics
 
-_EXPERIMENTS = pathlib.Path(__file__).absolute().parents[1] / "experiments"
+_EXPERIMENTS = pathlib.Path(__file__).absolute().parents[2] / "experiments"
 
 
 def _import():

@@ -277,12 +277,9 @@ def _multi_process_main(process_id: int, port: int, path: str) -> dict:
 
 def _run_self(*args, devices: int, log: str) -> tuple[subprocess.Popen, str]:
   """Starts this file's `__main__`; stdout+stderr go to `log` (no pipe fills)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      f" --xla_force_host_platform_device_count={devices}")
   with open(log, "w") as f:
-    proc = subprocess.Popen([sys.executable, __file__, *map(str, args)],
-                            env=env, stdout=f, stderr=subprocess.STDOUT)
+    proc = multihost.run_as_main(__file__, *args, devices=devices, stdout=f,
+                                 stderr=subprocess.STDOUT)
   return proc, log
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from sao_jax.train import metrics
 
-_ROOT = pathlib.Path(__file__).absolute().parents[1]
+_ROOT = pathlib.Path(__file__).absolute().parents[2]
 _SCRIPT = _ROOT / "experiments" / "report.py"
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

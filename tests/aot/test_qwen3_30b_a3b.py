@@ -24,7 +24,7 @@ from sao_jax.train import setup
 # Asked of a child (libtpu never loads in pytest's process; the answer is
 # cached per process, so test_aot's probe in the same worker is this one).
 _OK, _WHY = fresh_process.libtpu_available()
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_architecture_is_qwen3_30b_a3b():

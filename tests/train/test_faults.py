@@ -43,7 +43,7 @@ from sao_jax.data.trajectory import Trajectory
 from scripted_policy import ScriptedPolicy
 import tiny_settings
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CFG = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-_REPO = pathlib.Path(__file__).absolute().parents[1]
+_REPO = pathlib.Path(__file__).absolute().parents[2]
 
 
 def _under_bazel() -> bool:

@@ -21,7 +21,7 @@ from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
 from tiny_settings import tiny_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_restart_policy_bounds_per_run_and_per_window():

@@ -1,6 +1,6 @@
 """The shared-memory trajectory ring and codec within one process.
 
-Across processes: tests/test_ring_processes.py.
+Across processes: tests/ipc/test_ring_processes.py.
 """
 
 import os

@@ -24,7 +24,7 @@ from tiny_settings import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Tags the issue asks the event files to hold (prefix match where per-loss).
 REQUIRED_TAGS = (

@@ -30,7 +30,7 @@ import pytest
 
 import fresh_process
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", "BENCHMARKS.md")
 
 # A model of a few thousand parameters and one RL step: what makes a
@@ -151,7 +151,7 @@ TINY: dict[str, Tiny] = {
         args=("--figures=memory", "--seqs=32", "--vocab=256", "--layers=1",
               "--arms=dense,new")),
     # One layer, the decode chunk only: the command and its report, cheaply
-    # (tests/test_aot.py compiles SmolLM2 whole and the oversized case).
+    # (tests/aot/test_aot.py compiles SmolLM2 whole and the oversized case).
     "sao_jax.aot": Tiny(args=("--config.model.num_layers=1",
                               "--programs=sampler_decode"),
                         env=tuple(fresh_process.TPU_ENV.items())),
@@ -231,7 +231,7 @@ def test_every_documented_command_has_a_tiny_form():
                     for c in commands if c.key not in TINY})
   assert not missing, (
       "Documented commands with no tiny form in TINY "
-      f"(tests/test_documented_commands.py), so CI would not run them: "
+      f"(tests/experiments/test_documented_commands.py), so CI would not run them: "
       f"{missing}")
   # And the table holds nothing that is no longer documented.
   keys = {c.key for c in commands}
@@ -297,8 +297,8 @@ def smollm2_tiny_checkpoint(pytestconfig, tmp_path_factory) -> pathlib.Path:
   the suite's one conversion: what the documents' SmolLM2 commands load in
   their tiny forms (``TINY`` sets ``model.num_layers=1`` to match). The
   conversion command itself runs, finding a complete checkpoint; the real
-  model's conversion and parity are tests/test_smollm2_parity.py's, its TPU
-  compile tests/test_aot.py's."""
+  model's conversion and parity are tests/models/test_smollm2_parity.py's, its TPU
+  compile tests/aot/test_aot.py's."""
   import smollm2_checkpoint  # pylint: disable=g-import-not-at-top
   out = tmp_path_factory.mktemp("smollm2") / "one_layer"
   one_layer_smollm2(pathlib.Path(smollm2_checkpoint.converted_dir(

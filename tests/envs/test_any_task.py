@@ -14,7 +14,7 @@ import pytest
 
 from sao_jax.envs import task_sizing
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 FIVE_KINDS = ("chain_sum", "letter_counting", "spell_backward", "syllogism",
               "maze")

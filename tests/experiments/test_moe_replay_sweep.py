@@ -19,7 +19,7 @@ from configs import moe_replay
 from sao_jax import config_validation
 from sao_jax.train import metrics as metrics_lib
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ARMS = ("eta0_replay_off_s0", "eta2_replay_rollout_s0")
 # A smaller MoE (same 8 experts, top-2), a few SFT and policy steps.
 _TINY = {"model.hidden_size": 32, "model.num_layers": 2, "model.num_heads": 2,
