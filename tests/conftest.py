@@ -21,57 +21,43 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def _session_compilation_cache() -> None:
-  """One persistent JAX compilation cache for this pytest session.
+def _session_dir(env_var: str, off_var: str, prefix: str) -> bool:
+  """A fresh temporary directory named in ``env_var`` for this session.
 
-  The suite compiles the same tiny programs over and over: in each test file
-  (conftest clears jax's in-memory caches between files) and in every child
-  process (``sao_jax.main`` runs, sampler processes, documented commands).
-  jax reads ``JAX_COMPILATION_CACHE_DIR`` and the two thresholds from the
-  environment, so the pytest process, its xdist workers and all their
-  children share one directory. It is made fresh for each session (the
-  process that made it, pytest's controller, removes it at exit), so a cache
-  from another checkout or jax version is never read; and jax's key is the
-  program, its compile options, the backend and jax's version, so a hit
-  returns the executable a compile would have made. An unreadable entry (a
-  partly written one) is a miss with a warning, never a wrong result.
-  ``SAO_TEST_COMPILATION_CACHE=0`` turns it off (a cold run, as before).
+  The pytest controller makes it and removes it at exit; xdist workers and
+  every child process inherit the variable (already set: nothing to do).
+  ``off_var=0`` leaves it unset. Returns whether it was made here.
   """
-  if os.environ.get("SAO_TEST_COMPILATION_CACHE", "1") == "0":
-    return
-  if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # Set by the controller.
-    return
-  path = tempfile.mkdtemp(prefix="sao_jax_test_jit_cache_")
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  if os.environ.get(off_var, "1") == "0" or env_var in os.environ:
+    return False
+  path = tempfile.mkdtemp(prefix=prefix)
+  os.environ[env_var] = path
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+  return True
+
+
+# One persistent JAX compilation cache for this pytest session. The suite
+# compiles the same tiny programs over and over: in each test file (conftest
+# clears jax's in-memory caches between files) and in every child process
+# (`sao_jax.main` runs, sampler processes, documented commands). Fresh per
+# session, so a cache from another checkout or jax version is never read;
+# jax's key is the program, its compile options, the backend and jax's
+# version, so a hit returns the executable a compile would have made, and an
+# unreadable entry is a miss with a warning. SAO_TEST_COMPILATION_CACHE=0
+# turns it off (a cold run).
+if _session_dir("JAX_COMPILATION_CACHE_DIR", "SAO_TEST_COMPILATION_CACHE",
+                "sao_jax_test_jit_cache_"):
   # Every program, however small or fast to compile: most of the suite's are.
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
-  atexit.register(shutil.rmtree, path, ignore_errors=True)
 
-
-_session_compilation_cache()
-
-
-def _session_tokenizer_cache() -> None:
-  """One trained-tokenizer cache (``SAO_JAX_TOKENIZER_CACHE``) per session.
-
-  Nearly every ``sao_jax.main`` run of the suite trains the same few
-  SentencePiece models (3-4 CPU-s each). Training is deterministic and the
-  cache's key is everything the model depends on
-  (``sao_jax.tokenization.trained_cache``), so a hit is the model a training
-  would have made; tests of training itself turn it off. Fresh per session,
-  removed at exit; ``SAO_TEST_TOKENIZER_CACHE=0`` turns it off.
-  """
-  if os.environ.get("SAO_TEST_TOKENIZER_CACHE", "1") == "0":
-    return
-  if "SAO_JAX_TOKENIZER_CACHE" in os.environ:  # Set by the controller.
-    return
-  path = tempfile.mkdtemp(prefix="sao_jax_test_tokenizers_")
-  os.environ["SAO_JAX_TOKENIZER_CACHE"] = path
-  atexit.register(shutil.rmtree, path, ignore_errors=True)
-
-
-_session_tokenizer_cache()
+# One trained-tokenizer cache per session: nearly every `sao_jax.main` run
+# trains the same few SentencePiece models (3-4 CPU-s each). Training is
+# deterministic and the key is everything the model depends on
+# (sao_jax.tokenization.trained_cache), so a hit is the model a training would
+# have made; tests of training turn it off. SAO_TEST_TOKENIZER_CACHE=0: off.
+_session_dir("SAO_JAX_TOKENIZER_CACHE", "SAO_TEST_TOKENIZER_CACHE",
+             "sao_jax_test_tokenizers_")
 
 # XLA without its expensive optimisation passes (backend optimisation level 0)
 # for the suite's processes and their children: what a test program computes
