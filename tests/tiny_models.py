@@ -5,11 +5,14 @@ The shape most unit tests share: vocabulary 32, width 32 (MLP 64), 2 layers
 of 4 query heads (2 KV heads) of size 8; it compiles in seconds on a CPU.
 """
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
+from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 
 TINY_MODEL = dict(vocab_size=32, hidden_size=32, intermediate_size=64,
@@ -33,3 +36,16 @@ def init_params(module: nn.Module, key: jax.Array, *args: Any,
     variables = module.init(k, *a, **kwargs)
     return nn.unbox(variables) if unbox else variables
   return jax.jit(init)(key, *args)
+
+
+@functools.cache
+def policy_and_critic(cfg: ModelConfig) -> tuple[Any, Any]:
+  """Policy params of a `Transformer(cfg)` (key 0) and its critic's (the
+  backbone's copy and a head, key 1), made once per process and config by
+  jitted programs. A step that donates its state must get copies."""
+  tok = jnp.zeros((1, 4), jnp.int32)
+  p = init_params(transformer.Transformer(cfg), jax.random.PRNGKey(0), tok,
+                  tok, tok > -1)["params"]
+  v = jax.jit(functools.partial(transformer.value_params_from_policy,
+                                config=cfg))(p, rng=jax.random.PRNGKey(1))
+  return p, v

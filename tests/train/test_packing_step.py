@@ -8,7 +8,6 @@ do not change when its row neighbours do.
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -26,17 +25,10 @@ CFG = tiny_models.tiny_model_config(attention="dense")
 TEMP = 0.8
 
 
-@functools.cache
 def _params():
   """Policy and critic params of CFG (the attention path changes none of
   them), made once per process."""
-  tok = jnp.zeros((1, 4), jnp.int32)
-  p = tiny_models.init_params(transformer.Transformer(CFG),
-                              jax.random.PRNGKey(0), tok, tok,
-                              tok > -1)["params"]
-  v = jax.jit(functools.partial(transformer.value_params_from_policy,
-                                config=CFG))(p, rng=jax.random.PRNGKey(1))
-  return p, v
+  return tiny_models.policy_and_critic(CFG)
 
 
 def _layouts(cfg, params, seed=0):

@@ -1,6 +1,5 @@
 """Tests for the SAO train step: wiring of log-probs, values, critic and policy."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,16 +24,9 @@ CFG = tiny_models.tiny_model_config()
 TEMP = 0.7
 
 
-@functools.cache
 def _params():
   """Policy and critic params, made once per process (steps get copies)."""
-  tok = jnp.zeros((1, 4), jnp.int32)
-  p = tiny_models.init_params(transformer.Transformer(CFG),
-                              jax.random.PRNGKey(0), tok, tok,
-                              tok > -1)["params"]
-  v = jax.jit(functools.partial(transformer.value_params_from_policy,
-                                config=CFG))(p, rng=jax.random.PRNGKey(1))
-  return p, v
+  return tiny_models.policy_and_critic(CFG)
 
 
 def _batch(policy_params, seed=0):
