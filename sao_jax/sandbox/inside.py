@@ -7,19 +7,27 @@ from the trusted host) and answers on fd 1 in JSON (which the host parses
 safely whatever a compromised server sends), each message after a 4-byte
 big-endian length (docs/DESIGN.md "Code sandbox"):
 
-  ready  -> {"ready": true, "preloaded": [...]}   (or {"error": ...})
+  ready  -> {"ready": true, "preloaded": [...], "isolation": {...}}
+            (or {"error": ...})
   {"code": SRC} -> CallResult fields
 
 It imports little (no json, re or shutil: start-up time is a strict call's
 latency).
 
-Set-up, in order: drop to the unprivileged uid (when started as root), no new
-privileges, not dumpable (no /proc/PID/mem of the server), child subreaper,
-Landlock (fallback mechanism only), the seccomp filter (fallback only; bwrap
-loads it itself), the preloads. Per call it forks: the child sets the call's
-rlimits, keeps only fds 0-2 and runs the code in fresh globals, so no state
-of one call reaches the next; afterwards every other process the server can
-signal is killed and reaped, and the scratch, /tmp and /dev/shm are emptied.
+Processes (docs/DESIGN.md "A clean slate per call"): the *pristine parent*
+P confines itself (drop to the unprivileged uid when started as root, no new
+privileges, not dumpable, child subreaper, Landlock in the fallback, the
+preloads) and then never reads a request or runs user code. For each call
+it forks S, which enters new user, pid and IPC namespaces and forks the
+call server C (pid 1 there): C reads the request, forks the child D that
+runs it (rlimits, capabilities dropped, the seccomp filter, fds 0-2 only,
+fresh globals), answers, and kills everything else in its pid namespace.
+When C exits the namespaces die with every process and IPC object of the
+call; P reaps, checks that its own limits and priority are what they were,
+and empties scratch, /tmp and /dev/shm (restoring permissions a call took
+away) before the next call. Without user namespaces P serves calls itself
+(`isolation` says what is then not held) and the seccomp filter denies
+System V and POSIX IPC.
 """
 
 import _json
@@ -44,6 +52,11 @@ _FS_ABI_EXTRA = {2: 1 << 13, 3: 1 << 14, 5: 1 << 15}  # REFER, TRUNCATE, IOCTL.
 _FS_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
 _NET_BIND_CONNECT_TCP = 3
 _SCOPE_UNIX_AND_SIGNAL = 3
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWIPC = 0x10000000, 0x20000000, 0x08000000
+_RLIMITS = tuple(getattr(resource, n) for n in dir(resource)
+                 if n.startswith("RLIMIT_"))
 
 
 def _prctl(option, arg):
@@ -90,10 +103,8 @@ def _landlock(ro_paths, rw_paths):
   os.close(ruleset)
 
 
-def _load_seccomp(fd):
-  """Loads the compiled BPF program (sock_filter array) read from `fd`."""
-  with os.fdopen(fd, "rb") as f:
-    program = f.read()
+def _load_seccomp(program):
+  """Loads a compiled BPF program (a struct sock_filter array)."""
   filt = ctypes.create_string_buffer(program, len(program))
 
   class _Fprog(ctypes.Structure):
@@ -103,6 +114,17 @@ def _load_seccomp(fd):
   if _LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
                  ctypes.byref(fprog), 0, 0) != 0:
     raise OSError(ctypes.get_errno(), "seccomp filter")
+
+
+def _drop_capabilities():
+  """No capabilities left (D holds all of its user namespace's)."""
+  for cap in range(64):
+    if _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+      break  # Past the last capability this kernel knows.
+  _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+  header = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0)
+  if _LIBC.capset(header, bytes(24)) != 0:
+    raise OSError(ctypes.get_errno(), "capset")
 
 
 def _encode(obj):
@@ -121,11 +143,11 @@ def _encode(obj):
   return "[" + ",".join(_encode(v) for v in obj) + "]"
 
 
-def _send(obj):
+def _send(obj, fd=1):
   data = _encode(obj).encode()
   data = struct.pack(">I", len(data)) + data
   while data:
-    data = data[os.write(1, data):]
+    data = data[os.write(fd, data):]
 
 
 def _recv():
@@ -155,6 +177,9 @@ def _child(code, cfg, out_w, err_w):
     os.dup2(err_w, 2)
     os.closerange(3, 1 << 20)
     os.chdir(cfg["scratch"])
+    if cfg["per_call_ns"]:
+      _drop_capabilities()
+    _load_seccomp(cfg["seccomp"])
     os.environ.clear()
     os.environ.update(cfg["env"])
     mib = 1 << 20
@@ -217,25 +242,49 @@ def _kill_all_others(deadline_s=2.0):
   return False
 
 
-def _wipe(dirs, keep=()):
-  """Empties `dirs`, keeping the directories `keep` (themselves wiped)."""
-  for d in dirs:
+def _wipe(dirs):
+  """Empties `dirs` (their own mode restored), whatever a call did to the
+  permissions of what it made; mount points in them (the interpreter's
+  prefixes bound under /tmp) stay. True when nothing is left."""
+  clean = True
+  keep = {d for d, _ in dirs}  # The fallback's tmp/ and shm/ in scratch.
+  for d, mode in dirs:
     try:
-      entries = os.listdir(d)
+      st = os.lstat(d)
+      if st.st_mode & 0o7777 != mode:
+        os.chmod(d, mode)
+      clean &= _empty(d, st.st_dev, keep)
     except OSError:
-      continue
-    for name in entries:
-      path = os.path.join(d, name)
-      if path in keep:
-        continue
-      if os.path.isdir(path) and not os.path.islink(path):
-        import shutil  # pylint: disable=g-import-not-at-top
-        shutil.rmtree(path, ignore_errors=True)
-      else:
+      clean = False
+  return clean
+
+
+def _empty(d, dev, keep):
+  """Removes what is in `d` on device `dev`; True when that is all of it."""
+  try:
+    entries = os.listdir(d)
+  except PermissionError:
+    os.chmod(d, 0o700)  # The owner may always; then list again.
+    entries = os.listdir(d)
+  clean = True
+  for name in entries:
+    path = os.path.join(d, name)
+    st = os.lstat(path)
+    if st.st_dev != dev or path in keep:
+      continue  # A mount point (read-only bind), or wiped on its own.
+    if (st.st_mode & 0o170000) == 0o040000:
+      if st.st_mode & 0o700 != 0o700:
+        os.chmod(path, 0o700)
+      if _empty(path, dev, keep):
         try:
-          os.unlink(path)
+          os.rmdir(path)
         except OSError:
-          pass
+          clean = False
+      else:
+        clean = False
+    else:
+      os.unlink(path)
+  return clean
 
 
 def _call(code, cfg):
@@ -300,7 +349,6 @@ def _call(code, cfg):
     except OSError:
       pass
     os.close(fd)
-  _wipe(cfg["wipe"], cfg["wipe"])
   sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
   exit_code = -sig if sig else os.WEXITSTATUS(status)
   if sig == signal.SIGXCPU:
@@ -317,7 +365,7 @@ def _call(code, cfg):
 
 
 def _confine(cfg):
-  """The server's own set-up (module docstring order)."""
+  """P's own set-up (module docstring); returns the preloaded modules."""
   uid = cfg.get("uid")
   if uid is not None and os.getuid() == 0:
     os.setgroups([])
@@ -329,8 +377,6 @@ def _confine(cfg):
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
   if cfg.get("landlock"):
     _landlock(cfg["landlock"]["ro"], cfg["landlock"]["rw"])
-  if cfg.get("seccomp_fd") is not None:
-    _load_seccomp(cfg["seccomp_fd"])
   sys.path.extend(cfg.get("sys_path", ()))
   preloaded = []
   for name in cfg.get("preload", ()):
@@ -342,20 +388,128 @@ def _confine(cfg):
   return preloaded
 
 
+def _namespaces_work():
+  """Whether a child can enter new user, pid and IPC namespaces here."""
+  pid = os.fork()
+  if pid == 0:
+    os._exit(_LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWIPC)  # pylint: disable=protected-access
+             != 0)
+  return os.waitpid(pid, 0)[1] == 0
+
+
+def _own_state():
+  """P's limits and priority: a call that could change them spoils P."""
+  return ([resource.getrlimit(r) for r in _RLIMITS],
+          os.getpriority(os.PRIO_PROCESS, 0))
+
+
+def _serve_one(cfg, answer_fd):
+  """Reads one request, runs it and writes the answer to `answer_fd` (in C,
+  or in P without namespaces); False at end of input."""
+  request = _recv()
+  if request is None:
+    return False
+  _send(_call(request["code"], cfg), answer_fd)
+  return True
+
+
+def _spawn_call_server(cfg, answer_fd):
+  """Forks S, which enters the namespaces and forks C (pid 1 there); S
+  exits at once, so C becomes P's child. Returns C's pid (P's view)."""
+  pid_r, pid_w = os.pipe()
+  s = os.fork()
+  if s == 0:
+    code = 1
+    try:
+      os.close(pid_r)
+      if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWIPC) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+      c = os.fork()
+      if c == 0:
+        os.close(pid_w)
+        code = 0 if _serve_one(cfg, answer_fd) else 3
+        os._exit(code)  # pylint: disable=protected-access
+      os.write(pid_w, struct.pack(">i", c))
+      code = 0
+    finally:
+      os._exit(code)  # pylint: disable=protected-access
+  os.close(pid_w)
+  data = os.read(pid_r, 4)
+  os.close(pid_r)
+  os.waitpid(s, 0)
+  return struct.unpack(">i", data)[0] if len(data) == 4 else None
+
+
+def _error_reply(message):
+  return {"stdout": "", "stderr": "", "exit_code": -1,
+          "sandbox_error": message}
+
+
+def _wait_all(deadline_s=2.0):
+  """Reaps every child of P; True when none is left."""
+  end = time.monotonic() + deadline_s
+  while time.monotonic() < end:
+    try:
+      if os.waitpid(-1, os.WNOHANG)[0] == 0:
+        time.sleep(0.0005)
+    except ChildProcessError:
+      return True
+  return False
+
+
+def _run_one(cfg, answer_fd):
+  """One call, in C (namespaces) or here; '' when answered, None at end
+  of input, else why the sandbox failed."""
+  if not cfg["per_call_ns"]:
+    return "" if _serve_one(cfg, answer_fd) else None
+  c = _spawn_call_server(cfg, answer_fd)
+  if c is None:
+    return "the call server did not start"
+  status = os.waitstatus_to_exitcode(os.waitpid(c, 0)[1])
+  if status == 3:
+    return None
+  return "" if status == 0 else f"the call server died ({status})"
+
+
 def main():
   cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
   try:
     preloaded = _confine(cfg)
+    cfg["per_call_ns"] = cfg["try_namespaces"] and _namespaces_work()
+    cfg["seccomp"] = cfg["seccomp_ns" if cfg["per_call_ns"] else
+                         "seccomp_no_ipc"]
+    wipe = [(d, os.lstat(d).st_mode & 0o7777) for d in cfg["wipe"]]
+    answer_fd = os.memfd_create("answer")  # Never read into P's memory.
   except BaseException:  # pylint: disable=broad-except
     import traceback  # pylint: disable=g-import-not-at-top
     _send({"error": traceback.format_exc()})
     return
-  _send({"ready": True, "preloaded": preloaded, "uid": os.getuid()})
+  ns = cfg["per_call_ns"]
+  _send({"ready": True, "preloaded": preloaded, "uid": os.getuid(),
+         "isolation": {"per_call_namespaces": ns, "pristine_server": ns}})
+  baseline = _own_state()
+  spoiled = ""
   while True:
-    request = _recv()
-    if request is None:
+    select.select([0], [], [])
+    if spoiled or _own_state() != baseline:
+      _send(_error_reply(spoiled or "a call changed the sandbox server's "
+                         "limits or priority; replaced"))
       return
-    _send(_call(request["code"], cfg))
+    os.ftruncate(answer_fd, 0)
+    os.lseek(answer_fd, 0, os.SEEK_SET)
+    failure = _run_one(cfg, answer_fd)
+    if failure is None:
+      return  # End of input.
+    if not _wait_all() or not _wipe(wipe):
+      spoiled = "the previous call's processes or files could not be removed"
+    if failure:
+      _send(_error_reply(failure))
+      return
+    # The answer goes out after the clean-up, straight from the kernel.
+    size = os.fstat(answer_fd).st_size
+    offset = 0
+    while offset < size:
+      offset += os.sendfile(1, answer_fd, offset, size - offset)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,16 @@
 (docs/DESIGN.md "Code sandbox").
 
 bwrap: new pid, net, ipc, uts and cgroup namespaces (and a user namespace
-when not root); the system's /usr and the interpreter's prefixes read-only,
-a minimal /etc (alternatives for numpy's BLAS, the loader cache), private
-size-limited tmpfs /scratch, /tmp and /dev/shm; capabilities dropped (as root
-only CAP_SETUID/SETGID stay, for the server to drop to its own uid); a fresh
-seccomp fd per launch. landlock: the same interpreter run directly, confining
+when not root); the system's /usr and the interpreter's prefixes read-only
+(each bound at the path this process sees it by, so a venv behind a symlink
+or under /tmp works), a minimal /etc (alternatives for numpy's BLAS, the
+loader cache), private size-limited tmpfs /scratch, /tmp and /dev/shm;
+capabilities dropped (as root only CAP_SETUID/SETGID stay, for the server to
+drop to its own uid). landlock: the same interpreter run directly, confining
 itself (inside.py) with Landlock to read-only system paths and a private
-scratch directory, the seccomp filter without sockets, and its own uid.
+scratch directory (a size-limited tmpfs where this process may mount one),
+and its own uid. Either way the seccomp filter is loaded by each call's
+process (inside.py), after the server has made the call's namespaces.
 
 Two host-side traps are handled here: bwrap's inner process outlives the
 outer one and is re-parented to init, which on some machines never reaps
@@ -31,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 from sao_jax.sandbox import cgroup as cgroup_lib
 from sao_jax.sandbox import seccomp_policy
@@ -132,20 +135,26 @@ def _accessible_to_others(path: str) -> bool:
   return True
 
 
-def interpreter(mechanism: str) -> tuple[str, list[str]]:
-  """(python to run, directories it needs read-only besides /usr)."""
+def interpreter(mechanism: str) -> tuple[str, list[tuple[str, str]]]:
+  """(python to run, [(host directory, path inside)] it needs read-only
+  besides /usr). A prefix reached through a symlink is bound at both paths."""
   exe = sys.executable
   if (mechanism == "landlock" and os.getuid() == 0 and
       not _accessible_to_others(exe) and os.path.exists("/usr/bin/python3")):
     return "/usr/bin/python3", []  # The sandbox uid cannot read the venv's.
-  dirs = {os.path.realpath(p) for p in (
-      sys.prefix, sys.base_prefix,
-      os.path.dirname(os.path.dirname(os.path.realpath(exe))))}
-  return exe, sorted(d for d in dirs if not d.startswith("/usr/"))
+  binds = {}
+  for path in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(
+      os.path.abspath(exe))), os.path.dirname(os.path.dirname(
+          os.path.realpath(exe)))):
+    real = os.path.realpath(path)
+    for inside in (os.path.abspath(path), real):
+      if inside != "/usr" and not inside.startswith("/usr/"):
+        binds[inside] = real
+  return exe, sorted((src, dst) for dst, src in binds.items())
 
 
-def _bwrap_argv(limits: Limits, exe: str, prefixes: list[str],
-                seccomp_fd: int) -> list[str]:
+def _bwrap_argv(limits: Limits, exe: str,
+                prefixes: list[tuple[str, str]]) -> list[str]:
   root = os.getuid() == 0
   size = str(limits.scratch_mb << 20)
   argv = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net",
@@ -160,59 +169,97 @@ def _bwrap_argv(limits: Limits, exe: str, prefixes: list[str],
       argv += ["--ro-bind", top, top]
   for path in _ETC:
     argv += ["--ro-bind-try", path, path]
-  made = set()
-  for path in prefixes:  # Parents as 0755 dirs (bwrap's default is 0700).
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts)):
+  argv += ["--proc", "/proc", "--dev", "/dev"]
+  for path in ("/tmp", "/dev/shm", "/scratch"):
+    argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
+  made = set()  # After the tmpfs mounts: a venv under /tmp stays visible.
+  for src, dst in sorted(prefixes, key=lambda p: p[1]):
+    parts = dst.strip("/").split("/")
+    for i in range(1, len(parts)):  # Parents as 0755 dirs (bwrap: 0700).
       parent = "/" + "/".join(parts[:i])
       if parent not in made:
         made.add(parent)
         argv += ["--perms", "0755", "--dir", parent]
-    argv += ["--ro-bind", path, path]
-  argv += ["--proc", "/proc", "--dev", "/dev"]
-  for path in ("/tmp", "/dev/shm", "/scratch"):
-    argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
+    argv += ["--ro-bind", src, dst]
   argv += ["--chdir", "/scratch", "--cap-drop", "ALL"]
   if root:
     argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-  argv += ["--seccomp", str(seccomp_fd), "--", exe, "-I"]
+  argv += ["--", exe, "-I"]
   return argv
 
 
+def _mount_tmpfs(path: str, size_mb: int, uid: int) -> bool:
+  """A size-limited tmpfs on `path` (root only); False where not allowed."""
+  libc = ctypes.CDLL(None, use_errno=True)
+  opts = f"size={size_mb << 20},mode=0700,uid={uid},gid={uid}".encode()
+  return libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0, opts) == 0
+
+
+def _unmount(path: str) -> None:
+  ctypes.CDLL(None, use_errno=True).umount2(path.encode(), 2)  # MNT_DETACH
+
+
 class Launched:
-  """A started server: its process, uid and host scratch (fallback)."""
+  """A started server: its process, uid, host scratch (fallback), cgroup,
+  and the file its stderr goes to (read when it fails to start)."""
 
   def __init__(self, proc: subprocess.Popen, uid: int | None,
-               scratch: str | None, cgroup: cgroup_lib.Cgroup):
+               scratch: str | None, cgroup: cgroup_lib.Cgroup,
+               stderr: Any, scratch_mounted: bool = False):
     self.proc = proc
     self.uid = uid
     self.scratch = scratch
     self.cgroup = cgroup
+    self.stderr = stderr
+    self.scratch_mounted = scratch_mounted
+
+  def stderr_tail(self, chars: int = 2000) -> str:
+    self.stderr.seek(0)
+    return self.stderr.read().decode(errors="replace")[-chars:]
+
+  def release(self) -> None:
+    """The host-side resources (after the processes are gone)."""
+    self.stderr.close()
+    self.cgroup.close()
+    if self.scratch:
+      if self.scratch_mounted:
+        _unmount(self.scratch)
+      shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def launch(mechanism: str, limits: Limits, preload: Sequence[str],
-           slot: int, cgroup: cgroup_lib.Cgroup) -> Launched:
-  """Starts `inside.py` under `mechanism` ('bwrap' or 'landlock')."""
+           slot: int, cgroup: cgroup_lib.Cgroup,
+           namespaces: bool = True) -> Launched:
+  """Starts `inside.py` under `mechanism` ('bwrap' or 'landlock').
+
+  `namespaces=False`: no user, pid and IPC namespaces per call even where
+  the kernel allows them (the path of machines without user namespaces).
+  """
   ensure_subreaper()
   root = os.getuid() == 0
   uid = sandbox_uid(slot) if root else None
   exe, prefixes = interpreter(mechanism)
   env = dict(_ENV)
   venv = exe == sys.executable
+  unix = mechanism == "bwrap"
   cfg = {"uid": uid, "limits": limits.as_dict(),
          "preload": list(preload) if venv else [],
-         "sys_path": site.getsitepackages() if venv else []}
-  seccomp_fd = seccomp_policy.program_fd(
-      seccomp_policy.bpf_program(unix_sockets=mechanism == "bwrap"))
-  scratch = None
+         "sys_path": site.getsitepackages() if venv else [],
+         "try_namespaces": namespaces,
+         "seccomp_ns": seccomp_policy.bpf_program(unix_sockets=unix),
+         "seccomp_no_ipc": seccomp_policy.bpf_program(unix_sockets=unix,
+                                                      ipc=False)}
+  scratch, mounted = None, False
+  stderr = tempfile.TemporaryFile()  # pylint: disable=consider-using-with
   try:
     if mechanism == "bwrap":
-      argv = _bwrap_argv(limits, exe, prefixes, seccomp_fd)
+      argv = _bwrap_argv(limits, exe, prefixes)
       env.update(HOME="/scratch", TMPDIR="/tmp")
       cfg.update(scratch="/scratch", wipe=["/scratch", "/tmp", "/dev/shm"],
-                 seccomp_fd=None, landlock=None)
+                 landlock=None)
     elif mechanism == "landlock":
       scratch = tempfile.mkdtemp(prefix="sao_sandbox_")
+      mounted = root and _mount_tmpfs(scratch, limits.scratch_mb, uid)
       for sub in ("tmp", "shm"):
         os.mkdir(os.path.join(scratch, sub))
         if uid is not None:
@@ -220,11 +267,11 @@ def launch(mechanism: str, limits: Limits, preload: Sequence[str],
       if uid is not None:
         os.chown(scratch, uid, uid)
       env.update(HOME=scratch, TMPDIR=os.path.join(scratch, "tmp"))
-      ro = ["/usr", "/bin", "/sbin", "/lib", "/lib64", *_ETC, *prefixes,
+      ro = ["/usr", "/bin", "/sbin", "/lib", "/lib64", *_ETC,
+            *(src for src, _ in prefixes),
             os.path.dirname(os.path.realpath(exe))]
       cfg.update(scratch=scratch, wipe=[os.path.join(scratch, "tmp"),
                                         os.path.join(scratch, "shm"), scratch],
-                 seccomp_fd=seccomp_fd,
                  landlock={"ro": ro, "rw": [scratch, "/dev/null"]})
       argv = [exe, "-I"]
     else:
@@ -242,14 +289,11 @@ def launch(mechanism: str, limits: Limits, preload: Sequence[str],
         os.close(fd)
 
     proc = subprocess.Popen(  # pylint: disable=consider-using-with
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=env, pass_fds=(seccomp_fd,),
-        cwd=scratch or "/", start_new_session=True,
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        env=env, cwd=scratch or "/", start_new_session=True,
         preexec_fn=_join_cgroup if procs_files else None, bufsize=0)
   except BaseException:
-    if scratch:
-      shutil.rmtree(scratch, ignore_errors=True)
+    Launched(None, uid, scratch, cgroup_lib.Cgroup([], "none"), stderr,
+             mounted).release()
     raise
-  finally:
-    os.close(seccomp_fd)
-  return Launched(proc, uid, scratch, cgroup)
+  return Launched(proc, uid, scratch, cgroup, stderr, mounted)

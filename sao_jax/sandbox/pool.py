@@ -21,7 +21,6 @@ import marshal
 import os
 import queue
 import select
-import shutil
 import signal
 import struct
 import subprocess
@@ -38,6 +37,19 @@ from sao_jax.sandbox.limits import Limits
 from sao_jax.sandbox.probe import choose_mechanism
 
 _GRACE_S = 3.0  # Past the call's wall limit: the server's own clean-up.
+# What a started sandbox may not hold (its `isolation` says), in words.
+_GAPS = {
+    "per_call_namespaces": "a pid and IPC namespace per call (no user "
+                           "namespaces here): IPC is denied instead, and a "
+                           "call can signal its server, which is then "
+                           "replaced",
+    "pristine_server": "a server that never holds a call's code (each call "
+                       "is forked from the server that read the last one)",
+    "scratch_size": "the scratch size limit (no tmpfs could be mounted: "
+                    "RLIMIT_FSIZE bounds each file, not their sum)",
+}
+_LANDLOCK_GAPS = ("a network namespace (socket() is denied instead)",
+                  "a mount namespace (Landlock limits what it may open)")
 START_TIMEOUT_S = 30.0
 
 
@@ -49,18 +61,27 @@ class Sandbox:
   """One sandboxed server process (bwrap or landlock); not thread-safe."""
 
   def __init__(self, mechanism: str, limits: Limits,
-               preload: tuple[str, ...] = (), slot: int | None = None):
+               preload: tuple[str, ...] = (), slot: int | None = None,
+               namespaces: bool = True):
     self.mechanism = mechanism
+    self.namespaces = namespaces
     self.limits = limits
     self.preload = preload
     self.slot = launcher.new_slot() if slot is None else slot
     self.preloaded: list[str] = []
+    self.isolation: dict[str, bool] = {}
     self.server_pid: int | None = None
     self._launched: launcher.Launched | None = None
 
   @property
   def started(self) -> bool:
     return self._launched is not None
+
+  def gaps(self) -> list[str]:
+    """What this started sandbox does not hold that bwrap's holds."""
+    out = [text for key, text in _GAPS.items()
+           if not self.isolation.get(key, True)]
+    return out + list(_LANDLOCK_GAPS if self.mechanism == "landlock" else ())
 
   @property
   def uid(self) -> int | None:
@@ -71,17 +92,24 @@ class Sandbox:
                                   self.limits.processes)
     try:
       self._launched = launcher.launch(self.mechanism, self.limits,
-                                       self.preload, self.slot, cg)
+                                       self.preload, self.slot, cg,
+                                       self.namespaces)
       ready = self._recv(time.monotonic() + START_TIMEOUT_S)
     except BaseException:
       self.close()
       raise
     if not ready or "error" in ready:
+      why = (ready or {}).get("error") or self._launched.stderr_tail().strip()
       self.close()
       raise SandboxError(
           f"the {self.mechanism} sandbox did not start: "
-          f"{(ready or {}).get('error', 'it exited (see probe.py)')}")
+          f"{why or 'its server exited without a word'}. The interpreter "
+          f"{sys.executable} and its prefixes must be readable there "
+          "(probe.py names what this machine lacks).")
     self.preloaded = ready["preloaded"]
+    self.isolation = dict(ready.get("isolation", {}),
+                          scratch_size=self.mechanism == "bwrap" or
+                          self._launched.scratch_mounted)
 
   def run(self, code: str) -> CallResult:
     """Runs `code` in a fresh child of the server."""
@@ -101,7 +129,11 @@ class Sandbox:
                         sandbox_error="the sandbox stopped answering; "
                         "restarted")
     result = CallResult.from_dict(reply)
-    if self._launched.cgroup.oom_kills() > ooms:  # The sum's bound hit.
+    if result.sandbox_error:  # Not the program's doing: a fresh sandbox.
+      logging.warning("%s sandbox error: %s; restarting it.", self.mechanism,
+                      result.sandbox_error)
+      self.close()
+    elif self._launched.cgroup.oom_kills() > ooms:  # The sum's bound hit.
       result = dataclasses.replace(result, memory_error=True)
     return result
 
@@ -111,7 +143,11 @@ class Sandbox:
     if head is None:
       return None
     body = _read_exact(fd, struct.unpack(">I", head)[0], deadline)
-    return None if body is None else json.loads(body)
+    try:
+      reply = None if body is None else json.loads(body)
+    except ValueError:  # A garbled answer: treated as no answer.
+      return None
+    return reply if isinstance(reply, dict) else None
 
   def _find_server(self) -> int | None:
     """The server's host pid (root only: the one process of its uid)."""
@@ -142,9 +178,7 @@ class Sandbox:
     proc.stdout.close()
     if launched.uid is not None and self.mechanism == "landlock":
       _kill_uid(launched.uid)
-    launched.cgroup.close()
-    if launched.scratch:
-      shutil.rmtree(launched.scratch, ignore_errors=True)
+    launched.release()
     launcher.reap_orphans(wait_for=inner)
 
 
@@ -208,11 +242,14 @@ class SandboxPool:
     mode: 'warm' or 'strict'.
     mechanism: 'auto', 'bwrap', 'landlock' or 'unsafe_subprocess'.
     preload: modules the warm servers import once (e.g. numpy, sympy).
+    namespaces: False runs each call without its own user, pid and IPC
+      namespaces even where the kernel has them (as on machines without
+      user namespaces; for tests).
   """
 
   def __init__(self, limits: Limits | None = None, workers: int = 1,
                mode: str = "warm", mechanism: str = "auto",
-               preload: tuple[str, ...] = ()):
+               preload: tuple[str, ...] = (), namespaces: bool = True):
     if mode not in ("warm", "strict"):
       raise ValueError(f"sandbox mode {mode!r}: use 'warm' or 'strict'.")
     if workers < 1:
@@ -237,13 +274,19 @@ class SandboxPool:
         self._idle.put(worker)
       else:
         worker = Sandbox(self.mechanism, self.limits,
-                         preload if mode == "warm" else ())
+                         preload if mode == "warm" else (),
+                         namespaces=namespaces)
         self._start(worker)
       self._all.append(worker)
     self._wait_for_starts()
     if self._start_errors:
       self.close()
       raise self._start_errors[0]
+    gaps = sorted({g for w in self._all if isinstance(w, Sandbox)
+                   for g in w.gaps()})
+    if gaps:
+      logging.warning("The %s sandbox does not hold: %s (docs/DESIGN.md §9).",
+                      self.mechanism, "; ".join(gaps))
 
   def run(self, code: str) -> CallResult:
     worker = self._idle.get()

@@ -1,5 +1,7 @@
 """Which sandbox mechanism this machine supports (docs/DESIGN.md
-"Code sandbox"): bwrap, else the Landlock fallback, else a refusal."""
+"Code sandbox"): 'auto' is bwrap or a refusal; the Landlock fallback,
+which holds fewer guarantees (DESIGN's threat table), only when asked for
+by name."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 
 MECHANISMS = ("auto", "bwrap", "landlock", "unsafe_subprocess")
 OVERRIDE_FLAG = "--config.env.code_sandbox=unsafe_subprocess"
+FALLBACK_FLAG = "--config.env.code_sandbox=landlock"
 _LANDLOCK_CREATE_RULESET = 444  # The same number on x86_64 and aarch64.
 
 
@@ -73,8 +76,12 @@ def landlock_problem() -> str:
 def choose_mechanism(requested: str = "auto") -> str:
   """The mechanism to use for `requested` (one of MECHANISMS).
 
+  'auto' takes bwrap only: where it cannot run, the refusal says whether
+  the Landlock fallback would, so that the weaker mechanism is a choice
+  made in the config, never a silent one.
+
   Raises:
-    SandboxUnavailable: naming what is missing and the flag that overrides.
+    SandboxUnavailable: naming what is missing and the flags that override.
   """
   if requested not in MECHANISMS:
     raise ValueError(f"sandbox mechanism {requested!r}: use one of "
@@ -87,10 +94,14 @@ def choose_mechanism(requested: str = "auto") -> str:
   else:
     for name, problem in (("bwrap", bwrap_problem),
                           ("landlock", landlock_problem)):
+      if requested == name and not problem():
+        return name
+      if requested == "auto" and name == "bwrap" and not problem():
+        return name
       if requested in ("auto", name):
-        if not problem():
-          return name
-        problems.append(problem())
+        problems.append(problem() or (
+            "landlock: available, but it holds fewer guarantees than bwrap "
+            f"(docs/DESIGN.md §9); ask for it with {FALLBACK_FLAG}"))
   raise SandboxUnavailable(
       f"no sandbox for untrusted code ({requested!r} requested): "
       + "; ".join(problems) + ". Install what is missing, or run the code "

@@ -32,11 +32,18 @@ def test_refusal_names_what_is_missing_and_the_override(monkeypatch):
     probe.choose_mechanism("docker")
 
 
-def test_fallback_is_chosen_without_bwrap(monkeypatch):
+def test_fallback_is_chosen_only_by_name(monkeypatch):
+  """Without bwrap, 'auto' refuses and names the weaker fallback's flag
+  (issue 38 item 3); asked for by name, the fallback is chosen."""
   monkeypatch.setattr(probe, "bwrap_problem", lambda: "bwrap: missing")
   monkeypatch.setattr(probe, "landlock_problem", lambda: "")
   monkeypatch.setattr(probe, "seccomp_problem", lambda: "")
-  assert probe.choose_mechanism("auto") == "landlock"
+  with pytest.raises(SandboxUnavailable) as e:
+    probe.choose_mechanism("auto")
+  assert "bwrap: missing" in str(e.value)
+  assert probe.FALLBACK_FLAG in str(e.value)
+  assert "fewer guarantees" in str(e.value)
+  assert probe.choose_mechanism("landlock") == "landlock"
   monkeypatch.setattr(probe, "bwrap_problem", lambda: "")
   assert probe.choose_mechanism("auto") == "bwrap"
   with pytest.raises(SandboxUnavailable, match="bwrap: missing"):
