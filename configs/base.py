@@ -148,9 +148,9 @@ def get_config() -> ml_collections.ConfigDict:
   # row (counted, never trained on) while the other episodes go on.
   config.env.step_timeout_s = 60.0
   # env.name='code' (sao_jax/envs/code_env.py): sandboxed Python calls.
-  # Mechanism: 'auto' (bwrap, else Landlock, else refuse), 'bwrap',
-  # 'landlock' or 'unsafe_subprocess' (no isolation; docs/DESIGN.md
-  # "Code sandbox").
+  # Mechanism: 'auto' (bwrap, else refuse), 'bwrap', 'landlock' (the
+  # weaker fallback, only by name) or 'unsafe_subprocess' (no isolation;
+  # docs/DESIGN.md "Code sandbox").
   config.env.code_sandbox = "auto"
   config.env.code_mode = "warm"  # 'warm' (forked per call) or 'strict'.
   config.env.code_workers = 2  # Sandboxes per process (concurrent calls).
