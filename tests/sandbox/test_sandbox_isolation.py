@@ -21,6 +21,7 @@ import sys
 import textwrap
 
 import pytest
+import sandbox_pools
 
 from sao_jax.sandbox import cgroup
 from sao_jax.sandbox import launcher
@@ -35,32 +36,22 @@ LIMITS = Limits(wall_s=5.0, cpu_s=3, memory_mb=512, total_memory_mb=768,
                 processes=16, open_files=32, file_size_mb=4, scratch_mb=16,
                 output_bytes=65536)
 RUNNERS = ("bwrap", "landlock", "bwrap_no_ns", "landlock_no_ns")
-_POOLS = {}
+_POOLS = sandbox_pools.Cache(LIMITS)
 
 
 def _make(kind, limits=LIMITS):
-  mechanism = kind.split("_")[0]
-  problem = (probe.bwrap_problem() if mechanism == "bwrap"
-             else probe.landlock_problem()) or probe.seccomp_problem()
-  if problem and not (os.environ.get("CI") and mechanism == "bwrap"):
-    pytest.skip(problem)  # CI installs bubblewrap: there it must work.
-  return SandboxPool(limits, workers=1, mechanism=mechanism,
-                     namespaces=not kind.endswith("_no_ns"))
+  return sandbox_pools.make(kind, limits)
 
 
 @pytest.fixture(params=RUNNERS)
 def pool(request):
-  if request.param not in _POOLS:
-    _POOLS[request.param] = _make(request.param)
-  yield _POOLS[request.param]
+  yield _POOLS.get(request.param)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_pools():
   yield
-  for p in _POOLS.values():
-    p.close()
-  _POOLS.clear()
+  _POOLS.close()
 
 
 def _isolation(p):

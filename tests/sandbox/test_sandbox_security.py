@@ -20,10 +20,10 @@ import sys
 import time
 
 import pytest
+import sandbox_pools
 
 from sao_jax.sandbox import cgroup
 from sao_jax.sandbox import launcher
-from sao_jax.sandbox import probe
 from sao_jax.sandbox.limits import Limits
 from sao_jax.sandbox.pool import PlainRunner
 from sao_jax.sandbox.pool import SandboxPool
@@ -37,33 +37,22 @@ LIMITS = Limits(wall_s=5.0, cpu_s=2, memory_mb=512, total_memory_mb=768,
                 output_bytes=65536)
 RUNNERS = ("bwrap_warm", "bwrap_strict", "landlock_warm", "plain")
 TOKEN = "sao-secret-" + secrets.token_hex(8)
-_POOLS = {}
+_POOLS = sandbox_pools.Cache(LIMITS)
 
 
 def _make(kind):
-  if kind == "plain":
-    return PlainRunner(LIMITS)
-  mechanism, mode = kind.split("_")
-  problem = (probe.bwrap_problem() if mechanism == "bwrap"
-             else probe.landlock_problem()) or probe.seccomp_problem()
-  if problem and not (os.environ.get("CI") and mechanism == "bwrap"):
-    pytest.skip(problem)  # CI installs bubblewrap: there it must work.
-  return SandboxPool(LIMITS, workers=1, mode=mode, mechanism=mechanism)
+  return sandbox_pools.make(kind, LIMITS)
 
 
 @pytest.fixture(params=RUNNERS)
 def runner(request):
-  if request.param not in _POOLS:
-    _POOLS[request.param] = _make(request.param)
-  yield _POOLS[request.param]
+  yield _POOLS.get(request.param)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_pools():
   yield
-  for pool in _POOLS.values():
-    pool.close()
-  _POOLS.clear()
+  _POOLS.close()
 
 
 def _expect(runner, contained):
