@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 from configs import paper_smollm2
+from configs import paper_smollm2_seeds
 import smollm2_checkpoint
 from sao_jax.models import hf
 from sao_jax.train import warm_start
@@ -48,6 +49,24 @@ def test_arms_compare_at_equal_rollouts():
   assert points["grpo"]["rl.loss"] == "grpo"
   assert points["grpo_dis"]["rl.loss"] == "grpo_dis"
   assert config.rl.loss == "sao" and config.sampler.n_rollouts == 1
+
+
+def test_seed_sweep_pairs_the_three_arms():
+  """configs/paper_smollm2_seeds.py: SAO, GRPO+DIS, GRPO x 3 seeds, each
+  seed the same for its arms (train and problem seeds), the arms otherwise
+  as in paper_smollm2, seeds outermost (a seed's arms finish together)."""
+  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  points = paper_smollm2_seeds.get_sweep()
+  assert [p["_name"] for p in points] == [
+      f"{a}_s{s}" for s in (0, 1, 2) for a in ("sao", "grpo_dis", "grpo")]
+  for p in points:
+    arm, seed = p["_name"].rsplit("_s", 1)
+    assert p["train.seed"] == p["env.seed"] == int(seed)
+    assert {k: v for k, v in p.items()
+            if k not in ("_name", "train.seed", "env.seed")} == {
+                k: v for k, v in arms[arm].items() if k != "_name"}
+  assert (paper_smollm2_seeds.get_config().to_dict()
+          == paper_smollm2.get_config().to_dict())
 
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
