@@ -27,7 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
   # architecture fields below must match the checkpoint.
   config.model.init_from = ""
   # >= the tokenizer's size; 0 = the tokenizer's size rounded up to a
-  # multiple of 64 (docs/DESIGN.md §5, "Settings that follow the task").
+  # multiple of 64 (docs/design/envs.md "Settings that follow the task").
   config.model.vocab_size = 512
   config.model.hidden_size = 64  # Residual width ('embed').
   config.model.intermediate_size = 128  # SwiGLU width ('mlp').
@@ -55,12 +55,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.attention_block_q = 512  # Query block (blockwise, splash).
   config.model.attention_block_kv = 512  # Key/value block (blockwise).
   # Layers under nn.scan over stacked params (one compiled layer body);
-  # False: the unrolled reference (docs/DESIGN.md "Layer layout").
+  # False: the unrolled reference (docs/design/models.md "Layer layout").
   config.model.scan_layers = True
   # What each block keeps for the backward: 'none' (all), 'full' (recompute
   # the block), 'dots_saveable', 'dots_with_no_batch_dims_saveable'.
   config.model.remat_policy = "none"
-  # Mixture of experts (docs/DESIGN.md §5, models/layers/moe.py): 0 experts =
+  # Mixture of experts (docs/design/models.md "Mixture of experts"): 0 experts =
   # a dense model. router 'softmax' (Qwen3-MoE) or 'sigmoid' (GLM-4.5 /
   # DeepSeek-V3: grouped top-k, score-correction bias, routed scaling).
   config.model.moe = ml_collections.ConfigDict({
@@ -72,11 +72,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Sliding attention window of every layer (Mistral): a query sees keys
   # fewer than this many tokens back; 0 = full causal attention.
   config.model.sliding_window = 0
-  # Gemma 3 (docs/DESIGN.md §8): per-layer 'sliding_attention' /
-  # 'full_attention' (() = all alike), the sliding layers' RoPE base (0: as
-  # rope_theta), scores / sqrt(query_pre_attn_scalar) (0: head_dim),
-  # 'gemma' norms ((1 + w), post-attention/MLP norms, sqrt(d) embeddings) and
-  # the gated MLP's activation ('silu' or 'gelu_tanh').
+  # Gemma 3 (docs/design/extending.md "A model family"): per-layer
+  # 'sliding_attention' / 'full_attention' (() = all alike), the sliding layers'
+  # RoPE base (0: as rope_theta), scores / sqrt(query_pre_attn_scalar) (0:
+  # head_dim), 'gemma' norms ((1 + w), post-attention/MLP norms, sqrt(d)
+  # embeddings) and the gated MLP's activation ('silu' or 'gelu_tanh').
   config.model.layer_types = ()
   config.model.local_rope_theta = 0.0
   config.model.query_pre_attn_scalar = 0.0
@@ -150,7 +150,7 @@ def get_config() -> ml_collections.ConfigDict:
   # env.name='code' (sao_jax/envs/code_env.py): sandboxed Python calls.
   # Mechanism: 'auto' (bwrap, else refuse), 'bwrap', 'landlock' (the
   # weaker fallback, only by name) or 'unsafe_subprocess' (no isolation;
-  # docs/DESIGN.md "Code sandbox").
+  # docs/design/sandbox.md "Code sandbox").
   config.env.code_sandbox = "auto"
   config.env.code_mode = "warm"  # 'warm' (forked per call) or 'strict'.
   config.env.code_workers = 2  # Sandboxes per process (concurrent calls).
@@ -161,8 +161,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.env.code_processes = 32  # Processes per sandbox.
   config.env.code_observation_chars = 512  # Tool result cut here.
   # Reward = r_quality * r_style in {0, 1}; the evolving env switches the
-  # required answer style at these policy versions (docs/DESIGN.md §2, online).
-  # ('plain', 'boxed', 'answer_tag'; sao_jax.envs.evolving.STYLES).
+  # required answer style at these policy versions (docs/design/envs.md
+  # "Online-learning simulation"). ('plain', 'boxed', 'answer_tag';
+  # sao_jax.envs.evolving.STYLES).
   config.env.styles = ("plain", "boxed", "answer_tag")
   config.env.style_change_steps = (100, 200)
 
@@ -172,8 +173,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.top_p = 1.0  # 1 disables nucleus truncation.
   config.sampler.top_k = 0  # 0 disables top-k truncation.
   # Lengths: 0 = derived from the task's measured prompts and answers; an
-  # explicit value is checked against the same measurement (docs/DESIGN.md
-  # §5, "Settings that follow the task"; also train.max_seq_len, sft_max_len).
+  # explicit value is checked against the same measurement (docs/design/envs.md
+  # "Settings that follow the task"; also train.max_seq_len, sft_max_len).
   config.sampler.max_new_tokens = 64  # Per assistant turn.
   config.sampler.max_total_tokens = 256  # Whole trajectory, prompt included.
   # Prompts and observations are left-padded to powers of two >= this.
@@ -199,9 +200,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.n_rollouts = 1  # SAO: one rollout per prompt (>1: groups).
   # CPU cores / local devices the sampler process uses ('' = JAX default).
   config.sampler.devices = ""
-  # Accelerators of the sampler's own (docs/DESIGN.md §10): 'gpu:IDS' (it sees
-  # those GPUs, the trainer the rest) or 'SLICE:IDS' ('v5e-8:4-7': on each
-  # host of that TPU slice the sampler takes those chips); '' = no split.
+  # Accelerators of the sampler's own (docs/design/pods.md "Processes and
+  # chips"): 'gpu:IDS' (it sees those GPUs, the trainer the rest) or 'SLICE:IDS'
+  # ('v5e-8:4-7': on each host of that TPU slice the sampler takes those chips);
+  # '' = no split.
   config.sampler.chips = ""
   # JAX's persistent compilation cache for the sampler process ('' = off):
   # its decode shapes compile once per machine instead of once per run.
@@ -271,7 +273,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.num_steps = 200  # Policy optimizer steps.
   config.train.batch_size = 16  # Trajectories per step (global).
   config.train.max_seq_len = 256  # Padded length of a training row.
-  # Sequence packing (docs/DESIGN.md §3 "Packed rows"): each of the
+  # Sequence packing (docs/design/data_path.md "Packed rows"): each of the
   # batch_size rows holds up to pack_max_segments trajectories back to back,
   # so batch_size then counts rows, not trajectories ('async' mode only).
   config.train.pack = False

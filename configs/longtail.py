@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.env_threads = config.sampler.batch_size  # Calls sleep.
   config.train.max_seq_len = total
   # Episode lengths vary 4x: one trajectory per row is mostly padding, so
-  # rows are packed (docs/DESIGN.md §3 "Packed rows"; BENCHMARKS.md).
+  # rows are packed (docs/design/data_path.md "Packed rows"; BENCHMARKS.md).
   config.train.pack = True
   config.train.sft_max_len = total
   return config

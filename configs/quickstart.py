@@ -50,7 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.max_total_tokens = 48
   config.sampler.batch_size = 32
   # 32 slots of a 0.9M-parameter model: a masked full-batch forward costs
-  # less than compiling the row-subset shapes (docs/DESIGN.md §1).
+  # less than compiling the row-subset shapes (docs/design/sampler.md
+  # "Continuous batching").
   config.sampler.row_subsets = False
 
   config.rl.critic_warmup_steps = 10

@@ -4,7 +4,7 @@ The quickstart's policy (~0.9M parameters, SFT warm start, then asynchronous
 SAO on CPU), single turn and without the calculator tool, on whichever
 reasoning-gym dataset `env.dataset` names (default settings of that dataset;
 `--config.env.dataset_config.K=V` changes one). Nothing else depends on the
-task by hand: at start-up (docs/DESIGN.md §5, "Settings that follow the
+task by hand: at start-up (docs/design/envs.md "Settings that follow the
 task")
 
 - the tokenizer trains on the task's own problems (`tokenizer.datasets=()`)

@@ -60,7 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
   # attention's scores in the backward: on this CPU the 30-layer 8 x 128 step
   # is faster than keeping everything ('none'), scanned or not (BENCHMARKS.md,
   # "Long contexts"), and it keeps less. Unlike 'dots_saveable' it saves no
-  # [T, S] score block, so long contexts stay linear (docs/DESIGN.md).
+  # [T, S] score block, so long contexts stay linear (docs/design/models.md
+  # "Layer layout").
   m.remat_policy = "dots_with_no_batch_dims_saveable"
 
   config.tokenizer.path = path  # A directory: the model's own tokenizer.

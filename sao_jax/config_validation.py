@@ -30,7 +30,8 @@ FREE_FORM = ("env.dataset_config", "env.chat_template_kwargs",
              "model.rope_scaling")
 TRAIN_MODES = ("async", "sync", "group", "replay")
 # model.routing_replay: R3 (the sampler's recorded experts) or the trainer's
-# own routing (docs/DESIGN.md §5).
+# own routing (docs/design/models.md "Routing replay (R3): what the sampler
+# records").
 ROUTING_REPLAY = ("off", "rollout")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -52,8 +52,8 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   ml_collections accepts new keys only in an unlocked config. A mistyped key
   therefore arrives as a new key, which ``validate_config`` rejects naming the
   closest known one; ``main`` locks the config once it is valid. (Why it is
-  not loaded locked with ``env.dataset_config`` left open: docs/DESIGN.md
-  §5, "Configuration".)
+  not loaded locked with ``env.dataset_config`` left open: docs/design/layout.md
+  "Configuration".)
   """
   try:
     return flags.FLAGS(argv)

@@ -2,8 +2,8 @@
 
 Parameters carry logical axis names (`nn.with_logical_partitioning`); the config
 holds the logical -> mesh rules, so one config line moves a run between data
-parallel, FSDP and tensor parallel (docs/DESIGN.md §1). The mesh axes are
-always `('data', 'fsdp', 'tensor')`; unused axes have size 1.
+parallel, FSDP and tensor parallel (docs/design/overview.md "The shape"). The
+mesh axes are always `('data', 'fsdp', 'tensor')`; unused axes have size 1.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""TPU slice names, their chip grids, hosts and HBM (docs/DESIGN.md §10).
+"""TPU slice names, their chip grids, hosts and HBM (docs/design/pods.md
+"Checking before renting").
 
 Cloud TPU names a slice ``v5e-8``, ``v6e-16``, ``v5p-64``, ``v4-32``: the
 number is chips for v5e/v6e and TensorCores for v4/v5p (two per chip,

@@ -1,6 +1,6 @@
 r"""Attention paths side by side: dense reference vs blockwise (CPU default).
 
-Figures, one JSON line each (docs/DESIGN.md §5, "Attention"):
+Figures, one JSON line each (docs/design/models.md "Attention"):
 
 - `core`: seconds of one jitted forward + backward of the attention core
   alone (`dense_attention` vs `blockwise_attention`) at SmolLM2's heads

@@ -5,14 +5,13 @@ each ``python -m sao_jax.main`` in a fresh workdir. During the soaked run the
 sampler process is SIGKILLed at random (every ``--kill_every_s`` seconds on
 average, uniform in [0.5, 1.5] of it) and the trainer is SIGTERMed
 ``--resumes`` times (evenly over the steps, once a checkpoint is past each
-mark) and started again on the same workdir, which resumes it (docs/DESIGN.md
-§1, failure handling: sampler restarts, resume, one run per workdir). Prints
+mark) and started again on the same workdir, which resumes it
+(docs/design/failures.md: sampler restarts, resume, one run per workdir). Prints
 one JSON line per segment of the soaked run and a last one with the figures:
-kills, sampler restarts the trainers logged, resumes, steps/s of both runs
-and the share lost to faults, and the exactly-once counters of the final
-summary (``episodes_consumed_twice`` must be 0; watermark + above it =
-records read: every record read was a distinct episode), with the machine
-load.
+kills, sampler restarts the trainers logged, resumes, steps/s of both runs and
+the share lost to faults, and the exactly-once counters of the final summary
+(``episodes_consumed_twice`` must be 0; watermark + above it = records read:
+every record read was a distinct episode), with the machine load.
 
   python experiments/bench/soak.py --steps=2000 --kill_every_s=30 --resumes=3
   python experiments/bench/soak.py --steps=200 --kill_every_s=20 --resumes=2

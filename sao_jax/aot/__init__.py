@@ -1,1 +1,2 @@
-"""Ahead-of-time compile of a run for a TPU slice (docs/DESIGN.md §10)."""
+"""Ahead-of-time compile of a run for a TPU slice (docs/design/pods.md "Checking
+before renting")."""

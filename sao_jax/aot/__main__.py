@@ -1,4 +1,5 @@
-r"""Check a run against a TPU slice before renting it (docs/DESIGN.md §10).
+r"""Check a run against a TPU slice before renting it (docs/design/pods.md
+"Checking before renting").
 
   python -m sao_jax.aot --config=configs/smollm2.py --topology=v5e-8
 

@@ -6,7 +6,7 @@ devices of the slice (the trainer's and the sampler's own chips when
 program of ``aot.programs`` without weights and returns one report per
 program: XLA's per-chip memory (arguments, outputs, aliased, temporaries,
 peak) against the chip's HBM, its FLOP count, ``train/memory.py``'s estimate
-beside it, and a verdict (docs/DESIGN.md §10).
+beside it, and a verdict (docs/design/pods.md "Checking before renting").
 """
 
 from __future__ import annotations

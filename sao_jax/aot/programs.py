@@ -1,16 +1,16 @@
 """Every program a run compiles, as abstract (shape-only) lowerings.
 
-Built on the run's own builders, never copies of them (docs/DESIGN.md §10):
-the train state is ``step.create_train_state`` under ``jax.eval_shape`` with
-the optimizers of ``train.setup.optimizers`` and the shardings
-``sharding.param_shardings`` gives the params (optimizer moments follow their
-params, ``optax.tree_map_params``; scalars are replicated, as in
+Built on the run's own builders, never copies of them (docs/design/pods.md
+"Checking before renting"): the train state is ``step.create_train_state`` under
+``jax.eval_shape`` with the optimizers of ``train.setup.optimizers`` and the
+shardings ``sharding.param_shardings`` gives the params (optimizer moments
+follow their params, ``optax.tree_map_params``; scalars are replicated, as in
 ``setup._train_state``); the steps are ``step.make_step`` (critic warm-up:
 ``update_policy=False``; the SAO step with its K critic updates) and
 ``sft.make_sft_step``; the batch has the fields and dtypes of
 ``data.trajectory.TOKEN_FIELDS`` / ``ROW_FIELDS``; the sampler's programs are
-``sampler.decoding.append_chunk`` (prefill) and ``decoding.decode`` (one
-decode chunk) at the shapes ``generate.Generator`` runs them.
+``sampler.decoding.append_chunk`` (prefill) and ``decoding.decode`` (one decode
+chunk) at the shapes ``generate.Generator`` runs them.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ read. `ConsumedEpisodes` keeps, per host, the contiguous watermark ``W``
 the slots and the staleness bound). "Consumed" is read from the ring by the
 trainer's stream: trained on, or dropped (stale, over-long) and counted
 there. A checkpoint saves every host's (``to_meta``); a resumed sampler starts
-at ``W`` and skips the ones above it (docs/DESIGN.md §1), so episodes that
-were in flight or left unread in the ring at the stop are generated again and
-none is consumed twice. Episodes read but held for a later batch (sequence
-packing, ``hold`` / ``release``) are left out of ``to_meta`` until released:
-a resume generates them again.
+at ``W`` and skips the ones above it (docs/design/sampler.md "Exactly once
+across stop and resume"), so episodes that were in flight or left unread in the
+ring at the stop are generated again and none is consumed twice. Episodes read
+but held for a later batch (sequence packing, ``hold`` / ``release``) are left
+out of ``to_meta`` until released: a resume generates them again.
 """
 
 from __future__ import annotations

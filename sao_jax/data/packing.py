@@ -1,6 +1,6 @@
 """Sequence packing: several trajectories back to back in one ``[T]`` row.
 
-The packed form of the trainer's batch (docs/DESIGN.md §3, "Packed rows"):
+The packed form of the trainer's batch (docs/design/data_path.md "Packed rows"):
 the stream's ``[B, T]`` shape is kept, but a row holds up to ``S`` (static,
 ``train.pack_max_segments``) trajectories, each one a *segment*:
 

@@ -1,4 +1,5 @@
-"""Record and replay of the trainer's trajectory stream (docs/DESIGN.md §4).
+"""Record and replay of the trainer's trajectory stream
+(docs/design/data_path.md "Record and replay").
 
 Recording (``train.record_stream``): every trajectory the stream reads from
 the ring, in consumption order, is written with the train step whose batch

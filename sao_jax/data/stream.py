@@ -1,6 +1,6 @@
 """The trainer's input: a grain ``IterDataset`` over the trajectory ring.
 
-Pipeline (docs/DESIGN.md §1, §4)::
+Pipeline (docs/design/data_path.md "Staleness")::
 
     RingDataset            Trajectory records decoded from the ring
     -> StalenessFilter     drop what the StalenessPolicy does not keep
@@ -122,7 +122,8 @@ class _RingIterator(grain.DatasetIterator):
 
 
 class StalenessFilter(grain.IterDataset):
-  """Drops trajectories the staleness policy does not keep (docs/DESIGN.md §4).
+  """Drops trajectories the staleness policy does not keep
+  (docs/design/data_path.md "Staleness").
 
   Staleness = trainer version - the trajectory's oldest action-token version,
   with the trainer version read from ``trainer_version()`` when the record is
@@ -388,7 +389,7 @@ class TrajectoryStream:
       seq_len: T; shorter records are padded, longer ones see ``overlong``.
       trainer_version: Returns the trainer's current policy version.
       staleness: The staleness policy; the stream drops what it does not
-        keep (docs/DESIGN.md §4).
+        keep (docs/design/data_path.md "Staleness").
       overlong: "drop" or "truncate" (see the module docstring).
       pad_id: Token id of padding.
       read_timeout: Seconds to wait for a record before ring.RingEmptyError;

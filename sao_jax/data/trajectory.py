@@ -1,7 +1,7 @@
 """The trajectory record: its schema, its bytes, the batch it becomes.
 
 The one place the record is defined, shared by sampler, ring, stream and
-trainer (docs/DESIGN.md §3, §7):
+trainer (docs/design/data_path.md "Trajectory record and batch"):
 
 - ``Trajectory``: prompt id, token ids ``int32[T]``, action mask ``uint8[T]``,
   rollout log-probs ``float32[T]``, per-token policy version ``int32[T]``,
@@ -11,7 +11,8 @@ trainer (docs/DESIGN.md §3, §7):
 - ``encode`` / ``decode``: the record as bytes for the ring (no pickle).
 - ``TOKEN_FIELDS`` / ``ROW_FIELDS`` / ``pad_row`` / ``with_group_index``: the
   ``[B, T]`` batch schema the stream fills.
-- ``StalenessPolicy``: the staleness bound both ends apply (docs/DESIGN.md §4).
+- ``StalenessPolicy``: the staleness bound both ends apply
+  (docs/design/data_path.md "Staleness").
 
 Tokens are the whole sequence the policy saw: prompt, actions and environment
 observations. ``action_mask`` is 1 exactly on tokens the policy sampled; only
@@ -117,7 +118,7 @@ class Trajectory:
   def oldest_version(self) -> int:
     """Oldest policy version among action tokens; NO_VERSION if none.
 
-    See docs/DESIGN.md §4.
+    See docs/design/data_path.md "Staleness".
     """
     v = self.policy_version[self.action_mask.astype(bool)]
     return int(v.min()) if v.size else NO_VERSION
@@ -125,7 +126,7 @@ class Trajectory:
   def staleness(self, trainer_version: int) -> int:
     """trainer version − oldest token version; 0 with no actions.
 
-    See docs/DESIGN.md §4.
+    See docs/design/data_path.md "Staleness".
     """
     oldest = self.oldest_version()
     return 0 if oldest == NO_VERSION else trainer_version - oldest
@@ -280,10 +281,10 @@ def decode(buf) -> Trajectory:
 
 # ------------------------------------------------------- the [B, T] batch ---
 #
-# What the trainer consumes (docs/DESIGN.md §3): the trajectory stream pads
-# each admitted record to a row of fixed length T (``pad_row``), grain stacks B
-# rows and ``with_group_index`` adds the dense group index the group
-# estimators (GRPO family) reduce over.
+# What the trainer consumes (docs/design/data_path.md "Trajectory record and
+# batch"): the trajectory stream pads each admitted record to a row of fixed
+# length T (``pad_row``), grain stacks B rows and ``with_group_index`` adds the
+# dense group index the group estimators (GRPO family) reduce over.
 
 # Per-token fields, [B, T]: dtype and padding value (None: the pad token).
 TOKEN_FIELDS = {
@@ -353,7 +354,8 @@ def with_group_index(batch: dict[str, np.ndarray],
 
 @dataclasses.dataclass(frozen=True)
 class StalenessPolicy:
-  """The staleness bound η and where it is enforced (docs/DESIGN.md §4).
+  """The staleness bound η and where it is enforced (docs/design/data_path.md
+  "Staleness").
 
   ``max_staleness`` is the effective bound: ``train.max_staleness`` in
   ``async`` mode, 0 in ``sync``/``group`` mode (strict generate→train

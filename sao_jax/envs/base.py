@@ -1,4 +1,5 @@
-"""The environment interface (docs/DESIGN.md §3) and the answer-extraction rule.
+"""The environment interface (docs/design/envs.md "Interface") and the
+answer-extraction rule.
 
 An `Environment` runs one episode at a time:
 

@@ -1,5 +1,5 @@
 """Code tool: the policy runs Python in a sandbox before answering
-(docs/DESIGN.md "Code tool"; the sandbox: sao_jax/sandbox).
+(docs/design/sandbox.md "Code tool"; the sandbox: sao_jax/sandbox).
 
 A tool call is written in the policy template's own format:
 - pretrained (ChatML: SmolLM2, Qwen2) -- Hermes/Qwen2.5 JSON in the call

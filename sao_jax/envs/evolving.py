@@ -1,4 +1,5 @@
-"""The online-learning simulation's evolving environment (docs/DESIGN.md §2).
+"""The online-learning simulation's evolving environment (docs/design/envs.md
+"Online-learning simulation").
 
 Reward = r_quality x r_style in {0, 1}. r_quality = 1 iff the task's scorer
 gives full credit to the unwrapped answer; r_style = 1 iff the answer uses the

@@ -1,7 +1,7 @@
 """Settings that follow the task: lengths and model vocabulary at start-up.
 
 A run's length settings and model vocabulary may be left to the task
-(docs/DESIGN.md §5, "Settings that follow the task"). A key set to
+(docs/design/envs.md "Settings that follow the task"). A key set to
 ``DERIVE`` (0) gets the value its task needs; an explicit value wins, but is
 checked against the same measurement and a value that would cut problems is
 a ``SizingError`` naming the key, the measured need and the share cut.

@@ -3,8 +3,8 @@
 Ring records (``ipc/ring.py``) and weight versions (``ipc/weights.py``) carry
 a 16-byte AES-256-GMAC tag under a secret key that the segment's creator
 draws (``new_key``) and hands to the other side over the spawn pipe; it is
-never stored in shared memory or on disk (docs/DESIGN.md §1). GMAC runs at
-memory speed with AES-NI and PCLMULQDQ, where the keyed BLAKE2b and
+never stored in shared memory or on disk (docs/design/ipc.md "Authentication").
+GMAC runs at memory speed with AES-NI and PCLMULQDQ, where the keyed BLAKE2b and
 HMAC-SHA256 of ``hashlib`` run at about the speed of a whole
 ``multiprocessing.Queue`` transfer (BENCHMARKS.md).
 """

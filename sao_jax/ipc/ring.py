@@ -1,11 +1,11 @@
 """A shared-memory ring of variable-size records, one lane per producer.
 
 The sampler processes publish trajectories here and the trainer reads them
-(docs/DESIGN.md §1). One segment holds one single-producer lane per sampler,
-a byte ring of records; the segment (layout, lanes, producer liveness,
-counters, errors) is ``sao_jax.ipc.ring_segment``, and this module is what
-each record's bytes pass through: the record's framing, its checksum or MAC,
-and the copies into and out of the lane.
+(docs/design/ipc.md "Trajectory ring"). One segment holds one single-producer
+lane per sampler, a byte ring of records; the segment (layout, lanes, producer
+liveness, counters, errors) is ``sao_jax.ipc.ring_segment``, and this module is
+what each record's bytes pass through: the record's framing, its checksum or
+MAC, and the copies into and out of the lane.
 
 A record is a 32-byte header (magic, length, sequence number, XXH3-64 of the
 payload, 0 in a keyed ring) followed by the payload and, in a keyed ring, its

@@ -1,11 +1,11 @@
 """The trajectory ring's segment: layout, lifetime, producers, counters.
 
-Everything of the ring that no record passes through (docs/DESIGN.md §1,
-§7): the segment layout and its typed views, creating and attaching it, a
-producer claiming its lane and waiting for space, the reader's bookkeeping
-(producer liveness from ``/proc``, waits on an empty ring, the counters
-``stats`` reports), the ring's errors and the polling backoff. The records
-themselves (header, checksum or MAC, the copies in and out) are
+Everything of the ring that no record passes through (docs/design/ipc.md
+"Trajectory ring"): the segment layout and its typed views, creating and
+attaching it, a producer claiming its lane and waiting for space, the reader's
+bookkeeping (producer liveness from ``/proc``, waits on an empty ring, the
+counters ``stats`` reports), the ring's errors and the polling backoff. The
+records themselves (header, checksum or MAC, the copies in and out) are
 ``sao_jax.ipc.ring``.
 
     [global header 4 KiB][lane controls, 256 B each][lane 0 data][lane 1]...

@@ -1,6 +1,6 @@
 """A versioned weight slot in shared memory: trainer -> sampler.
 
-See docs/DESIGN.md §1.
+See docs/design/ipc.md "Weight slot".
 
 The trainer ``publish``es a parameter pytree with its policy version; samplers
 ``read`` the newest *complete* version. Two buffers plus a seqlock:

@@ -100,7 +100,7 @@ class ModelConfig:
       setting: the numbers are the same.
     attention: Attention core: 'auto' (per backend), 'dense' (reference),
       'blockwise' (plain JAX, no [T, S] array), 'cudnn' (GPU), 'splash'
-      (TPU); layers/attention.choose, docs/DESIGN.md §5 "Attention".
+      (TPU); layers/attention.choose, docs/design/models.md "Attention".
     attention_block_q: Query block of the blockwise and splash paths.
     attention_block_kv: Key/value block of the blockwise path.
     scan_layers: Run the layers under `nn.scan` over parameters stacked on a

@@ -10,7 +10,7 @@ The tensor names and reshapes are `hf_layout.entries` (the family's own names
 where they differ). RoPE uses the HF `rotate_half` layout, so no q/k
 permutation is needed. With `ModelConfig.scan_layers` the L per-layer HF
 tensors of one parameter form one stacked [L, ...] leaf of `decoder/layers/...`
-(docs/DESIGN.md "Layer layout"); the reader and writer go parameter by
+(docs/design/models.md "Layer layout"); the reader and writer go parameter by
 parameter, so the host holds one stacked leaf at a time.
 """
 

@@ -8,7 +8,7 @@ norms) its `families.registry.Family` declares. HF stores `nn.Linear`
 weights as [out, in]; ours are [in, ...out] with heads split out, e.g.
 q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. With `scan_layers` the L
 per-layer tensors of a parameter form one stacked [L, ...] leaf
-(docs/DESIGN.md "Layer layout").
+(docs/design/models.md "Layer layout").
 """
 
 from __future__ import annotations

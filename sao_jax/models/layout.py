@@ -2,7 +2,7 @@
 
 `ModelConfig.scan_layers=True` keeps every decoder layer's parameters in one
 `layers` subtree, each leaf with a leading [L] axis (logical name 'layers');
-`scan_layers=False` keeps `layers_0` ... `layers_{L-1}` (docs/DESIGN.md
+`scan_layers=False` keeps `layers_0` ... `layers_{L-1}` (docs/design/models.md
 "Layer layout"). These functions map any pytree holding such subtrees (params,
 optimizer moments, a whole train state, abstract `ShapeDtypeStruct` trees
 with shardings, logically boxed params) from one layout to the other: used to

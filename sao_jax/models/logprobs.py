@@ -3,10 +3,10 @@
 The sampler records `log_softmax(logits / T)[token]` for each token it samples
 (`sao_jax.sampler.sampling`); these functions compute the same quantity from a
 full (cache-free) forward over the finished sequence, so the SAO importance
-ratio r_t = exp(logp_t - rollout_logp_t) (docs/DESIGN.md §2, Eq. 1) is 1
-on-policy.
+ratio r_t = exp(logp_t - rollout_logp_t) (docs/design/math.md "Equations",
+Eq. 1) is 1 on-policy.
 
-Two paths give the same numbers (docs/DESIGN.md §2, "chunked log-probs"):
+Two paths give the same numbers (docs/design/math.md "Chunked log-probs"):
 
 * full (`ModelConfig.logits_chunk` = 0, the reference): the model's float32
   [B, T, V] logits, one log-softmax over the vocabulary;

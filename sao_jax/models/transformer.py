@@ -8,9 +8,9 @@ logical axis names ('vocab', 'embed', 'mlp', 'heads', 'kv_heads', 'head_dim')
 for sharding; activations are constrained to ('batch', 'length', ...).
 
 Parameter tree (`variables['params']`) of `Transformer` with
-`scan_layers=True` (the default; docs/DESIGN.md "Layer layout"): every layer's
-parameters stacked on a leading axis of size L (logical name 'layers', which
-the sharding rules map to no mesh axis), the layers run by `nn.scan`:
+`scan_layers=True` (the default; docs/design/models.md "Layer layout"): every
+layer's parameters stacked on a leading axis of size L (logical name 'layers',
+which the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/embedder/embedding              [vocab, embed]
   decoder/layers/attn_norm/scale          [L, embed]
   decoder/layers/attn/{q,k,v}_proj        [L, embed, (kv_)heads, head_dim]
@@ -107,7 +107,8 @@ def remat_policy(name: str) -> Any:
 
 
 def _block(cfg: ModelConfig) -> type[nn.Module]:
-  """DecoderLayer under the config's remat policy (docs/DESIGN.md)."""
+  """DecoderLayer under the config's remat policy (docs/design/models.md "Layer
+  layout")."""
   if cfg.remat_policy == "none":
     return DecoderLayer
   # Under scan the loop already keeps XLA from merging the recomputation
@@ -258,8 +259,8 @@ class Transformer(nn.Module):
 
   With `outputs='hidden'` it returns the final-norm hidden states [B,T,D]
   instead of the logits, for a head applied in chunks of tokens
-  (`sao_jax.models.logprobs.chunked_token_stats`, docs/DESIGN.md §2); the
-  output weight is then read from the params (`output_weight`).
+  (`sao_jax.models.logprobs.chunked_token_stats`, docs/design/math.md "Chunked
+  log-probs"); the output weight is then read from the params (`output_weight`).
   """
 
   config: ModelConfig
@@ -298,7 +299,7 @@ def output_weight(params: Any, config: ModelConfig) -> tuple[Array, str]:
 
 
 class ValueHead(nn.Module):
-  """Scalar head ~N(0, 0.02), zero bias (docs/DESIGN.md §2, critic)."""
+  """Scalar head ~N(0, 0.02), zero bias (docs/design/math.md "Critic")."""
 
   config: ModelConfig
 

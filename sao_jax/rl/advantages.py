@@ -1,11 +1,11 @@
 """The advantage estimators other than the critic's, and reward shaping.
 
 SAO's own estimators, skip-observation and decoupled GAE over the critic's
-values, are part of its objective (``sao_jax.rl.losses``, docs/DESIGN.md
-§2); here are those of the ablations and baselines (docs/DESIGN.md §2-§3),
-jit-able: group baselines (GRPO's z-score, Dr. GRPO's mean, RLOO), REINFORCE++
-batch whitening of the reward-to-go, the per-prompt running mean, and DAPO's
-dynamic sampling and overlong penalty.
+values, are part of its objective (``sao_jax.rl.losses``, docs/design/math.md);
+here are those of the ablations and baselines (docs/design/math.md
+"Interfaces"), jit-able: group baselines (GRPO's z-score, Dr. GRPO's mean,
+RLOO), REINFORCE++ batch whitening of the reward-to-go, the per-prompt running
+mean, and DAPO's dynamic sampling and overlong penalty.
 
 Token-level estimators take ``[B, T]`` arrays with ``mask`` = 1 on action tokens
 (the policy produced them) and 0 on prompt, padding and environment

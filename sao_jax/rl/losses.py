@@ -1,15 +1,15 @@
 """The SAO objective: the loss and estimators the default trajectory meets.
 
-Everything of the SAO loss (arXiv 2607.07508, docs/DESIGN.md §2) over ``[B, T]``
-token arrays: the direct double-sided importance-sampling policy loss
+Everything of the SAO loss (arXiv 2607.07508, docs/design/math.md) over
+``[B, T]`` token arrays: the direct double-sided importance-sampling policy loss
 (``dis_policy_loss``, Eqs. 1-3), the critic's regression loss (``value_loss``)
 and the critic advantage estimators they pair with: skip-observation GAE
 (``gae``, Eqs. 4-5) and decoupled GAE with a length-adaptive λ_policy
-(``decoupled_gae``, ``length_adaptive_lambda``; SAO α=1.5, VAPO α=0.05).
-The other estimators are ``sao_jax.rl.advantages``; the losses of the
-methods SAO is compared with are ``sao_jax.rl.baselines``, built on the
-helpers here (``prepare``, ``clamped_log_ratio``, ``ratio_metrics``,
-``aggregate``). ``sao_jax.rl.registry`` names each algorithm.
+(``decoupled_gae``, ``length_adaptive_lambda``; SAO α=1.5, VAPO α=0.05). The
+other estimators are ``sao_jax.rl.advantages``; the losses of the methods SAO is
+compared with are ``sao_jax.rl.baselines``, built on the helpers here
+(``prepare``, ``clamped_log_ratio``, ``ratio_metrics``, ``aggregate``).
+``sao_jax.rl.registry`` names each algorithm.
 
 Every loss is a pure function of arrays returning ``(loss, metrics)``. Inputs:
 ``logp`` (log π_θ, the gradient flows here), ``rollout_logp`` (recorded by the

@@ -1,9 +1,10 @@
 """Config name -> policy loss, with one call signature for every algorithm.
 
-``config.rl.loss`` picks the algorithm (docs/DESIGN.md §2 "Baselines"). The
-train step resolves it once, when it is built (``LossSpec.bind`` with the
-hyper-parameters of ``config.rl``, and the names of the inputs it reads), and
-calls the loss function itself. Elsewhere (tests, tools)::
+``config.rl.loss`` picks the algorithm (docs/design/math.md "Baselines for
+ablations"). The train step resolves it once, when it is built
+(``LossSpec.bind`` with the hyper-parameters of ``config.rl``, and the names of
+the inputs it reads), and calls the loss function itself. Elsewhere (tests,
+tools)::
 
   loss_fn = registry.get_loss_fn(config.rl.loss, config.rl)
   loss, metrics = loss_fn(logp, registry.PolicyBatch(rollout_logp=..., ...))

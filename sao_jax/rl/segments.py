@@ -1,10 +1,10 @@
 """Per-trajectory views of packed ``[B, T]`` rows (pure jnp, jit-safe).
 
-A packed row (``sao_jax.data.packing``, docs/DESIGN.md §3) holds up to ``S``
-trajectories back to back: ``segment_ids`` int32[B, T] is 0 on padding and
-1..S on the tokens of the row's trajectories in order, and slot ``s`` of the
-``[B, S]`` per-trajectory fields describes segment ``s + 1``. An unpacked row
-is the special case ``segment_ids = attention_mask``, ``S = 1``.
+A packed row (``sao_jax.data.packing``, docs/design/data_path.md "Packed rows")
+holds up to ``S`` trajectories back to back: ``segment_ids`` int32[B, T] is 0 on
+padding and 1..S on the tokens of the row's trajectories in order, and slot
+``s`` of the ``[B, S]`` per-trajectory fields describes segment ``s + 1``. An
+unpacked row is the special case ``segment_ids = attention_mask``, ``S = 1``.
 
 These helpers turn token arrays into per-trajectory sums ``[B, S]``, spread
 per-trajectory values back over tokens, and mark the first and last token of

@@ -1,4 +1,5 @@
-"""Accelerator chips of their own for the sampler process (docs/DESIGN.md §10).
+"""Accelerator chips of their own for the sampler process (docs/design/pods.md
+"Processes and chips").
 
 ``config.sampler.chips`` splits a host's accelerators between the trainer and
 the sampler process:

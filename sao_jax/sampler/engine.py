@@ -1,7 +1,8 @@
 """Continuous batching: episodes in slots, each trajectory out when it ends.
 
 The sampler keeps ``sampler.num_slots`` episodes in flight in one `Generator`
-(a fixed-shape KV cache of ``num_slots`` rows; docs/DESIGN.md §1). One loop:
+(a fixed-shape KV cache of ``num_slots`` rows; docs/design/sampler.md
+"Continuous batching"). One loop:
 
 1. **Environment results.** A row whose action ended on a stop token waits,
    out of the decode batch, for its ``env.step``, which runs on a small

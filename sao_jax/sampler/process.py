@@ -6,7 +6,8 @@ cores. It is the process lifecycle only: spawn, affinity, signals and the
 parent watch, the shared counters (`SamplerStats`), adopting published
 weights (`_NewestWeights`) and running `engine.SlotEngine`, which holds the
 episodes and writes each trajectory to the ring when it ends (a trajectory's
-data path does not pass through this file; docs/DESIGN.md §1, §4, §7).
+data path does not pass through this file; docs/design/data_path.md "File by
+file").
 
 It exits when told to (stop event), when its parent dies (the kernel kills
 it, ``PR_SET_PDEATHSIG``, even inside a hung environment; elsewhere than Linux

@@ -4,13 +4,14 @@ Which log-probability is recorded (the contract with the trainer): for every
 sampled token we return `log_softmax(logits / temperature)[token]` over the
 *full* vocabulary, in float32 -- exactly what the trainer computes with
 `sao_jax.models.logprobs.token_logprobs` at the same temperature, so the SAO
-ratio r_t = exp(logp_t - rollout_logp_t) (docs/DESIGN.md §2, Eq. 1) is exact
-on-policy. With top-p = 1 and top-k = 0 (the default) this *is* the distribution the token
-was drawn from. With truncation (top-p < 1 or top-k > 0) the token is drawn from
-the renormalised truncated distribution; its log-probability there equals the
-returned value minus log(kept mass). `SamplingParams.truncated_logprobs=True`
-returns that truncated log-probability instead. Greedy decoding returns the
-temperature-1 log-probability of the argmax.
+ratio r_t = exp(logp_t - rollout_logp_t) (docs/design/math.md "Equations",
+Eq. 1) is exact on-policy. With top-p = 1 and top-k = 0 (the default) this *is*
+the distribution the token was drawn from. With truncation (top-p < 1 or
+top-k > 0) the token is drawn from the renormalised truncated distribution; its
+log-probability there equals the returned value minus log(kept mass).
+`SamplingParams.truncated_logprobs=True` returns that truncated log-probability
+instead. Greedy decoding returns the temperature-1 log-probability of the
+argmax.
 
 Sampling uses the inverse CDF with one uniform per row (not Gumbel-max over the
 vocabulary): one random number per row instead of V, which matters on CPU.

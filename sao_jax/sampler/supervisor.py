@@ -1,4 +1,5 @@
-"""Sampler restarts: a run outlives its sampler process (docs/DESIGN.md §1).
+"""Sampler restarts: a run outlives its sampler process
+(docs/design/failures.md).
 
 ``SupervisedSampler`` stands where the trainer used one ``SamplerHandle``:
 the same ``check`` / ``stop`` / ``set_trainer_step`` / ``stats``, plus

@@ -1,4 +1,4 @@
-"""A sandbox for untrusted Python (docs/DESIGN.md "Code sandbox").
+"""A sandbox for untrusted Python (docs/design/sandbox.md "Code sandbox").
 
   from sao_jax.sandbox import Limits, SandboxPool
   with SandboxPool(Limits(), workers=2, mode="warm") as pool:

@@ -1,6 +1,7 @@
 """A memory + pids cgroup per sandbox, where this process may make one
-(docs/DESIGN.md "Code sandbox"): RLIMIT_AS bounds each process, the memory
-cgroup bounds their sum. cgroup v1 (memory and pids hierarchies) and v2."""
+(docs/design/sandbox.md "Code sandbox"): RLIMIT_AS bounds each process, the
+memory cgroup bounds their sum. cgroup v1 (memory and pids hierarchies) and
+v2."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ not imported from the repository, whose files the sandbox cannot see; the
 config is a hex `marshal` dict). It reads requests on fd 0 (`marshal` dicts,
 from the trusted host) and answers on fd 1 in JSON (which the host parses
 safely whatever a compromised server sends), each message after a 4-byte
-big-endian length (docs/DESIGN.md "Code sandbox"):
+big-endian length (docs/design/sandbox.md "Code sandbox"):
 
   ready  -> {"ready": true, "preloaded": [...], "isolation": {...}}
             (or {"error": ...})
@@ -14,20 +14,19 @@ big-endian length (docs/DESIGN.md "Code sandbox"):
 It imports little (no json, re or shutil: start-up time is a strict call's
 latency).
 
-Processes (docs/DESIGN.md "A clean slate per call"): the *pristine parent*
-P confines itself (drop to the unprivileged uid when started as root, no new
-privileges, not dumpable, child subreaper, Landlock in the fallback, the
-preloads) and then never reads a request or runs user code. For each call
-it forks S, which enters new user, pid and IPC namespaces and forks the
-call server C (pid 1 there): C reads the request, forks the child D that
-runs it (rlimits, capabilities dropped, the seccomp filter, fds 0-2 only,
-fresh globals), answers, and kills everything else in its pid namespace.
-When C exits the namespaces die with every process and IPC object of the
-call; P reaps, checks that its own limits and priority are what they were,
-and empties scratch, /tmp and /dev/shm (restoring permissions a call took
-away) before the next call. Without user namespaces P serves calls itself
-(`isolation` says what is then not held) and the seccomp filter denies
-System V and POSIX IPC.
+Processes (docs/design/sandbox.md "A clean slate per call"): the *pristine
+parent* P confines itself (drop to the unprivileged uid when started as root, no
+new privileges, not dumpable, child subreaper, Landlock in the fallback, the
+preloads) and then never reads a request or runs user code. For each call it
+forks S, which enters new user, pid and IPC namespaces and forks the call server
+C (pid 1 there): C reads the request, forks the child D that runs it (rlimits,
+capabilities dropped, the seccomp filter, fds 0-2 only, fresh globals), answers,
+and kills everything else in its pid namespace. When C exits the namespaces die
+with every process and IPC object of the call; P reaps, checks that its own
+limits and priority are what they were, and empties scratch, /tmp and /dev/shm
+(restoring permissions a call took away) before the next call. Without user
+namespaces P serves calls itself (`isolation` says what is then not held) and
+the seccomp filter denies System V and POSIX IPC.
 """
 
 import _json

@@ -1,5 +1,5 @@
 """Starts one sandboxed interpreter (`inside.py`) with the chosen mechanism
-(docs/DESIGN.md "Code sandbox").
+(docs/design/sandbox.md "Host-side traps handled").
 
 bwrap: new pid, net, ipc, uts and cgroup namespaces (and a user namespace
 when not root); the system's /usr and the interpreter's prefixes read-only

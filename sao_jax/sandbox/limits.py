@@ -1,4 +1,4 @@
-"""What a sandboxed call may use, and what it returns (docs/DESIGN.md
+"""What a sandboxed call may use, and what it returns (docs/design/sandbox.md
 "Code sandbox")."""
 
 from __future__ import annotations

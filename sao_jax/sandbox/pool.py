@@ -1,5 +1,5 @@
 """Sandboxed interpreters for untrusted Python: warm pools and strict
-one-shot sandboxes (docs/DESIGN.md "Code sandbox").
+one-shot sandboxes (docs/design/sandbox.md "Code sandbox").
 
 warm: `workers` sandboxes stay up (numpy/sympy optionally preloaded); each
 call forks a fresh child from the server, and everything the call made
@@ -215,7 +215,8 @@ class PlainRunner:
 
 
 class SandboxStats:
-  """Counters of a pool (the code tool's metrics, DESIGN.md "Code tool")."""
+  """Counters of a pool (the code tool's metrics, docs/design/sandbox.md "Code
+  tool")."""
 
   def __init__(self, window: int = 4096):
     self._lock = threading.Lock()
@@ -285,7 +286,8 @@ class SandboxPool:
     gaps = sorted({g for w in self._all if isinstance(w, Sandbox)
                    for g in w.gaps()})
     if gaps:
-      logging.warning("The %s sandbox does not hold: %s (docs/DESIGN.md §9).",
+      logging.warning("The %s sandbox does not hold: %s "
+                      "(docs/design/sandbox.md).",
                       self.mechanism, "; ".join(gaps))
 
   def run(self, code: str) -> CallResult:

@@ -1,7 +1,7 @@
-"""Which sandbox mechanism this machine supports (docs/DESIGN.md
-"Code sandbox"): 'auto' is bwrap or a refusal; the Landlock fallback,
-which holds fewer guarantees (DESIGN's threat table), only when asked for
-by name."""
+"""Which sandbox mechanism this machine supports (docs/design/sandbox.md
+"Mechanisms"): 'auto' is bwrap or a refusal; the Landlock fallback,
+which holds fewer guarantees (the threat table of docs/design/sandbox.md), only
+when asked for by name."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def choose_mechanism(requested: str = "auto") -> str:
       if requested in ("auto", name):
         problems.append(problem() or (
             "landlock: available, but it holds fewer guarantees than bwrap "
-            f"(docs/DESIGN.md §9); ask for it with {FALLBACK_FLAG}"))
+            f"(docs/design/sandbox.md); ask for it with {FALLBACK_FLAG}"))
   raise SandboxUnavailable(
       f"no sandbox for untrusted code ({requested!r} requested): "
       + "; ".join(problems) + ". Install what is missing, or run the code "

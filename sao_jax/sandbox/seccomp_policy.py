@@ -1,5 +1,5 @@
-"""The sandbox's seccomp filter (docs/DESIGN.md "Code sandbox"), compiled
-with libseccomp (`pyseccomp`, ctypes bindings) to a BPF program.
+"""The sandbox's seccomp filter (docs/design/sandbox.md "Code sandbox"),
+compiled with libseccomp (`pyseccomp`, ctypes bindings) to a BPF program.
 
 Default allow; these fail with EPERM: tracing and reading other processes'
 memory, new namespaces (user namespaces above all), mounts, kernel keyrings,

@@ -1,4 +1,5 @@
-"""Tokenizers and chat templates (docs/DESIGN.md §3).
+"""Tokenizers and chat templates (docs/design/models.md "Tokenizer and chat
+template").
 
 `text_tokenizer.TextTokenizer` is the interface the sampler, environments, SFT
 and eval use; `tokenizer.Tokenizer` is sao_jax's own SentencePiece model with

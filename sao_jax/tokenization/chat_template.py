@@ -1,6 +1,7 @@
 """Chat templates: how prompts, tool calls and observations look as text.
 
-A `ChatTemplate` is the whole text protocol of an episode (docs/DESIGN.md §3):
+A `ChatTemplate` is the whole text protocol of an episode (docs/design/models.md
+"Tokenizer and chat template"):
 
   prompt       = prompt_prefix + QUESTION + prompt_suffix         (observation)
   answer turn  = TEXT + turn_end                                  (action)

@@ -1,4 +1,5 @@
-"""A checkpoint's Jinja chat template as a `ChatTemplate` (docs/DESIGN.md §3).
+"""A checkpoint's Jinja chat template as a `ChatTemplate` (docs/design/models.md
+"Tokenizer and chat template").
 
 `template_from_jinja` renders the template a few times with sentinel messages
 (in the same sandbox as transformers' `apply_chat_template`: trim_blocks,

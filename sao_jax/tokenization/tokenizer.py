@@ -312,7 +312,7 @@ def tokenizer_from_config(config: Any, workdir: str | os.PathLike[str],
   Otherwise `<workdir>/tokenizer.model`, trained on `task_corpus(
   config.datasets, config.corpus_size, config.seed)` on the first start and
   loaded again on restarts (so a resumed run keeps its ids). Settings that
-  follow the task (docs/DESIGN.md §5, "Settings that follow the task"):
+  follow the task (docs/design/envs.md "Settings that follow the task"):
   `datasets=()` is the run's own task, `env.dataset` with its
   `env.dataset_config` (`env`: the `config.env` section); `vocab_size=0`
   is the size the corpus supports (`train_tokenizer_soft`).
@@ -344,7 +344,8 @@ TOOL_ENVS = ("tool", "tool_longtail")  # env.name values that call the tool.
 
 
 def _template_settings(env: Any) -> dict[str, Any]:
-  """A HF chat template's inputs from the `env` section (docs/DESIGN.md §3).
+  """A HF chat template's inputs from the `env` section (docs/design/models.md
+  "Tokenizer and chat template").
 
   `env.chat_template_kwargs`: template variables (Qwen3's
   `enable_thinking=False`, Llama 3's `date_string`); `env.system_prompt`: a

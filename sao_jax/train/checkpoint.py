@@ -15,8 +15,8 @@ directory and renames), so a trainer killed mid-save leaves the previous
 checkpoint as the newest complete one. A state with a NaN/Inf leaf is never
 saved (the previous checkpoints stay the newest). A checkpoint written in the
 other layer layout (per-layer ``layers_{i}`` vs stacked ``layers``,
-``model.scan_layers``; docs/DESIGN.md "Layer layout") is restored in its own
-layout and converted to the state's (``models/layout.py``).
+``model.scan_layers``; docs/design/models.md "Layer layout") is restored in its
+own layout and converted to the state's (``models/layout.py``).
 """
 
 from __future__ import annotations

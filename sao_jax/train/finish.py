@@ -3,7 +3,7 @@
 A run that completes saves its last step (if no checkpoint holds it yet) and
 returns ``metrics.run_summary`` with the final held-out evaluation. A run
 stopped by SIGTERM or an error first checkpoints its last completed step, so
-at most the step in flight is lost (docs/DESIGN.md §1, failure handling).
+at most the step in flight is lost (docs/design/failures.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Where the loop's batches come from: a live sampler, or a recorded stream.
 
-``live`` (docs/DESIGN.md §1) starts what an asynchronous run trains on: the
-trajectory ring, the weight slot with its ``Publisher``, the sampler process
-and the trainer's ``TrajectoryStream`` over the ring (recorded to
-``workdir/stream`` with ``train.record_stream``); ``replay`` reads a recorded
-stream instead (docs/DESIGN.md §4, ``train.mode='replay'``). Both yield a
-``Source``: global ``[B, T]`` batches on the mesh, ready for the step, and
-what the loop reports about them. ``live`` stops the sampler and unlinks the
-shared memory on every way out.
+``live`` (docs/design/overview.md "The shape") starts what an asynchronous run
+trains on: the trajectory ring, the weight slot with its ``Publisher``, the
+sampler process and the trainer's ``TrajectoryStream`` over the ring (recorded
+to ``workdir/stream`` with ``train.record_stream``); ``replay`` reads a recorded
+stream instead (docs/design/data_path.md "Record and replay",
+``train.mode='replay'``). Both yield a ``Source``: global ``[B, T]`` batches on
+the mesh, ready for the step, and what the loop reports about them. ``live``
+stops the sampler and unlinks the shared memory on every way out.
 """
 
 from __future__ import annotations

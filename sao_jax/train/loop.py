@@ -1,7 +1,7 @@
 """``train_and_evaluate(config, workdir)``: the asynchronous SAO loop end to end.
 
-One trainer process (this one) and one sampler host process (docs/DESIGN.md
-§1, §7)::
+One trainer process (this one) and one sampler host process
+(docs/design/data_path.md "File by file")::
 
   sampler ──trajectories──► ring ──grain stream──► jitted SAO step
      ▲                                                  │
@@ -13,7 +13,7 @@ sampler behind the ring, or a recorded stream in ``replay`` mode); ``finish``
 saves and evaluates the last step, or saves the last completed one when the
 run is stopped. The loop steps until ``num_steps``, the generated-token budget
 or the time budget, and logs, evaluates and checkpoints on its schedule.
-Faults (docs/DESIGN.md §1, Failure handling): non-finite steps are skipped
+Faults (docs/design/failures.md): non-finite steps are skipped
 (``health.SkipGuard``); SIGTERM and errors save the last completed step; a
 dead sampler, a wait past ``rollout.data_wait_s`` and too many ERROR
 trajectories each end the run with one error saying what happened.
@@ -60,7 +60,8 @@ class _Trainer:
     self.skips = health.SkipGuard(int(run.config.train.max_skipped_steps))
 
   def policy_version(self) -> int:
-    """The version staleness is measured against (docs/DESIGN.md §4)."""
+    """The version staleness is measured against (docs/design/data_path.md
+    "Staleness")."""
     return self._version
 
   def step(self, step: int, batch: dict[str, jax.Array],
@@ -151,7 +152,8 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
     clock.trainer_wait += time.perf_counter() - t_wait
     trainer.consumed += (counters.records_read - read_before
                          ) * jax.process_count()
-    # Recorded with the step's state (docs/DESIGN.md §1).
+    # Recorded with the step's state (docs/design/sampler.md "Exactly once
+    # across stop and resume").
     metrics, skipped = trainer.step(step, batch, dict(
         episodes_consumed=trainer.consumed, stream=counters.as_dict(),
         **consumed_lib.meta(trainer.episodes, collective=False)))

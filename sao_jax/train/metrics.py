@@ -233,7 +233,7 @@ def step_scalars(step_metrics: Mapping[str, float],
         "ring/occupancy_frac": float(ring_stats["occupancy"]),
         "ring/producer_deaths": float(ring_stats["producer_deaths"]),
         # Records whose MAC failed or that replayed an older one: written
-        # by another process, skipped (docs/DESIGN.md §1).
+        # by another process, skipped (docs/design/ipc.md "Authentication").
         "ring/rejected_records": float(ring_stats["rejected_records"])})
   return scalars
 

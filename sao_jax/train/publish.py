@@ -1,6 +1,7 @@
 """The trainer's side of the weight slot: publishing, optionally held back.
 
-See docs/DESIGN.md §4 for the holdback's use in the staleness study.
+See docs/design/data_path.md "Staleness" for the holdback's use in the staleness
+study.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What the loop starts from, built from the config (docs/DESIGN.md §1, §5).
+"""What the loop starts from, built from the config (docs/design/overview.md
+"The shape").
 
 ``build(config, workdir, writer)`` makes, in this order: the tokenizer, the
 tasks, the config resolved for them (``envs.task_sizing``: settings at 0

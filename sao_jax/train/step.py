@@ -1,6 +1,6 @@
 """The SAO train step: critic updates, advantages, one policy update.
 
-The math is docs/DESIGN.md §2.
+The math is docs/design/math.md.
 
 Per batch of single-rollout trajectories ``[B, T]``:
 
@@ -63,7 +63,8 @@ Batch = Mapping[str, Array]
 class TrainState:
   """Everything the step changes. ``step`` counts train steps (batches),
 
-  ``policy_version`` counts policy optimizer steps (docs/DESIGN.md §4)."""
+  ``policy_version`` counts policy optimizer steps (docs/design/data_path.md
+  "Staleness")."""
 
   step: Array
   policy_version: Array
@@ -148,7 +149,7 @@ class PolicyLoss:
   hyper-parameters bound (``LossSpec.bind``); ``inputs`` and ``keywords``
   name the arrays it takes between ``logp`` and ``advantages`` and by
   keyword. The step calls ``fn`` itself: the registry is not on the
-  per-batch path (docs/DESIGN.md §7).
+  per-batch path (docs/design/data_path.md "File by file").
   """
 
   fn: Callable[..., tuple[Array, dict[str, Array]]]

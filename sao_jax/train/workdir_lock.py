@@ -1,6 +1,6 @@
 """One run per workdir: an exclusive lock on ``<workdir>/run.lock``.
 
-docs/DESIGN.md §1, Failure handling ("a second run on a workdir in use"). A
+docs/design/failures.md ("a second run on a workdir in use"). A
 run takes the lock before any compute and holds it to the end; a second run on
 the same workdir refuses at once with ``WorkdirInUseError`` naming the holder
 (host, pid, start time, command) and what to do.

@@ -1,6 +1,6 @@
 """Tests for the attention mask description and the attention paths.
 
-The mask contract (docs/DESIGN.md §5, "Attention"): a query sees a key iff
+The mask contract (docs/design/models.md "Attention"): a query sees a key iff
 both carry the same nonzero segment id and key slot <= query slot; padding
 queries see only themselves.
 """

@@ -1,7 +1,7 @@
-"""The family registry (models/families/, docs/DESIGN.md §8): every family
-round-trips its own config, is found by architecture and by model_type, is
-the default export of the configs it claims, and the family modules never
-import config.py (data flows one way)."""
+"""The family registry (models/families/, docs/design/extending.md "A model
+family"): every family round-trips its own config, is found by architecture and
+by model_type, is the default export of the configs it claims, and the family
+modules never import config.py (data flows one way)."""
 
 import ast
 import pathlib

@@ -1,6 +1,6 @@
-"""Sampler restarts (sao_jax/sampler/supervisor.py; docs/DESIGN.md §1, failure
-handling): a run whose sampler dies carries on, trains on no episode twice
-and loses none.
+"""Sampler restarts (sao_jax/sampler/supervisor.py; docs/design/failures.md
+"Failure handling"): a run whose sampler dies carries on, trains on no
+episode twice and loses none.
 
 The runs' sampler processes (restarted ones included) compile into the
 session's persistent compilation cache (tests/conftest.py), not a cache of

@@ -1,5 +1,5 @@
-"""No call can spoil another (issue 38; docs/DESIGN.md "A clean slate per
-call"): hostile calls against warm sandboxes, then a probe call that must
+"""No call can spoil another (issue 38; docs/design/sandbox.md "A clean slate
+per call"): hostile calls against warm sandboxes, then a probe call that must
 see nothing of them, for each kind of state a call could leave (files whose
 permissions it stripped, System V and POSIX IPC objects, its server's limits
 and priority, memory, the server's heap) and for the Landlock fallback's

@@ -1,4 +1,4 @@
-"""Security tests of sao_jax.sandbox (issue 28 item 4; docs/DESIGN.md
+"""Security tests of sao_jax.sandbox (issue 28 item 4; docs/design/sandbox.md
 "Code sandbox").
 
 Every attack runs against each sandbox (bwrap warm, bwrap strict, Landlock

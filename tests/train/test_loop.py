@@ -322,8 +322,8 @@ def test_two_process_run_trains_one_global_model_and_resumes(tmp_path):
 
 
 def test_packed_run_trains_several_trajectories_a_row_and_resumes(tmp_path):
-  """``train.pack`` end to end (docs/DESIGN.md §3 "Packed rows"): rows hold
-  several trajectories (more trained than rows, less padding), the metrics
+  """``train.pack`` end to end (docs/design/data_path.md "Packed rows"): rows
+  hold several trajectories (more trained than rows, less padding), the metrics
   say so, and across a stop and a resume no episode is consumed twice."""
   packed = {**EXACTLY_ONCE, "train.record_stream": False, "train.pack": True,
             "train.pack_max_segments": 4}

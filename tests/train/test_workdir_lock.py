@@ -1,4 +1,5 @@
-"""One run per workdir (sao_jax/train/workdir_lock.py; docs/DESIGN.md §1)."""
+"""One run per workdir (sao_jax/train/workdir_lock.py;
+docs/design/failures.md)."""
 
 import json
 import os

@@ -3,7 +3,7 @@
 Importing this package registers every family (`registry.py`); to add one,
 write `families/<family>.py` (its `from_hf` / `to_hf`, tensor-name
 differences, a `registry.register` call) and import it below
-(docs/DESIGN.md §8 "Extending": a model).
+(docs/design/extending.md "A model family").
 """
 
 # The import order is `SUPPORTED_ARCHITECTURES`' order.

@@ -1,4 +1,5 @@
-"""HF config fields every Llama-like family shares (docs/DESIGN.md §8).
+"""HF config fields every Llama-like family shares (docs/design/extending.md "A
+model family").
 
 `base_from_hf` / `base_to_hf` convert the fields of a decoder with RMSNorm,
 RoPE, GQA and a gated MLP; `check_export` refuses a `ModelConfig` with a

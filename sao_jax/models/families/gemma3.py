@@ -7,7 +7,7 @@ kind with its own RoPE base (`local_rope_theta` / `rope_theta` and scaling),
 sqrt(hidden_size), q/k norms, tied embeddings and scores scaled by
 query_pre_attn_scalar^-1/2. The layers are the shared ones
 (models/layers/); this module converts configs and names the four
-norms' tensors. docs/DESIGN.md §8.
+norms' tensors. docs/design/extending.md.
 """
 
 from __future__ import annotations

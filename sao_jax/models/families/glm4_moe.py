@@ -5,7 +5,7 @@ Sigmoid grouped top-k routing with a score-correction bias, routed scaling
 and shared experts (`MoeConfig`), the first `first_k_dense_replace` layers
 dense, partial rotary (`rotary_dim`), optional q/k norms and qkv biases. The
 expert tensor names are the shared MoE names of models/hf_layout.py.
-docs/DESIGN.md §6, §8.
+docs/design/extending.md "A model family".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 RMSNorm, RoPE (plain or scaled: `linear`, `llama3`, `yarn`, `dynamic`, in
 models/layers/rope.py), GQA without biases, SiLU gated MLP, untied or tied
 head: the shared layers' defaults and the HF tensor names every Llama-like
-family reuses (models/hf_layout.py). docs/DESIGN.md §8.
+family reuses (models/hf_layout.py). docs/design/extending.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The layers are Llama's (no biases, SiLU gated MLP, untied or tied head) and
 so are the tensor names (models/hf_layout.py); the one extra field is
 `ModelConfig.sliding_window`, honoured by every attention path through
-`MaskSpec.window` (layers/masks.py). docs/DESIGN.md §8.
+`MaskSpec.window` (layers/masks.py). docs/design/extending.md.
 """
 
 from __future__ import annotations

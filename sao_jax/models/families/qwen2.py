@@ -1,5 +1,5 @@
 """Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`, model_type qwen2): Llama with biases
-on the q/k/v projections (`ModelConfig.qkv_bias`). docs/DESIGN.md §8."""
+on the q/k/v projections (`ModelConfig.qkv_bias`). docs/design/extending.md."""
 
 from __future__ import annotations
 

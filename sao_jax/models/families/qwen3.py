@@ -1,7 +1,7 @@
 """Qwen3 dense (`Qwen3ForCausalLM`, model_type qwen3): Llama with RMSNorm
 over each head's q and k before RoPE (`ModelConfig.qk_norm`, HF
 `self_attn.{q,k}_norm`), an explicit head_dim and no biases.
-docs/DESIGN.md §8."""
+docs/design/extending.md."""
 
 from __future__ import annotations
 

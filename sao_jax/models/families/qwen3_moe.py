@@ -4,7 +4,7 @@ Qwen3's attention (q/k norms, no biases) with softmax top-k routed experts
 (`MoeConfig`, models/layers/moe.py) after an optional dense prefix
 (`mlp_only_layers` = [0, k)). The expert tensor names (`mlp.gate`,
 `mlp.experts.{e}.*`) are the shared MoE names of models/hf_layout.py.
-docs/DESIGN.md §6, §8.
+docs/design/extending.md "A model family".
 """
 
 from __future__ import annotations

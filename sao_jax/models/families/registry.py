@@ -1,4 +1,4 @@
-"""The registry of model families (docs/DESIGN.md §8 "Extending": a model).
+"""The registry of model families (docs/design/extending.md "A model family").
 
 Each family module (`families/<family>.py`) registers one `Family`: its HF
 architecture and model_type, its config conversion both ways and its tensor

@@ -2,7 +2,7 @@
 
 The attention core is chosen by `ModelConfig.attention` (`choose`): the dense
 reference (materialised scores and mask), the blockwise online-softmax path
-(layers/blockwise.py), cuDNN or splash (layers/fused.py). docs/DESIGN.md §5,
+(layers/blockwise.py), cuDNN or splash (layers/fused.py). docs/design/models.md
 "Attention".
 """
 
@@ -130,7 +130,7 @@ class Attention(nn.Module):
 
 The attention core is chosen by `ModelConfig.attention` (`choose`): the dense
 reference (materialised scores and mask), the blockwise online-softmax path
-(layers/blockwise.py), cuDNN or splash (layers/fused.py). docs/DESIGN.md §5,
+(layers/blockwise.py), cuDNN or splash (layers/fused.py). docs/design/models.md
 "Attention".
 """
 

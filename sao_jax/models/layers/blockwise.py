@@ -13,8 +13,8 @@ are skipped with `lax.cond`; so are blocks wholly outside a sliding window
 its G query heads without repeating K/V. Under a layer scan the segment ids
 are tied to q (`_tied`) so the scan's linearization cannot hoist the
 mask-only block work out of the loop, stacked per block pair (quadratic in
-T). docs/DESIGN.md §5, "Attention" and "The blockwise VJP under a layer
-scan".
+T). docs/design/models.md "Attention" and "The blockwise VJP under a
+layer scan".
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _tied(anchor: Array, *ids: Array) -> tuple[Array, tuple[Array, ...]]:
   To JAX's partial evaluation the ids then depend on `anchor`: a layer
   scan's linearization hoists out of the loop, stacked per iteration of
   the inner block loops, whatever depends only on loop-invariant inputs
-  (the ids), here every block's mask: [nq, nkv, ...] (docs/DESIGN.md §5,
+  (the ids), here every block's mask: [nq, nkv, ...] (docs/design/models.md
   "The blockwise VJP under a layer scan").
   """
   return jax.lax.optimization_barrier((anchor, ids))

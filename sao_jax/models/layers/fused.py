@@ -11,7 +11,7 @@
 
 Both are for self-attention without a KV cache (T == S) and honour a
 sliding window (`MaskSpec.window`: cuDNN's `local_window_size`, splash's
-`LocalMask`; both count q - k <= window - 1 in slots). docs/DESIGN.md §5,
+`LocalMask`; both count q - k <= window - 1 in slots). docs/design/models.md
 "Attention".
 """
 

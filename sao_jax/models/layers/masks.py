@@ -1,7 +1,7 @@
 """Positions and the attention mask, described by segment ids and slots.
 
 The mask is never built by the model as a [B, T, S] array: it is described
-by a `MaskSpec` (docs/DESIGN.md §5, "Attention"): every query and every key
+by a `MaskSpec` (docs/design/models.md "Attention"): every query and every key
 carries a segment id and a slot, and
 
     query t sees key s  iff  q_segment[t] == kv_segment[s]  and  s <= q_slot[t]
