@@ -1,8 +1,8 @@
 """The interpreter inside a sandbox: confines itself, then runs calls.
 
-Run as `python -I -S -c <this file's source> <config>` (stdlib only: it is
-not imported from the repository, whose files the sandbox cannot see; the
-config is a hex `marshal` dict). It reads requests on fd 0 (`marshal` dicts,
+Run by launcher.py as `python -I -S -c <boot> <confine.py> <this file>
+<config>` (stdlib only: it is not imported from the repository, whose files
+the sandbox cannot see; the config is a hex `marshal` dict). It reads requests on fd 0 (`marshal` dicts,
 from the trusted host) and answers on fd 1 in JSON (which the host parses
 safely whatever a compromised server sends), each message after a 4-byte
 big-endian length (docs/design/sandbox.md "Code sandbox"):
@@ -40,90 +40,18 @@ import struct
 import sys
 import time
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
+try:  # In the sandbox: launcher.py made confine.py this module.
+  import sao_sandbox_confine as confine  # pylint: disable=g-import-not-at-top
+except ImportError:  # On the host (pool.py reads the names above).
+  from sao_jax.sandbox import confine  # pylint: disable=g-import-not-at-top
+
+_LIBC = confine.LIBC
 _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 4, 38, 36
-_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
-_NR_LANDLOCK = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
-# Landlock access rights (linux/landlock.h).
-_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1, 2, 4, 8
-_FS_ALL_V1 = (1 << 13) - 1
-_FS_ABI_EXTRA = {2: 1 << 13, 3: 1 << 14, 5: 1 << 15}  # REFER, TRUNCATE, IOCTL.
-_FS_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
-_NET_BIND_CONNECT_TCP = 3
-_SCOPE_UNIX_AND_SIGNAL = 3
-_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWIPC = 0x10000000, 0x20000000, 0x08000000
+_PR_SET_NAME, _PR_GET_NAME = 15, 16
+SPAWN_NAME, CALL_NAME = b"sao-spawn", b"sao-call"  # pool.py knows them.
 _RLIMITS = tuple(getattr(resource, n) for n in dir(resource)
                  if n.startswith("RLIMIT_"))
-
-
-def _prctl(option, arg):
-  if _LIBC.prctl(option, arg, 0, 0, 0) != 0:
-    raise OSError(ctypes.get_errno(), f"prctl({option})")
-
-
-def _landlock(ro_paths, rw_paths):
-  """Restricts this process (and its children) to the given hierarchies."""
-  create, add_rule, restrict = _NR_LANDLOCK[os.uname().machine]
-  syscall = _LIBC.syscall
-  abi = syscall(create, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
-  if abi < 1:
-    raise OSError(ctypes.get_errno(), "Landlock is not available")
-  fs = _FS_ALL_V1
-  for version, bit in _FS_ABI_EXTRA.items():
-    if abi >= version:
-      fs |= bit
-  net = _NET_BIND_CONNECT_TCP if abi >= 4 else 0
-  scoped = _SCOPE_UNIX_AND_SIGNAL if abi >= 6 else 0
-  attr = struct.pack("QQQ", fs, net, scoped)[:8 if abi < 4 else
-                                               16 if abi < 6 else 24]
-  buf = ctypes.create_string_buffer(attr, len(attr))
-  ruleset = syscall(create, buf, len(attr), 0)
-  if ruleset < 0:
-    raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
-  for paths, access in ((ro_paths, _FS_READ), (rw_paths, fs)):
-    for path in paths:
-      try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-      except FileNotFoundError:
-        continue
-      allowed = access
-      if not os.path.isdir(path):  # File rules take file rights only.
-        allowed &= _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | (
-            1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
-      rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
-      rc = syscall(add_rule, ruleset, 1, rule, 0)  # LANDLOCK_RULE_PATH_BENEATH
-      os.close(fd)
-      if rc != 0:
-        raise OSError(ctypes.get_errno(), f"landlock_add_rule({path})")
-  if syscall(restrict, ruleset, 0) != 0:
-    raise OSError(ctypes.get_errno(), "landlock_restrict_self")
-  os.close(ruleset)
-
-
-def _load_seccomp(program):
-  """Loads a compiled BPF program (a struct sock_filter array)."""
-  filt = ctypes.create_string_buffer(program, len(program))
-
-  class _Fprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-  fprog = _Fprog(len(program) // 8, ctypes.cast(filt, ctypes.c_void_p))
-  if _LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
-                 ctypes.byref(fprog), 0, 0) != 0:
-    raise OSError(ctypes.get_errno(), "seccomp filter")
-
-
-def _drop_capabilities():
-  """No capabilities left (D holds all of its user namespace's)."""
-  for cap in range(64):
-    if _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-      break  # Past the last capability this kernel knows.
-  _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-  header = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0)
-  if _LIBC.capset(header, bytes(24)) != 0:
-    raise OSError(ctypes.get_errno(), "capset")
 
 
 def _encode(obj):
@@ -170,6 +98,7 @@ def _child(code, cfg, out_w, err_w):
   lim = cfg["limits"]
   status = 1
   try:
+    _LIBC.prctl(_PR_SET_NAME, cfg["name"], 0, 0, 0)  # P's, not C's.
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out_w, 1)
@@ -177,8 +106,8 @@ def _child(code, cfg, out_w, err_w):
     os.closerange(3, 1 << 20)
     os.chdir(cfg["scratch"])
     if cfg["per_call_ns"]:
-      _drop_capabilities()
-    _load_seccomp(cfg["seccomp"])
+      confine.drop_capabilities()
+    confine.load_seccomp(cfg["seccomp"])
     os.environ.clear()
     os.environ.update(cfg["env"])
     mib = 1 << 20
@@ -239,51 +168,6 @@ def _kill_all_others(deadline_s=2.0):
       return True
     time.sleep(0.0005)
   return False
-
-
-def _wipe(dirs):
-  """Empties `dirs` (their own mode restored), whatever a call did to the
-  permissions of what it made; mount points in them (the interpreter's
-  prefixes bound under /tmp) stay. True when nothing is left."""
-  clean = True
-  keep = {d for d, _ in dirs}  # The fallback's tmp/ and shm/ in scratch.
-  for d, mode in dirs:
-    try:
-      st = os.lstat(d)
-      if st.st_mode & 0o7777 != mode:
-        os.chmod(d, mode)
-      clean &= _empty(d, st.st_dev, keep)
-    except OSError:
-      clean = False
-  return clean
-
-
-def _empty(d, dev, keep):
-  """Removes what is in `d` on device `dev`; True when that is all of it."""
-  try:
-    entries = os.listdir(d)
-  except PermissionError:
-    os.chmod(d, 0o700)  # The owner may always; then list again.
-    entries = os.listdir(d)
-  clean = True
-  for name in entries:
-    path = os.path.join(d, name)
-    st = os.lstat(path)
-    if st.st_dev != dev or path in keep:
-      continue  # A mount point (read-only bind), or wiped on its own.
-    if (st.st_mode & 0o170000) == 0o040000:
-      if st.st_mode & 0o700 != 0o700:
-        os.chmod(path, 0o700)
-      if _empty(path, dev, keep):
-        try:
-          os.rmdir(path)
-        except OSError:
-          clean = False
-      else:
-        clean = False
-    else:
-      os.unlink(path)
-  return clean
 
 
 def _call(code, cfg):
@@ -370,12 +254,12 @@ def _confine(cfg):
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-  _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-  _prctl(_PR_SET_DUMPABLE, 0)
-  _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+  confine.prctl(_PR_SET_NO_NEW_PRIVS, 1)
+  confine.prctl(_PR_SET_DUMPABLE, 0)
+  confine.prctl(_PR_SET_CHILD_SUBREAPER, 1)
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
   if cfg.get("landlock"):
-    _landlock(cfg["landlock"]["ro"], cfg["landlock"]["rw"])
+    confine.landlock(cfg["landlock"]["ro"], cfg["landlock"]["rw"])
   sys.path.extend(cfg.get("sys_path", ()))
   preloaded = []
   for name in cfg.get("preload", ()):
@@ -412,31 +296,55 @@ def _serve_one(cfg, answer_fd):
   return True
 
 
+def _call_server(cfg, answer_fd, go_r, done_w):
+  """C: waits for P's go, serves one call, says done; never returns."""
+  code = 1
+  try:
+    _LIBC.prctl(_PR_SET_NAME, CALL_NAME, 0, 0, 0)
+    keep = sorted({answer_fd, go_r, done_w})
+    for lo, hi in zip([2] + keep, keep + [1 << 20]):
+      os.closerange(lo + 1, hi)  # Nothing of P's or of another call's.
+    code = 3  # Told to stop (P is gone), or the end of input.
+    if os.read(go_r, 1) == b"g" and _serve_one(cfg, answer_fd):
+      os.write(done_w, b"d")
+      code = 0
+  finally:
+    os._exit(code)  # pylint: disable=protected-access
+
+
 def _spawn_call_server(cfg, answer_fd):
-  """Forks S, which enters the namespaces and forks C (pid 1 there); S
-  exits at once, so C becomes P's child. Returns C's pid (P's view)."""
+  """Forks S, which enters new user, pid and IPC namespaces and forks C (pid
+  1 there), then exits, so that C becomes P's child. C waits for a go
+  before it reads a request. Returns (C's pid, go fd, done fd) or None."""
   pid_r, pid_w = os.pipe()
+  go_r, go_w = os.pipe()
+  done_r, done_w = os.pipe()
+  # S and C are known by name to the host's leftover count, S from its first
+  # instruction on.
+  _LIBC.prctl(_PR_SET_NAME, SPAWN_NAME, 0, 0, 0)
   s = os.fork()
   if s == 0:
     code = 1
     try:
-      os.close(pid_r)
-      if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWIPC) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
-      c = os.fork()
-      if c == 0:
-        os.close(pid_w)
-        code = 0 if _serve_one(cfg, answer_fd) else 3
-        os._exit(code)  # pylint: disable=protected-access
-      os.write(pid_w, struct.pack(">i", c))
-      code = 0
+      if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWIPC) == 0:
+        c = os.fork()
+        if c == 0:
+          _call_server(cfg, answer_fd, go_r, done_w)
+        os.write(pid_w, struct.pack(">i", c))
+        code = 0
     finally:
       os._exit(code)  # pylint: disable=protected-access
-  os.close(pid_w)
+  _LIBC.prctl(_PR_SET_NAME, cfg["name"], 0, 0, 0)
+  for fd in (pid_w, go_r, done_w):
+    os.close(fd)
   data = os.read(pid_r, 4)
   os.close(pid_r)
   os.waitpid(s, 0)
-  return struct.unpack(">i", data)[0] if len(data) == 4 else None
+  if len(data) != 4:
+    os.close(go_w)
+    os.close(done_r)
+    return None
+  return struct.unpack(">i", data)[0], go_w, done_r
 
 
 def _error_reply(message):
@@ -444,36 +352,70 @@ def _error_reply(message):
           "sandbox_error": message}
 
 
-def _wait_all(deadline_s=2.0):
-  """Reaps every child of P; True when none is left."""
+def _wait_all(deadline_s=2.0, keep=None):
+  """Reaps every child of P but `keep` (the waiting call server); True
+  when no other is left."""
   end = time.monotonic() + deadline_s
   while time.monotonic() < end:
     try:
-      if os.waitpid(-1, os.WNOHANG)[0] == 0:
-        time.sleep(0.0005)
+      pid = os.waitpid(-1, os.WNOHANG)[0]
     except ChildProcessError:
       return True
+    if pid == 0:
+      if keep is not None and _only_child_is(keep):
+        return True
+      time.sleep(0.0005)
   return False
 
 
-def _run_one(cfg, answer_fd):
-  """One call, in C (namespaces) or here; '' when answered, None at end
-  of input, else why the sandbox failed."""
-  if not cfg["per_call_ns"]:
-    return "" if _serve_one(cfg, answer_fd) else None
-  c = _spawn_call_server(cfg, answer_fd)
-  if c is None:
-    return "the call server did not start"
+def _only_child_is(pid):
+  """Whether P's one live child is `pid` (P's children, from /proc when it
+  can read it; under Landlock it cannot, and trusts the pid namespace)."""
+  try:
+    with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+      return f.read().split() == [str(pid)]
+  except OSError:
+    return True
+
+
+def _send_answer(answer_fd):
+  """The answer C wrote, sent by the kernel (its bytes never enter P)."""
+  size = os.fstat(answer_fd).st_size
+  offset = 0
+  while offset < size:
+    offset += os.sendfile(1, answer_fd, offset, size - offset)
+
+
+def _run_in_call_server(chain, standby, answer_fd):
+  """Gives `chain`'s C the go; while it runs, `standby()` forks the next
+  one; sends the answer as soon as C has written it. Returns (next chain,
+  '' when answered, None at end of input, else why the sandbox failed)."""
+  c, go_w, done_r = chain
+  try:
+    os.write(go_w, b"g")
+  except OSError:
+    pass  # C is gone: seen below.
+  os.close(go_w)
+  following = standby()
+  done = os.read(done_r, 1)
+  os.close(done_r)
+  if done == b"d":
+    _send_answer(answer_fd)
   status = os.waitstatus_to_exitcode(os.waitpid(c, 0)[1])
+  if done == b"d":
+    return following, ""
   if status == 3:
-    return None
-  return "" if status == 0 else f"the call server died ({status})"
+    return following, None
+  return following, f"the call server died ({status})"
 
 
 def main():
   cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
   try:
     preloaded = _confine(cfg)
+    name = ctypes.create_string_buffer(16)
+    _LIBC.prctl(_PR_GET_NAME, name, 0, 0, 0)
+    cfg["name"] = name.value
     cfg["per_call_ns"] = cfg["try_namespaces"] and _namespaces_work()
     cfg["seccomp"] = cfg["seccomp_ns" if cfg["per_call_ns"] else
                          "seccomp_no_ipc"]
@@ -487,28 +429,35 @@ def main():
   _send({"ready": True, "preloaded": preloaded, "uid": os.getuid(),
          "isolation": {"per_call_namespaces": ns, "pristine_server": ns}})
   baseline = _own_state()
+  standby = lambda: _spawn_call_server(cfg, answer_fd)
+  chain = standby() if ns else None
   spoiled = ""
   while True:
-    select.select([0], [], [])
-    if spoiled or _own_state() != baseline:
-      _send(_error_reply(spoiled or "a call changed the sandbox server's "
-                         "limits or priority; replaced"))
+    if not spoiled and _own_state() != baseline:
+      spoiled = "a call changed the sandbox server's limits or priority"
+    if ns and chain is None:
+      spoiled = spoiled or "the call server did not start"
+    if spoiled:
+      select.select([0], [], [])  # The next request gets the error.
+      _send(_error_reply(spoiled + "; replaced"))
       return
     os.ftruncate(answer_fd, 0)
     os.lseek(answer_fd, 0, os.SEEK_SET)
-    failure = _run_one(cfg, answer_fd)
+    if ns:  # The answer goes out as soon as it is written; the next call
+      # waits for the clean-up below.
+      chain, failure = _run_in_call_server(chain, standby, answer_fd)
+    else:
+      select.select([0], [], [])
+      failure = "" if _serve_one(cfg, answer_fd) else None
     if failure is None:
       return  # End of input.
-    if not _wait_all() or not _wipe(wipe):
-      spoiled = "the previous call's processes or files could not be removed"
     if failure:
       _send(_error_reply(failure))
       return
-    # The answer goes out after the clean-up, straight from the kernel.
-    size = os.fstat(answer_fd).st_size
-    offset = 0
-    while offset < size:
-      offset += os.sendfile(1, answer_fd, offset, size - offset)
+    if not _wait_all(keep=chain[0] if chain else None) or not confine.wipe(wipe):
+      spoiled = "the previous call's processes or files could not be removed"
+    if not ns:
+      _send_answer(answer_fd)
 
 
 if __name__ == "__main__":

@@ -65,11 +65,27 @@ def sandbox_uid(slot: int) -> int:
   return UID_BASE + (((os.getpid() & 0x3FFFFF) << 8) | slot)
 
 
-def _inside_source() -> str:
+# The -c program: confine.py as module `sao_sandbox_confine`, then inside.py
+# as __main__, both handed over as arguments (the sandbox cannot see the
+# repository); inside.py's argv is then [-c, config].
+_BOOT = ("import sys, types\n"
+         "m = types.ModuleType('sao_sandbox_confine')\n"
+         "exec(compile(sys.argv[1], 'confine.py', 'exec'), m.__dict__)\n"
+         "sys.modules[m.__name__] = m\n"
+         "src = sys.argv[2]\n"
+         "del sys.argv[1:3]\n"
+         "exec(compile(src, 'inside.py', 'exec'), {'__name__': '__main__'})\n")
+
+
+def _inside_source() -> list[str]:
+  """The sources the sandbox's interpreter runs (read once)."""
   global _INSIDE_SOURCE
   if _INSIDE_SOURCE is None:
-    with open(os.path.join(os.path.dirname(__file__), "inside.py")) as f:
-      _INSIDE_SOURCE = f.read()
+    here = os.path.dirname(__file__)
+    _INSIDE_SOURCE = []
+    for name in ("confine.py", "inside.py"):
+      with open(os.path.join(here, name)) as f:
+        _INSIDE_SOURCE.append(f.read())
   return _INSIDE_SOURCE
 
 
@@ -279,7 +295,7 @@ def launch(mechanism: str, limits: Limits, preload: Sequence[str],
     cfg["env"] = env
     # -S: no site (its .pth files cost start-up time); inside.py appends the
     # site-packages directories itself.
-    argv += ["-S", "-c", _inside_source(), marshal.dumps(cfg).hex()]
+    argv += ["-S", "-c", _BOOT, *_inside_source(), marshal.dumps(cfg).hex()]
     procs_files = cgroup.procs_files
 
     def _join_cgroup():  # Before exec: all the sandbox's processes inherit.

@@ -31,6 +31,7 @@ import time
 from absl import logging
 
 from sao_jax.sandbox import cgroup as cgroup_lib
+from sao_jax.sandbox import inside
 from sao_jax.sandbox import launcher
 from sao_jax.sandbox.limits import CallResult
 from sao_jax.sandbox.limits import Limits
@@ -70,7 +71,6 @@ class Sandbox:
     self.slot = launcher.new_slot() if slot is None else slot
     self.preloaded: list[str] = []
     self.isolation: dict[str, bool] = {}
-    self.server_pid: int | None = None
     self._launched: launcher.Launched | None = None
 
   @property
@@ -149,19 +149,8 @@ class Sandbox:
       return None
     return reply if isinstance(reply, dict) else None
 
-  def _find_server(self) -> int | None:
-    """The server's host pid (root only: the one process of its uid)."""
-    launched = self._launched
-    if launched.uid is None:
-      return None
-    if self.mechanism == "landlock":
-      return launched.proc.pid
-    pids = [p for p in _all_pids() if _uid(p) == launched.uid]
-    return pids[0] if len(pids) == 1 else None
-
   def close(self) -> None:
     launched, self._launched = self._launched, None
-    self.server_pid = None
     if launched is None:
       return
     proc = launched.proc
@@ -345,13 +334,14 @@ class SandboxPool:
       return None
     self._wait_for_starts()  # A starting sandbox is not a leftover.
     uids = {launcher.sandbox_uid(w.slot) for w in self._all}
-    servers = set()
-    for w in self._all:
-      if isinstance(w, Sandbox) and w._launched is not None:  # pylint: disable=protected-access
-        if w.server_pid is None:
-          w.server_pid = w._find_server()  # pylint: disable=protected-access
-        servers.add(w.server_pid)
-    return [p for p in _all_pids() if _uid(p) in uids and p not in servers]
+    mine = {p: _status(p) for p in _all_pids() if _uid(p) in uids}
+    # The servers (whose parent is not of a sandbox uid), and the processes
+    # that make or are a call server (named so by inside.py from their
+    # first instruction on).
+    return sorted(p for p, status in mine.items()
+                  if int(status.get("PPid", "0")) in mine and
+                  status.get("Name", "").encode() not in (
+                      inside.SPAWN_NAME, inside.CALL_NAME))
 
   def close(self) -> None:
     self._wait_for_starts()
@@ -395,6 +385,15 @@ def _children(pid: int) -> list[int]:
     except OSError:
       pass
   return out
+
+
+def _status(pid: int) -> dict[str, str]:
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      return dict(line.rstrip("\n").split(":\t", 1) for line in f
+                  if ":\t" in line)
+  except OSError:
+    return {}
 
 
 def _uid(pid: int) -> int | None:
