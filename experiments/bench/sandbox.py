@@ -11,8 +11,10 @@ call) ``--calls`` times per repetition:
                       thread's calls (as a sampler decoding between tool
                       calls), in which the next fresh sandbox starts; the
                       latency excludes the pause, the rate includes it
-* ``warm``            a warm sandbox forking per call
-* ``warm_preload``    the same with numpy and sympy imported once
+* ``warm``            a warm sandbox, a clean slate per call, calls back to
+                      back
+* ``warm_paced``      the same with ``--pace_ms`` between a thread's calls
+* ``warm_preload``    ``warm`` with numpy and sympy imported once
 
 each with ``--workers`` 1 and 2 (that many threads calling one pool of that
 many sandboxes). The arms alternate within each repetition so that their
@@ -98,7 +100,8 @@ def main():
   parser.add_argument("--mechanism", default="bwrap")
   parser.add_argument("--workers", default="1,2")
   parser.add_argument("--arms",
-                      default="bare,strict,strict_paced,warm,warm_preload")
+                      default="bare,strict,strict_paced,warm,warm_paced,"
+                      "warm_preload")
   parser.add_argument("--pace_ms", type=float, default=50.0,
                       help="idle time before each call of a *_paced arm")
   parser.add_argument("--numpy", action="store_true",
