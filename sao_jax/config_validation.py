@@ -295,14 +295,17 @@ def _check(config: Any, path: str, pred: Callable[[Any], bool],
 
 
 def _check_dataset_name(path: str, name: str) -> None:
-  """`name` must be a reasoning_gym dataset (suggesting the closest)."""
+  """`name` must be a reasoning_gym dataset or 'codeio' (suggesting the
+  closest)."""
   from reasoning_gym import factory  # pylint: disable=g-import-not-at-top
+  from sao_jax.envs import function_tasks  # pylint: disable=g-import-not-at-top
 
-  if name not in factory.DATASETS:
+  if name != function_tasks.NAME and name not in factory.DATASETS:
     close = difflib.get_close_matches(name, list(factory.DATASETS), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(
-        f"config.{path}: expected a reasoning_gym dataset name, got "
+        f"config.{path}: expected a reasoning_gym dataset name or "
+        f"{function_tasks.NAME!r}, got "
         f"{name!r}{hint}")
 
 

@@ -150,10 +150,11 @@ def test_int_for_float_and_placeholder_are_accepted(config):
     ({"env.name": "gym"}, "config.env.name: expected a registered env "
      "('code', 'evolving', 'reasoning_gym', 'tool', 'tool_longtail'), got 'gym'"),
     ({"env.dataset": "chainsum"}, "config.env.dataset: expected a "
-     "reasoning_gym dataset name, got 'chainsum' (did you mean 'chain_sum'?)"),
+     "reasoning_gym dataset name or 'codeio', got 'chainsum' (did you mean "
+     "'chain_sum'?)"),
     ({"tokenizer.datasets": ("chain_sum", "leg_count")},
-     "config.tokenizer.datasets[1]: expected a reasoning_gym dataset name, "
-     "got 'leg_count' (did you mean 'leg_counting'?)"),
+     "config.tokenizer.datasets[1]: expected a reasoning_gym dataset name or "
+     "'codeio', got 'leg_count' (did you mean 'leg_counting'?)"),
     ({"train.mode": "asynch"},
      "config.train.mode: expected one of ('async', 'sync', 'group', "
      "'replay'), got 'asynch'"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sao_jax.envs import code_env
+from sao_jax.envs import function_tasks
 from sao_jax.envs import registry
 from sao_jax.envs.base import Environment
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
@@ -16,7 +17,10 @@ from sao_jax.envs.reasoning_gym_env import train_eval_split
 
 
 def build_tasks(env_cfg: Any) -> tuple[ReasoningGymTasks, ReasoningGymTasks]:
-  """(training tasks, held-out tasks) with disjoint item seeds."""
+  """(training tasks, held-out tasks) with disjoint item seeds, or the
+  codeio function tasks' two splits (`env.dataset = 'codeio'`)."""
+  if env_cfg.dataset == function_tasks.NAME:
+    return function_tasks.train_eval_tasks(env_cfg)
   return train_eval_split(
       env_cfg.dataset, dict(env_cfg.dataset_config),
       train_seed=env_cfg.seed, train_size=env_cfg.size,
@@ -43,8 +47,9 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
     kwargs["reward"] = reward or env_cfg.get("reward", "exact")
   if name in ("tool", "tool_longtail", "code"):
     kwargs["max_tool_calls"] = env_cfg.max_tool_calls
-  if name == "code":
-    kwargs["pool"] = code_env.shared_pool(env_cfg)
+  if name == "code":  # Hidden tests: the tool sees no task data either.
+    kwargs["pool"] = code_env.shared_pool(
+        env_cfg, packages=env_cfg.dataset != function_tasks.NAME)
     kwargs["observation_chars"] = int(env_cfg.code_observation_chars)
   if name == "tool_longtail":
     kwargs["min_tokens"] = int(env_cfg.longtail_min_tokens)

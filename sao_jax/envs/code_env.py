@@ -117,15 +117,18 @@ def limits_from_config(env_cfg: Any) -> Limits:
                 processes=int(env_cfg.code_processes))
 
 
-def shared_pool(env_cfg: Any) -> SandboxPool:
-  """This process's pool for `env_cfg`'s code_* settings (made once)."""
+def shared_pool(env_cfg: Any, packages: bool = True) -> SandboxPool:
+  """This process's pool for `env_cfg`'s code_* settings (made once);
+  `packages=False`: the standard library only (`SandboxPool`)."""
   key = (str(env_cfg.code_sandbox), str(env_cfg.code_mode),
          int(env_cfg.code_workers), tuple(env_cfg.code_preload),
-         limits_from_config(env_cfg))
+         limits_from_config(env_cfg), packages)
   with _POOLS_LOCK:
     if key not in _POOLS:
       _POOLS[key] = SandboxPool(key[4], workers=key[2], mode=key[1],
-                                mechanism=key[0], preload=key[3])
+                                mechanism=key[0],
+                                preload=key[3] if packages else (),
+                                packages=packages)
     return _POOLS[key]
 
 

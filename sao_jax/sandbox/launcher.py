@@ -151,17 +151,25 @@ def _accessible_to_others(path: str) -> bool:
   return True
 
 
-def interpreter(mechanism: str) -> tuple[str, list[tuple[str, str]]]:
+def interpreter(mechanism: str, packages: bool = True
+                ) -> tuple[str, list[tuple[str, str]]]:
   """(python to run, [(host directory, path inside)] it needs read-only
-  besides /usr). A prefix reached through a symlink is bound at both paths."""
-  exe = sys.executable
+  besides /usr). A prefix reached through a symlink is bound at both paths.
+
+  `packages=False`: the base interpreter and its standard library only, not
+  the venv (whose site-packages hold, e.g., the task data a grader's
+  candidate must not read).
+  """
+  exe = sys.executable if packages else os.path.realpath(sys.executable)
   if (mechanism == "landlock" and os.getuid() == 0 and
       not _accessible_to_others(exe) and os.path.exists("/usr/bin/python3")):
     return "/usr/bin/python3", []  # The sandbox uid cannot read the venv's.
   binds = {}
-  for path in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(
+  paths = (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(
       os.path.abspath(exe))), os.path.dirname(os.path.dirname(
-          os.path.realpath(exe)))):
+          os.path.realpath(exe)))) if packages else (
+              sys.base_prefix, os.path.dirname(os.path.dirname(exe)))
+  for path in paths:
     real = os.path.realpath(path)
     for inside in (os.path.abspath(path), real):
       if inside != "/usr" and not inside.startswith("/usr/"):
@@ -245,18 +253,19 @@ class Launched:
 
 def launch(mechanism: str, limits: Limits, preload: Sequence[str],
            slot: int, cgroup: cgroup_lib.Cgroup,
-           namespaces: bool = True) -> Launched:
+           namespaces: bool = True, packages: bool = True) -> Launched:
   """Starts `inside.py` under `mechanism` ('bwrap' or 'landlock').
 
   `namespaces=False`: no user, pid and IPC namespaces per call even where
   the kernel allows them (the path of machines without user namespaces).
+  `packages=False`: the standard library only (`interpreter`).
   """
   ensure_subreaper()
   root = os.getuid() == 0
   uid = sandbox_uid(slot) if root else None
-  exe, prefixes = interpreter(mechanism)
+  exe, prefixes = interpreter(mechanism, packages)
   env = dict(_ENV)
-  venv = exe == sys.executable
+  venv = packages and exe == sys.executable
   unix = mechanism == "bwrap"
   cfg = {"uid": uid, "limits": limits.as_dict(),
          "preload": list(preload) if venv else [],

@@ -63,9 +63,10 @@ class Sandbox:
 
   def __init__(self, mechanism: str, limits: Limits,
                preload: tuple[str, ...] = (), slot: int | None = None,
-               namespaces: bool = True):
+               namespaces: bool = True, packages: bool = True):
     self.mechanism = mechanism
     self.namespaces = namespaces
+    self.packages = packages
     self.limits = limits
     self.preload = preload
     self.slot = launcher.new_slot() if slot is None else slot
@@ -93,7 +94,7 @@ class Sandbox:
     try:
       self._launched = launcher.launch(self.mechanism, self.limits,
                                        self.preload, self.slot, cg,
-                                       self.namespaces)
+                                       self.namespaces, self.packages)
       ready = self._recv(time.monotonic() + START_TIMEOUT_S)
     except BaseException:
       self.close()
@@ -235,11 +236,14 @@ class SandboxPool:
     namespaces: False runs each call without its own user, pid and IPC
       namespaces even where the kernel has them (as on machines without
       user namespaces; for tests).
+    packages: False gives the calls the standard library only, not the
+      venv's packages (graders: the task data lives there).
   """
 
   def __init__(self, limits: Limits | None = None, workers: int = 1,
                mode: str = "warm", mechanism: str = "auto",
-               preload: tuple[str, ...] = (), namespaces: bool = True):
+               preload: tuple[str, ...] = (), namespaces: bool = True,
+               packages: bool = True):
     if mode not in ("warm", "strict"):
       raise ValueError(f"sandbox mode {mode!r}: use 'warm' or 'strict'.")
     if workers < 1:
@@ -265,7 +269,7 @@ class SandboxPool:
       else:
         worker = Sandbox(self.mechanism, self.limits,
                          preload if mode == "warm" else (),
-                         namespaces=namespaces)
+                         namespaces=namespaces, packages=packages)
         self._start(worker)
       self._all.append(worker)
     self._wait_for_starts()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 import sentencepiece as spm
@@ -272,6 +272,11 @@ def _training_error(message: str, vocab_size: int, num_texts: int) -> str:
           "corpus or a smaller vocab_size.")
 
 
+# Task sets that are not reasoning-gym's: name -> n -> (question, answer)
+# pairs (envs/function_tasks.py registers 'codeio').
+CORPUS_SOURCES: dict[str, Callable[[int], list[tuple[str, str]]]] = {}
+
+
 def task_corpus(dataset_names: Sequence[str], n: int, seed: int,
                 dataset_configs: Mapping[str, Mapping[str, Any]] | None = None
                 ) -> list[str]:
@@ -290,6 +295,11 @@ def task_corpus(dataset_names: Sequence[str], n: int, seed: int,
   texts = []
   configs = dict(dataset_configs or {})
   for name in dataset_names:
+    if name in CORPUS_SOURCES:  # Not reasoning-gym's: no tool dialogue.
+      for question, answer in CORPUS_SOURCES[name](n):
+        texts.append(question)
+        texts.append(format_prompt(question) + format_assistant_turn(answer))
+      continue
     for entry in reasoning_gym.create_dataset(
         name, size=n, seed=seed, **dict(configs.get(name) or {})):
       question, answer = entry["question"], str(entry["answer"])

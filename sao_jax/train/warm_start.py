@@ -26,6 +26,7 @@ from absl import logging
 
 from sao_jax.tokenization import text_tokenizer
 from sao_jax.envs import demonstrations
+from sao_jax.envs import function_tasks
 from sao_jax.envs import reasoning_gym_env
 from sao_jax.models import hf
 from sao_jax.models import transformer
@@ -135,6 +136,11 @@ def sft_tasks(config: Any, train_tasks: reasoning_gym_env.ReasoningGymTasks,
   """
   if config.train.sft_data_seed is None:
     return train_tasks
+  if train_tasks.name == function_tasks.NAME:
+    raise ValueError(
+        "train.sft_data_seed: the codeio tasks warm-start on the RL training "
+        "tasks' own reference solutions; leave it None (its held-out split "
+        "is disjoint by construction).")
   tasks = reasoning_gym_env.ReasoningGymTasks(
       train_tasks.name, dict(config.env.dataset_config),
       seed=int(config.train.sft_data_seed), size=MAX_SFT_EXAMPLES)
