@@ -96,13 +96,18 @@ def all_tasks() -> tuple[FunctionTask, ...]:
   return tuple(tasks[k] for k in sorted(tasks))
 
 
-def split(name: str) -> tuple[FunctionTask, ...]:
-  """'train' or 'heldout' (1 in HELDOUT_EVERY by key, disjoint)."""
+def split(name: str, max_reference_chars: int = 0
+          ) -> tuple[FunctionTask, ...]:
+  """'train' or 'heldout' (1 in HELDOUT_EVERY by key, disjoint); with
+  `max_reference_chars`, only tasks whose reference is at most that long
+  (a difficulty knob: it bounds the answer's length too)."""
   if name not in ("train", "heldout"):
     raise ValueError(f"split {name!r}: use 'train' or 'heldout'.")
   heldout = name == "heldout"
   return tuple(t for t in all_tasks()
-               if (int(t.key, 16) % HELDOUT_EVERY == 0) == heldout)
+               if (int(t.key, 16) % HELDOUT_EVERY == 0) == heldout and (
+                   not max_reference_chars
+                   or len(t.reference) <= max_reference_chars))
 
 
 def prompt(task: FunctionTask) -> str:
@@ -120,8 +125,8 @@ class FunctionTasks:
   `ReasoningGymTasks` (entries, prompt ids, `score`)."""
 
   def __init__(self, split_name: str, grader: FunctionGrader, *, seed: int,
-               size: int):
-    pool = list(split(split_name))
+               size: int, max_reference_chars: int = 0):
+    pool = list(split(split_name, max_reference_chars))
     if not pool:
       raise ValueError(f"no codeio tasks in the {split_name!r} split.")
     random.Random(seed).shuffle(pool)
@@ -199,7 +204,13 @@ def train_eval_tasks(env_cfg: Any) -> tuple[FunctionTasks, FunctionTasks]:
   """(training tasks, held-out tasks): the two splits, disjoint by
   construction (`split`)."""
   grader = shared_grader(env_cfg)
+  settings = dict(env_cfg.dataset_config)
+  unknown = set(settings) - {"max_reference_chars"}
+  if unknown:
+    raise ValueError(f"env.dataset_config {sorted(unknown)}: the codeio tasks "
+                     "take only max_reference_chars (0 = any length).")
+  limit = int(settings.get("max_reference_chars", 0))
   return (FunctionTasks("train", grader, seed=env_cfg.seed,
-                        size=env_cfg.size),
+                        size=env_cfg.size, max_reference_chars=limit),
           FunctionTasks("heldout", grader, seed=env_cfg.eval_seed,
-                        size=env_cfg.eval_size))
+                        size=env_cfg.eval_size, max_reference_chars=limit))

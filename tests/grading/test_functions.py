@@ -209,3 +209,10 @@ def test_multi_turn_run_test_then_answer(grader, monkeypatch):
   env.reset(1)
   assert env.step(SAO_MARKUP.format_assistant_turn(
       "```python\ndef main_solution(**k): return None\n```")).reward == 0.0
+
+
+def test_reference_length_is_a_difficulty_knob():
+  short = function_tasks.split("train", max_reference_chars=600)
+  assert 0 < len(short) < len(function_tasks.split("train"))
+  assert all(len(t.reference) <= 600 for t in short)
+  assert {t.key for t in short} <= {t.key for t in function_tasks.split("train")}
