@@ -45,3 +45,16 @@ class Cache:
     for p in self._pools.values():
       p.close()
     self._pools.clear()
+
+
+def grading_pool(wall_s=3.0):
+  """A grading pool (standard library only) with a shorter wall than
+  grading's own, for the calls that hang; bwrap, or a skip."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from sao_jax.grading import functions  # pylint: disable=g-import-not-at-top
+
+  problem = probe.bwrap_problem() or probe.seccomp_problem()
+  if problem and not os.environ.get("CI"):
+    pytest.skip(problem)
+  return functions.make_pool("bwrap", limits=dataclasses.replace(
+      functions.LIMITS, wall_s=wall_s, cpu_s=int(wall_s)))

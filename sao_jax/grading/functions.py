@@ -34,15 +34,20 @@ from sao_jax.sandbox.pool import SandboxPool
 LIMITS = Limits(wall_s=10.0, cpu_s=10, memory_mb=1024, total_memory_mb=1536,
                 processes=16, output_bytes=1 << 20)
 
-# Runs in the sandbox. Its one input is SPEC (JSON); its one output is a JSON
-# object written to a copy of fd 1 after fd 1 itself is sent to /dev/null.
-_HARNESS = r'''
-import copy, json, os, random, sys
+# The start of every harness: its one input is SPEC (JSON); its one output, a
+# JSON object, goes to `_channel`, a copy of fd 1, after fd 1 itself is sent
+# to /dev/null (what the candidate prints never reaches the host).
+CHANNEL_PREAMBLE = r'''
+import json, os, sys
 SPEC = json.loads(%s)
 _channel = os.dup(1)
-_null = os.open(os.devnull, os.O_WRONLY)
+_null = os.open(os.devnull, os.O_RDWR)
 os.dup2(_null, 1)
 sys.stdout = open(1, "w", closefd=False)
+'''
+
+_HARNESS = CHANNEL_PREAMBLE + r'''
+import copy, random
 
 def _emit(obj):
   data = json.dumps(obj).encode()

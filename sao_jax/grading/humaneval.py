@@ -31,6 +31,7 @@ import json
 from typing import Any, Sequence
 
 from sao_jax.grading.functions import _answer  # pylint: disable=protected-access
+from sao_jax.grading.functions import CHANNEL_PREAMBLE
 from sao_jax.grading.functions import code_of
 from sao_jax.sandbox.pool import SandboxPool
 
@@ -38,19 +39,14 @@ NAME = "humaneval"
 _PROMPT = ("Complete the Python function below. Answer with the complete "
            "function in one ```python block.\n\n```python\n{prompt}\n```")
 
-_HARNESS = r'''
-import ast, json, os, sys
-SPEC = json.loads(%s)
-channel = os.dup(1)
-null = os.open(os.devnull, os.O_RDWR)
-os.dup2(null, 1)
-sys.stdout = open(1, "w", closefd=False)
+_HARNESS = CHANNEL_PREAMBLE + r'''
+import ast
 calls_r, calls_w = os.pipe()
 answers_r, answers_w = os.pipe()
 pid = os.fork()
 if pid == 0:  # The candidate: its pipes and /dev/null only.
   for fd in (0, 1, 2):
-    os.dup2(null, fd)
+    os.dup2(_null, fd)
   for fd in range(3, 256):
     if fd not in (calls_r, answers_w):
       try:
@@ -101,7 +97,7 @@ except BaseException as e:
   verdict = {"passed": False, "why": type(e).__name__}
 data = json.dumps(verdict).encode()
 while data:
-  data = data[os.write(channel, data):]
+  data = data[os.write(_channel, data):]
 '''
 
 

@@ -3,30 +3,23 @@ docs/design/grading.md): the splits, the references score 1 and empty
 answers 0 over many tasks, and every way of gaming the grader scores 0 and
 leaves nothing behind."""
 
-import dataclasses
 import json
-import os
 import random
 
 import pytest
+import sandbox_pools
 
 from sao_jax.envs import build
 from sao_jax.envs import function_tasks
 from sao_jax.grading import functions
 from sao_jax.grading import values
-from sao_jax.sandbox import probe
 
 pytestmark = pytest.mark.multiprocess
-# A shorter wall than grading's own, for the calls that hang.
-_LIMITS = dataclasses.replace(functions.LIMITS, wall_s=3.0, cpu_s=3)
 
 
 @pytest.fixture(scope="module")
 def grader():
-  problem = probe.bwrap_problem() or probe.seccomp_problem()
-  if problem and not os.environ.get("CI"):
-    pytest.skip(problem)
-  g = functions.FunctionGrader(functions.make_pool("bwrap", limits=_LIMITS))
+  g = functions.FunctionGrader(sandbox_pools.grading_pool())
   yield g
   g.pool.close()
 

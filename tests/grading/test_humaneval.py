@@ -2,26 +2,19 @@
 "HumanEval"): the canonical solutions pass all 164, empty bodies none, and
 completions that game the check fail; pass@k is the unbiased estimator."""
 
-import dataclasses
-import os
 
 import pytest
+import sandbox_pools
 
 from sao_jax.grading import functions
 from sao_jax.grading import humaneval
-from sao_jax.sandbox import probe
 
 pytestmark = pytest.mark.multiprocess
-# A shorter wall than grading's own, for the calls that hang.
-_LIMITS = dataclasses.replace(functions.LIMITS, wall_s=3.0, cpu_s=3)
 
 
 @pytest.fixture(scope="module")
 def pool():
-  problem = probe.bwrap_problem() or probe.seccomp_problem()
-  if problem and not os.environ.get("CI"):
-    pytest.skip(problem)
-  p = functions.make_pool("bwrap", limits=_LIMITS)
+  p = sandbox_pools.grading_pool()
   yield p
   p.close()
 
