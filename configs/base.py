@@ -296,6 +296,9 @@ def get_config() -> ml_collections.ConfigDict:
   # 0 = no limit.
   config.train.max_train_s = 0.0
   config.train.eval_every = 50  # Policy steps between evals; 0 = never.
+  # Held-out episodes decoded together (their KV cache: long tasks on a
+  # small machine want fewer).
+  config.train.eval_batch_size = 64
   config.train.checkpoint_every = 100  # Steps between checkpoints; 0 = never.
   config.train.log_every = 10  # Steps between TensorBoard writes.
   config.train.seed = 0  # Init and sampling PRNG seed.

@@ -271,7 +271,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optim.b2": _BETA, "optim.eps": _GT0,
     "train.mode": _in(TRAIN_MODES),
     **{f"train.{k}": _POS for k in (
-        "num_steps", "batch_size", "publish_every",
+        "num_steps", "batch_size", "publish_every", "eval_batch_size",
         "log_every", "sft_batch_size", "max_skipped_steps",
         "record_shard_steps", "pack_max_segments")},
     "train.max_seq_len": _DERIVABLE, "train.sft_max_len": _DERIVABLE,

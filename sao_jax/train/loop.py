@@ -91,7 +91,8 @@ class _Trainer:
     run = self.run
     result = eval_lib.evaluate(
         sharding.to_host(self.state.policy_params), run.mcfg, run.config,
-        run.tokenizer, run.eval_tasks, version=self.policy_version())
+        run.tokenizer, run.eval_tasks, version=self.policy_version(),
+        batch_size=int(run.config.train.eval_batch_size))
     self.writer.write_scalars(step, {**result,
                                      "tokens/generated_total": generated})
     return result
