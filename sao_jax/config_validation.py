@@ -327,9 +327,11 @@ def _check_names(c: Any) -> None:
   _check_dataset_name("env.dataset", c.env.dataset)
   _check(c, "env.reward", *_in(reasoning_gym_env.REWARD_RULES))
   _check(c, "env.eval_dataset", *_in(("", "humaneval")))
+  code = c.env.dataset == "codeio" or c.env.eval_dataset == "humaneval"
   _check(c, "env.answer", lambda v: v in answers.ANSWER_RULES and (
-      v == "whole" or c.env.name != "evolving"),
-         f"one of {answers.ANSWER_RULES} ('whole' for the evolving env)")
+      v == "whole" or (c.env.name != "evolving" and not code)),
+         f"one of {answers.ANSWER_RULES} ('whole' for the evolving env and "
+         "for code answers: codeio, humaneval)")
   _check(c, "env.styles",
          lambda v: bool(v) and all(s in evolving.STYLES for s in v),
          f"at least one style, each one of {evolving.STYLES}")

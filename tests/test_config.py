@@ -155,6 +155,10 @@ def test_int_for_float_and_placeholder_are_accepted(config):
     ({"tokenizer.datasets": ("chain_sum", "leg_count")},
      "config.tokenizer.datasets[1]: expected a reasoning_gym dataset name or "
      "'codeio', got 'leg_count' (did you mean 'leg_counting'?)"),
+    ({"env.dataset": "codeio", "env.answer": "last_number"},
+     "config.env.answer: expected one of"),
+    ({"env.eval_dataset": "mbpp"}, "config.env.eval_dataset: expected one of "
+     "('', 'humaneval'), got 'mbpp'"),
     ({"train.mode": "asynch"},
      "config.train.mode: expected one of ('async', 'sync', 'group', "
      "'replay'), got 'asynch'"),
