@@ -426,7 +426,7 @@ def test_a_server_that_cannot_start_says_why(monkeypatch):
   if probe.bwrap_problem() and not os.environ.get("CI"):
     pytest.skip(probe.bwrap_problem())
   monkeypatch.setattr(launcher, "interpreter",
-                      lambda _: ("/nonexistent/bin/python", []))
+                      lambda *_: ("/nonexistent/bin/python", []))
   with pytest.raises(SandboxError) as e:
     SandboxPool(LIMITS, mechanism="bwrap")
   assert "/nonexistent/bin/python" in str(e.value)
