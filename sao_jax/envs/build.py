@@ -22,7 +22,7 @@ def build_tasks(env_cfg: Any) -> tuple[ReasoningGymTasks, ReasoningGymTasks]:
   codeio function tasks' two splits (`env.dataset = 'codeio'`); with
   `env.eval_dataset = 'humaneval'` the held-out tasks are HumanEval's first
   `env.eval_size` problems (all 164 at most)."""
-  if env_cfg.eval_dataset == humaneval.NAME:  # Held out: HumanEval itself.
+  if env_cfg.get("eval_dataset", "") == humaneval.NAME:  # HumanEval itself.
     train, _ = build_tasks(_without_eval_dataset(env_cfg))
     return train, humaneval.HumanEvalTasks(
         function_tasks.shared_grader(env_cfg).pool, env_cfg.eval_size)
