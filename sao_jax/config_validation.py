@@ -315,6 +315,8 @@ def _check_names(c: Any) -> None:
   # pylint: disable=g-import-not-at-top
   from sao_jax.envs import answers
   from sao_jax.envs import evolving
+  from sao_jax.envs import function_tasks
+  from sao_jax.grading import humaneval
   from sao_jax.envs import reasoning_gym_env
   from sao_jax.envs import registry as envs
   from sao_jax.rl import advantages
@@ -326,8 +328,9 @@ def _check_names(c: Any) -> None:
   _check(c, "env.name", *_in(envs.available_envs(), "a registered env"))
   _check_dataset_name("env.dataset", c.env.dataset)
   _check(c, "env.reward", *_in(reasoning_gym_env.REWARD_RULES))
-  _check(c, "env.eval_dataset", *_in(("", "humaneval")))
-  code = c.env.dataset == "codeio" or c.env.eval_dataset == "humaneval"
+  _check(c, "env.eval_dataset", *_in(("", humaneval.NAME)))
+  code = (c.env.dataset == function_tasks.NAME
+          or c.env.eval_dataset == humaneval.NAME)
   _check(c, "env.answer", lambda v: v in answers.ANSWER_RULES and (
       v == "whole" or (c.env.name != "evolving" and not code)),
          f"one of {answers.ANSWER_RULES} ('whole' for the evolving env and "

@@ -144,7 +144,7 @@ def harness(spec: dict[str, Any]) -> str:
   return _HARNESS % repr(json.dumps(spec))
 
 
-def _answer(stdout: str) -> dict[str, Any] | None:
+def harness_answer(stdout: str) -> dict[str, Any] | None:
   """The harness's JSON object, if stdout is exactly one."""
   try:
     obj = json.loads(stdout)
@@ -181,7 +181,7 @@ class FunctionGrader:
         "mode": "reference", "generator": task.generator,
         "source": task.reference, "entry": task.entry, "seed": task.seed,
         "n": self.n_tests}))
-    got = _answer(result.stdout)
+    got = harness_answer(result.stdout)
     why = ""
     if result.sandbox_error or result.timed_out or got is None:
       why = (result.sandbox_error or ("timed out" if result.timed_out else
@@ -212,7 +212,7 @@ class FunctionGrader:
     result = self.pool.run(harness({
         "mode": "candidate", "source": code, "entry": task.entry,
         "inputs": tests.inputs}))
-    got = _answer(result.stdout)
+    got = harness_answer(result.stdout)
     if got is None or result.sandbox_error:
       return Grade(0, total, result.sandbox_error or (
           "timed out" if result.timed_out else "no answer from the harness"))

@@ -30,9 +30,9 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from sao_jax.grading.functions import _answer  # pylint: disable=protected-access
 from sao_jax.grading.functions import CHANNEL_PREAMBLE
 from sao_jax.grading.functions import code_of
+from sao_jax.grading.functions import harness_answer
 from sao_jax.sandbox.pool import SandboxPool
 
 NAME = "humaneval"
@@ -123,7 +123,7 @@ def passes(pool: SandboxPool, problem: dict[str, Any],
   """Whether `completion` (the body after the problem's prompt) passes its
   tests, in one call of `pool` (a grading pool: `functions.make_pool`)."""
   result = pool.run(harness(problem, completion))
-  verdict = _answer(result.stdout)
+  verdict = harness_answer(result.stdout)
   return bool(verdict and verdict.get("passed") is True
               and not result.sandbox_error)
 

@@ -2,10 +2,11 @@
 
 Run by launcher.py as `python -I -S -c <boot> <confine.py> <this file>
 <config>` (stdlib only: it is not imported from the repository, whose files
-the sandbox cannot see; the config is a hex `marshal` dict). It reads requests on fd 0 (`marshal` dicts,
-from the trusted host) and answers on fd 1 in JSON (which the host parses
-safely whatever a compromised server sends), each message after a 4-byte
-big-endian length (docs/design/sandbox.md "Code sandbox"):
+the sandbox cannot see; the config is a hex `marshal` dict). It reads
+requests on fd 0 (`marshal` dicts, from the trusted host) and answers on
+fd 1 in JSON (which the host parses safely whatever a compromised server
+sends), each message after a 4-byte big-endian length
+(docs/design/sandbox.md "Code sandbox"):
 
   ready  -> {"ready": true, "preloaded": [...], "isolation": {...}}
             (or {"error": ...})
@@ -47,7 +48,8 @@ except ImportError:  # On the host (pool.py reads the names above).
 
 _LIBC = confine.LIBC
 _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 4, 38, 36
-_CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWIPC = 0x10000000, 0x20000000, 0x08000000
+# CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC: the namespaces of each call.
+_CALL_NAMESPACES = 0x10000000 | 0x20000000 | 0x08000000
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
 SPAWN_NAME, CALL_NAME = b"sao-spawn", b"sao-call"  # pool.py knows them.
 _RLIMITS = tuple(getattr(resource, n) for n in dir(resource)
@@ -275,8 +277,7 @@ def _namespaces_work():
   """Whether a child can enter new user, pid and IPC namespaces here."""
   pid = os.fork()
   if pid == 0:
-    os._exit(_LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWIPC)  # pylint: disable=protected-access
-             != 0)
+    os._exit(_LIBC.unshare(_CALL_NAMESPACES) != 0)  # pylint: disable=protected-access
   return os.waitpid(pid, 0)[1] == 0
 
 
@@ -326,7 +327,7 @@ def _spawn_call_server(cfg, answer_fd):
   if s == 0:
     code = 1
     try:
-      if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWIPC) == 0:
+      if _LIBC.unshare(_CALL_NAMESPACES) == 0:
         c = os.fork()
         if c == 0:
           _call_server(cfg, answer_fd, go_r, done_w)
@@ -454,7 +455,8 @@ def main():
     if failure:
       _send(_error_reply(failure))
       return
-    if not _wait_all(keep=chain[0] if chain else None) or not confine.wipe(wipe):
+    waiting = chain[0] if chain else None  # The next call server.
+    if not _wait_all(keep=waiting) or not confine.wipe(wipe):
       spoiled = "the previous call's processes or files could not be removed"
     if not ns:
       _send_answer(answer_fd)

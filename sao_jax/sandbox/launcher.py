@@ -130,15 +130,23 @@ def reap_orphans(keep: Sequence[int] = (), wait_for: Sequence[int] = ()
   return reaped
 
 
-def _is_sandbox_zombie(pid: int) -> bool:
+def proc_status(pid: int) -> dict[str, str]:
+  """/proc/PID/status as {field: value}; {} when the process is gone."""
   try:
     with open(f"/proc/{pid}/status") as f:
-      fields = dict(line.split(":", 1) for line in f if ":" in line)
+      return {k: v.strip() for k, v in (
+          line.split(":", 1) for line in f if ":" in line)}
   except OSError:
+    return {}
+
+
+def _is_sandbox_zombie(pid: int) -> bool:
+  fields = proc_status(pid)
+  if not fields:
     return False
   uid = int(fields.get("Uid", "0").split()[0])
-  return fields.get("State", "").strip().startswith("Z") and (
-      fields.get("Name", "").strip() == "bwrap" or uid >= UID_BASE)
+  return fields.get("State", "").startswith("Z") and (
+      fields.get("Name", "") == "bwrap" or uid >= UID_BASE)
 
 
 def _accessible_to_others(path: str) -> bool:

@@ -338,7 +338,8 @@ class SandboxPool:
       return None
     self._wait_for_starts()  # A starting sandbox is not a leftover.
     uids = {launcher.sandbox_uid(w.slot) for w in self._all}
-    mine = {p: _status(p) for p in _all_pids() if _uid(p) in uids}
+    mine = {p: launcher.proc_status(p) for p in _all_pids()
+            if _uid(p) in uids}
     # The servers (whose parent is not of a sandbox uid), and the processes
     # that make or are a call server (named so by inside.py from their
     # first instruction on).
@@ -389,15 +390,6 @@ def _children(pid: int) -> list[int]:
     except OSError:
       pass
   return out
-
-
-def _status(pid: int) -> dict[str, str]:
-  try:
-    with open(f"/proc/{pid}/status") as f:
-      return dict(line.rstrip("\n").split(":\t", 1) for line in f
-                  if ":\t" in line)
-  except OSError:
-    return {}
 
 
 def _uid(pid: int) -> int | None:
