@@ -380,6 +380,15 @@ def _check_free_form_model_and_template(c: Any) -> None:
         "the sampler's incremental log-probs would differ from the trainer's "
         "full forward; keep sampler.max_total_tokens and train.max_seq_len "
         f"<= it (got {longest}) or use rope_type 'yarn' or 'linear'")
+  if (scaling.get("rope_type") == "longrope"
+      and longest > scaling["original_max_position_embeddings"]):
+    original = scaling["original_max_position_embeddings"]
+    raise ConfigError(
+        "config.model.rope_scaling: longrope switches from its short to its "
+        f"long factors past original_max_position_embeddings={original}, so "
+        "the sampler's incremental log-probs would differ from the trainer's "
+        "full forward; keep sampler.max_total_tokens and train.max_seq_len "
+        f"<= it (got {longest})")
   try:
     json.dumps(c.env.chat_template_kwargs.to_dict()
                if hasattr(c.env.chat_template_kwargs, "to_dict")
@@ -403,6 +412,12 @@ def _check_sampler_devices(c: Any) -> None:
     devices.parse_chips(str(c.sampler.chips))
   except devices.ChipsError as e:
     raise ConfigError(f"config.{e}") from None
+  from sao_jax.sampler import factory  # pylint: disable=g-import-not-at-top
+
+  try:  # The rollout engine, and what it cannot report exactly.
+    factory.check_config(c)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def _check_cross_fields(c: Any) -> None:

@@ -256,6 +256,14 @@ def test_rope_scaling_and_template_kwargs_are_checked(config):
       "max_position_embeddings=64")
   config.model.rope_scaling.max_position_embeddings = 4096
   cv.validate_config(config)
+  config.model.rope_scaling = ml_collections.ConfigDict(
+      {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+       "original_max_position_embeddings": 64})
+  assert _error(config).startswith(
+      "config.model.rope_scaling: longrope switches from its short to its "
+      "long factors past original_max_position_embeddings=64")
+  config.model.rope_scaling.original_max_position_embeddings = 4096
+  cv.validate_config(config)
 
 
 def test_consistent_unusual_values_pass(config):

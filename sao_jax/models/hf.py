@@ -75,10 +75,13 @@ def _safe_open(file: str):
         "re-download or re-convert the checkpoint.") from e
 
 
-def _read_tensor(handle, name: str, file: str) -> np.ndarray:
-  """One tensor; errors (a truncated file) and NaN/Inf values name the file."""
+def _read_tensor(handle, name: str, file: str,
+                 rows: tuple[int, int] | None = None) -> np.ndarray:
+  """One tensor (its `rows` [start, stop) only: a part of a fused tensor);
+  errors (a truncated file) and NaN/Inf values name the file."""
   try:
-    x = handle.get_tensor(name)
+    x = handle.get_tensor(name) if rows is None else (
+        handle.get_slice(name)[rows[0]:rows[1]])
   except Exception as e:  # pylint: disable=broad-except
     raise CheckpointError(
         f"{file}: cannot read tensor {name!r} ({type(e).__name__}: {e}); the "
@@ -221,8 +224,9 @@ def load_hf_checkpoint(
         raise CheckpointError(
             f"Tensor {e.hf_name!r} in {file} has shape {shape}, expected "
             f"{e.hf_shape} from config.json.")
-      return e.to_ours(_read_tensor(handles[file], e.hf_name, file)).astype(
-          dtype)
+      # e.part: rows of a fused tensor (Phi-3's qkv_proj, gate_up_proj).
+      x = _read_tensor(handles[file], e.hf_name, file, e.part)
+      return e.to_ours(x).astype(dtype)
 
     for group in hf_layout.groups(entries):
       e = group[0]
@@ -244,8 +248,8 @@ def load_hf_checkpoint(
   return config, params
 
 
-def _iter_hf_tensors(config: ModelConfig, params: Any,
-                     arch: str) -> Iterator[tuple[str, np.ndarray]]:
+def _iter_hf_tensors(config: ModelConfig, params: Any, arch: str
+                     ) -> Iterator[tuple[hf_layout.Entry, np.ndarray]]:
   if "params" in params and "decoder" not in params:
     params = params["params"]
   params = nn.unbox(params)
@@ -272,11 +276,28 @@ def _iter_hf_tensors(config: ModelConfig, params: Any,
       for index in (e.layer, e.expert):
         x = x if index is None else x[index]
       x = np.ascontiguousarray(e.to_hf(x))
-      if x.shape != e.hf_shape:
+      want = e.hf_shape if e.part is None else (
+          (e.part[1] - e.part[0],) + e.hf_shape[1:])
+      if x.shape != want:
         raise CheckpointError(
             f"Parameter {'/'.join(e.path)} gives {e.hf_name!r} of shape "
-            f"{x.shape}, expected {e.hf_shape}.")
-      yield e.hf_name, x
+            f"{x.shape}, expected {want}.")
+      yield e, x
+
+
+def _hf_tensors(config: ModelConfig, params: Any,
+                arch: str) -> dict[str, np.ndarray]:
+  """HF name -> tensor; a fused tensor's parts concatenated in row order."""
+  out, parts = {}, {}
+  for e, x in _iter_hf_tensors(config, params, arch):
+    if e.part is None:
+      out[e.hf_name] = x
+    else:
+      parts.setdefault(e.hf_name, []).append((e.part[0], x))
+      out[e.hf_name] = None  # Keeps the tensors' order.
+  for name, xs in parts.items():
+    out[name] = np.concatenate([x for _, x in sorted(xs, key=lambda p: p[0])])
+  return out
 
 
 def save_hf_checkpoint(
@@ -302,7 +323,7 @@ def save_hf_checkpoint(
     hf_config = config.to_hf_config(arch)
   except UnsupportedConfigError as e:
     raise CheckpointError(str(e)) from e
-  tensors = dict(_iter_hf_tensors(config, params, arch))
+  tensors = _hf_tensors(config, params, arch)
   dtypes = {str(x.dtype) for x in tensors.values()}
   if len(dtypes) == 1:
     hf_config["dtype"] = hf_config["torch_dtype"] = dtypes.pop()

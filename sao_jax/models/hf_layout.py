@@ -4,7 +4,9 @@ One `Entry` per HF tensor: its name, shape and the reshapes both ways. The
 names are the shared Llama-like ones (`model.layers.{i}.self_attn.*`,
 `mlp.*`, the MoE layers' `mlp.gate` / `mlp.experts.{e}.*` /
 `mlp.shared_experts.*`); what a family names differently (Gemma 3's four
-norms) its `families.registry.Family` declares. HF stores `nn.Linear`
+norms, Phi-3's fused `qkv_proj` / `gate_up_proj`) its
+`families.registry.Family` declares. A fused HF tensor is several entries,
+each a `part` (a range of its rows) of one of our parameters. HF stores `nn.Linear`
 weights as [out, in]; ours are [in, ...out] with heads split out, e.g.
 q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. With `scan_layers` the L
 per-layer tensors of a parameter form one stacked [L, ...] leaf
@@ -33,6 +35,36 @@ class Entry:
   to_hf: Callable[[np.ndarray], np.ndarray]
   layer: int | None = None  # Index on the stacked leaf's [L] axis.
   expert: int | None = None  # Index on an expert leaf's [E] axis.
+  # Rows [start, stop) of the fused HF tensor `hf_name` (of shape
+  # `hf_shape`) that are this parameter; None: the whole tensor.
+  part: tuple[int, int] | None = None
+
+
+def _fuse(out: list[Entry], fused: tuple[tuple[str, tuple[str, ...]], ...]
+          ) -> list[Entry]:
+  """`out` with each layer's tensors `{prefix}{part}.weight` of a fusion
+  (fused name, part names) replaced by row ranges of `{prefix}{fused}.weight`
+  (rows in part order, as HF's split / chunk reads them)."""
+  for fused_name, parts in fused:
+    suffixes = tuple(f".{p}.weight" for p in parts)
+    layers: dict[str, list[int]] = {}
+    for j, e in enumerate(out):
+      for k, suffix in enumerate(suffixes):
+        if e.hf_name.endswith(suffix):
+          prefix = e.hf_name[:-len(suffix) + 1]
+          layers.setdefault(prefix, [None] * len(parts))[k] = j
+    for prefix, idx in layers.items():
+      if None in idx:
+        raise ValueError(f"{prefix}: a fused {fused_name} lacks one of {parts}.")
+      rows, start = sum(out[j].hf_shape[0] for j in idx), 0
+      for j in idx:
+        e = out[j]
+        out[j] = dataclasses.replace(
+            e, hf_name=f"{prefix}{fused_name}.weight",
+            hf_shape=(rows,) + e.hf_shape[1:],
+            part=(start, start + e.hf_shape[0]))
+        start += e.hf_shape[0]
+  return out
 
 
 def _attention_entries(cfg: ModelConfig, hf: str,
@@ -102,7 +134,8 @@ def stacked(group: list[Entry], xs: list[np.ndarray]) -> np.ndarray:
 def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
   """The full HF <-> ours correspondence for `cfg` as HF architecture `arch`
   (None: `cfg.hf_architecture()`)."""
-  norm_names = registry.get(arch or cfg.hf_architecture()).norm_names
+  family = registry.get(arch or cfg.hf_architecture())
+  norm_names = family.norm_names
   d, f = cfg.hidden_size, cfg.intermediate_size
   same = lambda x: x
   t = lambda x: x.T
@@ -130,7 +163,7 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
   if not cfg.tie_embeddings:
     out.append(Entry(("lm_head",), "lm_head.weight", (cfg.vocab_size, d), t,
                      t))
-  return out
+  return _fuse(out, family.fused) if family.fused else out
 
 
 def groups(all_entries: list[Entry]) -> list[list[Entry]]:

@@ -126,6 +126,20 @@ def _gemma3_config() -> Any:
   return config
 
 
+def _phi3_config() -> Any:
+  """Phi-4-mini's features: half the head rotated, LongRoPE (short factors:
+  every test sequence is within original_max_position_embeddings; the long
+  ones are tests/models/test_rope_scaling.py's), a sliding window."""
+  return transformers.Phi3Config(
+      **_DENSE, rms_norm_eps=1e-5, tie_word_embeddings=False,
+      sliding_window=WINDOW, max_position_embeddings=128,
+      original_max_position_embeddings=64, pad_token_id=0,
+      rope_parameters={"rope_type": "longrope", "rope_theta": 500.0,
+                       "partial_rotary_factor": 0.5,
+                       "short_factor": [1.0, 1.3, 2.0, 3.5],
+                       "long_factor": [4.0, 6.0, 9.0, 16.0]})
+
+
 def _qwen3(tie: bool, **row) -> Family:
   return Family(
       arch="Qwen3ForCausalLM",
@@ -203,6 +217,24 @@ FAMILIES = {
         export_refusals=((None, "LlamaForCausalLM", "export as Gemma3"),
                          ({}, "Gemma3ForCausalLM", "Gemma3ForCausalLM needs")),
         import_refusals=(({"final_logit_softcapping": 30.0}, "softcapping"),)),
+    # Fused qkv_proj and gate_up_proj, partial rotary, LongRoPE, a window.
+    "phi3": Family(
+        arch="Phi3ForCausalLM",
+        hf_config=_phi3_config,
+        reads={"rotary_dim": 8, "sliding_window": WINDOW,
+               "tie_embeddings": False},
+        batch=dict(length=11, pads=(0, 3, 5), seed=1),
+        weights=dict(scale=0.1), layouts=("default", "unrolled-blockwise"),
+        saved={"sliding_window": WINDOW, "original_max_position_embeddings": 64},
+        checks=frozenset({"sliding_window", "batch_decode"}),
+        tiny=dict(rotary_dim=8, sliding_window=8),
+        export_refusals=((None, "LlamaForCausalLM", "export as Phi3"),
+                         ({"rotary_dim": 8, "qk_norm": True},
+                          "Phi3ForCausalLM", "qk_norm")),
+        import_refusals=(({"rope_parameters": {
+            "rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+                          "Phi3Config takes only"),
+                         ({"attention_bias": True}, "attention_bias"))),
     # Softmax top-k with renormalised weights, q/k norms, a dense first layer
     # (mlp_only_layers), untied head.
     "qwen3_moe": Family(

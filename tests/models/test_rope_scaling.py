@@ -1,4 +1,5 @@
-"""RoPE scaling (linear, llama3, yarn, dynamic) vs transformers, float32.
+"""RoPE scaling (linear, llama3, yarn, dynamic, longrope) vs transformers,
+float32.
 
 Frequencies: `rope.inv_frequencies` vs transformers' `ROPE_INIT_FUNCTIONS`.
 Models: tiny random `LlamaForCausalLM` checkpoints with each rope_type (Llama
@@ -39,8 +40,17 @@ SCALINGS = {
                     "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5,
                     "original_max_position_embeddings": 16},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    # Factors per frequency (filled in by _hf_config for the head_dim).
+    "longrope": {"rope_type": "longrope", "factor": 4.0,
+                 "original_max_position_embeddings": 8},
 }
-MAX_POS = 8  # Shorter than the batch: dynamic NTK rescales.
+MAX_POS = 8  # Shorter than the batch: dynamic NTK rescales, longrope is long.
+
+
+def _longrope_factors(head_dim: int) -> dict[str, list[float]]:
+  i = np.arange(head_dim // 2)
+  return {"short_factor": list(1.0 + 0.1 * i),
+          "long_factor": list(1.0 + 0.5 * i ** 1.5)}
 
 
 def _hf_config(name, head_dim=16, theta=500000.0):
@@ -49,7 +59,9 @@ def _hf_config(name, head_dim=16, theta=500000.0):
       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
       head_dim=head_dim, rms_norm_eps=1e-5, max_position_embeddings=MAX_POS,
       tie_word_embeddings=True, attn_implementation="eager",
-      rope_parameters={**SCALINGS[name], "rope_theta": theta})
+      rope_parameters={**SCALINGS[name], "rope_theta": theta,
+                       **(_longrope_factors(head_dim) if name == "longrope"
+                          else {})})
 
 
 @pytest.mark.parametrize("name", sorted(set(SCALINGS) - {"dynamic"}))
@@ -67,6 +79,24 @@ def test_inv_freq_matches_transformers(name, head_dim, theta):
   assert scale == pytest.approx(float(want_scale), rel=1e-7)
   plain, _ = rope.inv_frequencies(head_dim, theta)
   assert np.abs(got - plain).max() > 1e-3 * plain.max()  # Really scaled.
+
+
+def test_longrope_switches_to_long_factors_past_the_original_length():
+  config = _hf_config("longrope")
+  init = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["longrope"]
+  ours = ModelConfig.from_hf_config(config.to_dict())
+  for length in (4, MAX_POS, MAX_POS + 1, 37):
+    want, want_scale = init(config, "cpu", seq_len=length)
+    positions = jnp.arange(length, dtype=jnp.int32)[None]
+    got, scale = rope.longrope_frequencies(16, ours.rope_theta,
+                                           ours.rope_scaling, positions)
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-6)
+    assert scale == pytest.approx(float(want_scale), rel=1e-7) != 1.0
+  short, _ = rope.longrope_frequencies(16, 500000.0, ours.rope_scaling,
+                                       jnp.arange(MAX_POS)[None])
+  long, _ = rope.longrope_frequencies(16, 500000.0, ours.rope_scaling,
+                                      jnp.arange(MAX_POS + 1)[None])
+  assert np.abs(np.asarray(long) - np.asarray(short)).max() > 1e-3
 
 
 def test_dynamic_inv_freq_matches_transformers_beyond_max_positions():
@@ -124,6 +154,10 @@ def test_llama_with_rope_scaling_matches_transformers(reference, tmp_path):
   assert ModelConfig.from_hf_config(saved) == config
 
 
+# Not longrope: its short/long switch is checked above and the sampler's
+# path is the Phi-3 row's (tests/models/test_family_parity.py).
+@pytest.mark.parametrize("reference", sorted(set(SCALINGS) - {"longrope"}),
+                         indirect=True)
 def test_sampler_decode_matches_transformers(reference):
   """Greedy 32 tokens = HF generate (positions run past every context
   length above); the sampler's log-probs = the trainer's forward."""
@@ -138,7 +172,8 @@ def test_sampler_decode_matches_transformers(reference):
   # Dynamic NTK rescales by the sequence's length: past max_position_embeddings
   # the sampler's incremental steps and the trainer's full forward use other
   # frequencies (as transformers' do), so the log-probs differ; within it they
-  # are equal. config_validation refuses runs whose sequences pass it.
+  # are equal. config_validation refuses runs whose sequences pass it (and
+  # longrope's past original_max_position_embeddings, for the same reason).
   with pytest.raises(AssertionError, match="Mismatched elements"):
     decode_parity.check_sampler_logprobs_equal_full_forward(config, params)
   within = dataclasses.replace(config, rope_scaling={
@@ -157,7 +192,11 @@ def test_config_round_trip_and_errors():
       "type": "linear", "factor": 4.0}}
   assert ModelConfig.from_hf_config(v4).rope_scaling == (
       ("factor", 4.0), ("rope_type", "linear"))
-  with pytest.raises(UnsupportedConfigError, match="longrope.*supported"):
+  with pytest.raises(UnsupportedConfigError, match="'ntk_parts'.*supported"):
+    ModelConfig.from_hf_config(hf_cfg | {"rope_parameters": {
+        "rope_type": "ntk_parts", "rope_theta": 1.0}})
+  with pytest.raises(UnsupportedConfigError,
+                     match="longrope.*missing keys.*long_factor"):
     ModelConfig.from_hf_config(hf_cfg | {"rope_parameters": {
         "rope_type": "longrope", "rope_theta": 1.0}})
   with pytest.raises(UnsupportedConfigError, match="missing keys.*factor"):

@@ -54,6 +54,11 @@ FAMILIES = {
         vocab_size=vocab, sliding_window=4, query_pre_attn_scalar=16,
         layer_types=["sliding_attention", "full_attention"],
         **{**_ARCH, "num_hidden_layers": 2}), {}),
+    "phi3": ("llama3", lambda vocab: transformers.Phi3Config(
+        vocab_size=vocab, pad_token_id=0, sliding_window=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5}, **_ARCH),
+             _LLAMA3_ENV),
     "qwen3_moe": ("qwen3", lambda vocab: transformers.Qwen3MoeConfig(
         vocab_size=vocab, num_experts=4, mlp_only_layers=[0],
         **{**_ARCH, **_MOE}), {

@@ -14,3 +14,4 @@ from sao_jax.models.families import qwen3_moe  # pylint: disable=unused-import
 from sao_jax.models.families import glm4_moe  # pylint: disable=unused-import
 from sao_jax.models.families import mistral  # pylint: disable=unused-import
 from sao_jax.models.families import gemma3  # pylint: disable=unused-import
+from sao_jax.models.families import phi3  # pylint: disable=unused-import

@@ -23,7 +23,8 @@ def rope_from_hf(hf: Mapping[str, Any],
   rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
   theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
   rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope_type in ("dynamic", "yarn") and hf.get("max_position_embeddings"):
+  if rope_type in ("dynamic", "yarn", "longrope") and hf.get(
+      "max_position_embeddings"):
     rope.setdefault("max_position_embeddings", hf["max_position_embeddings"])
   partial = float(rope.pop("partial_rotary_factor", None) or 1.0)
   if partial != 1.0 and not partial_ok:

@@ -37,6 +37,9 @@ class Family:
     priority: Lower is asked first; the catch-all (Llama) goes last.
     norm_names: (ours, HF) names of a layer's norms, in block order.
     moe_router: The router of a mixture-of-experts family, None if dense.
+    fused: (HF fused tensor, the Llama tensors it holds in row order) of a
+      layer, e.g. Phi-3's ('self_attn.qkv_proj', ('self_attn.q_proj',
+      'self_attn.k_proj', 'self_attn.v_proj')); () for none.
   """
 
   architecture: str
@@ -47,6 +50,7 @@ class Family:
   priority: int = 50
   norm_names: tuple[tuple[str, str], ...] = LLAMA_NORMS
   moe_router: str | None = None
+  fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 _FAMILIES: dict[str, Family] = {}

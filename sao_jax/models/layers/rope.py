@@ -12,6 +12,11 @@ The inverse frequencies follow transformers' `ROPE_INIT_FUNCTIONS` in float32:
 - `yarn` (Peng et al. 2023, arXiv 2309.00071): per-frequency ramp between
   interpolation and extrapolation, and cos/sin scaled by the attention factor
   0.1 ln(factor) + 1 (or its mscale variants);
+- `longrope` (Phi-3, LongRoPE, arXiv 2402.13753): inv_freq / short_factor[i]
+  while the batch's length L = max(position) + 1 is within
+  original_max_position_embeddings, / long_factor[i] beyond it (per call, as
+  transformers' forward), cos/sin scaled by sqrt(1 + ln(factor) /
+  ln(original)) (factor: max_position_embeddings / original unless given);
 - `dynamic` (NTK): base theta * (factor * L / max_pos - (factor - 1))
   ^ (d / (d - 2)) once the batch's length L = max(position) + 1 exceeds
   max_position_embeddings, as transformers' forward does (it recomputes per
@@ -42,14 +47,21 @@ ROPE_KEYS = {
              {"original_max_position_embeddings"}),
     "dynamic": ({"factor", "max_position_embeddings"},
                 {"factor", "max_position_embeddings"}),
+    "longrope": ({"short_factor", "long_factor", "factor", "attention_factor",
+                  "original_max_position_embeddings",
+                  "max_position_embeddings"},
+                 {"short_factor", "long_factor",
+                  "original_max_position_embeddings"}),
 }
 
 
 def normalize_scaling(scaling: Any) -> tuple[tuple[str, Any], ...]:
   """`rope_scaling` as sorted (key, value) pairs; () for plain RoPE.
 
-  Accepts a mapping (HF `rope_parameters`, a ConfigDict) or pairs. Raises
-  ValueError naming what is wrong (unknown rope_type, unknown or missing keys).
+  Accepts a mapping (HF `rope_parameters`, a ConfigDict) or pairs; list
+  values (longrope's factors) become tuples, so the pairs stay hashable.
+  Raises ValueError naming what is wrong (unknown rope_type, unknown or
+  missing keys).
   """
   if not scaling:
     return ()
@@ -64,7 +76,8 @@ def normalize_scaling(scaling: Any) -> tuple[tuple[str, Any], ...]:
     raise ValueError(f"rope_type={rope_type!r} is not supported; supported: "
                      f"'default', {', '.join(map(repr, sorted(ROPE_KEYS)))}.")
   known, required = ROPE_KEYS[rope_type]
-  items = {k: v for k, v in items.items() if v is not None}
+  items = {k: tuple(v) if isinstance(v, (list, tuple)) else v
+           for k, v in items.items() if v is not None}
   extra = sorted(set(items) - known - {"rope_type"})
   missing = sorted(required - set(items))
   if extra or missing:
@@ -93,7 +106,43 @@ def inv_frequencies(head_dim: int, theta: float, scaling: Any = ()
     return _llama3(inv_freq, s), 1.0
   if rope_type == "yarn":
     return _yarn(pos_freqs, head_dim, theta, s)
+  if rope_type == "longrope":
+    return _longrope(pos_freqs, s, "short_factor")
   return inv_freq, 1.0
+
+
+def _longrope(pos_freqs: np.ndarray, s: Mapping[str, Any],
+              which: str) -> tuple[np.ndarray, float]:
+  """LongRoPE's inverse frequencies with `which` factors, and its cos/sin
+  scale."""
+  factors = np.asarray(s[which], np.float32)
+  if factors.shape != pos_freqs.shape:
+    raise ValueError(f"longrope {which} has {factors.size} entries; the "
+                     f"rotated channels need {pos_freqs.size}.")
+  original = float(s["original_max_position_embeddings"])
+  factor = s.get("factor")
+  if factor is None:
+    factor = float(s.get("max_position_embeddings", original)) / original
+  scale = s.get("attention_factor")
+  if scale is None:
+    scale = 1.0 if factor <= 1.0 else math.sqrt(
+        1 + math.log(factor) / math.log(original))
+  return (np.float32(1.0) / (factors * pos_freqs)).astype(np.float32), float(
+      scale)
+
+
+def longrope_frequencies(head_dim: int, theta: float, scaling: Any,
+                         positions: Array) -> tuple[Array, float]:
+  """longrope's inverse frequencies for a call over `positions` (short
+  factors up to original_max_position_embeddings tokens, long beyond) and
+  its cos/sin scale."""
+  s = dict(normalize_scaling(scaling))
+  pos_freqs = np.float32(theta) ** (
+      np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))
+  short, scale = _longrope(pos_freqs, s, "short_factor")
+  long, _ = _longrope(pos_freqs, s, "long_factor")
+  beyond = jnp.max(positions) + 1 > s["original_max_position_embeddings"]
+  return jnp.where(beyond, jnp.asarray(long), jnp.asarray(short)), scale
 
 
 def _llama3(inv_freq: np.ndarray, s: Mapping[str, Any]) -> np.ndarray:
@@ -180,6 +229,8 @@ def apply_rope(x: Array, positions: Array, theta: float,
   s = dict(scaling)
   if s.get("rope_type") == "dynamic":
     inv_freq, scale = _dynamic_inv_freq(dh, theta, s, positions), 1.0
+  elif s.get("rope_type") == "longrope":
+    inv_freq, scale = longrope_frequencies(dh, theta, scaling, positions)
   else:
     inv_freq, scale = inv_frequencies(dh, theta, scaling)
     inv_freq = jnp.asarray(inv_freq)
