@@ -8,9 +8,11 @@ finds them), paths under ``/tmp``, ``runs/`` and ``$HOME`` moved into the
 test's directory, and each script's or module's extra flags from ``TINY``
 appended (the later flag wins). A documented command whose script or module
 has no entry in ``TINY`` fails the test: a new command gets a tiny form (one
-line here) when it is documented, so CI runs it. A tiny form that a test
-process has run already (a command quoted twice, or two that differ only in
-options their tiny flags override: ``effective_argv``) runs once. The SmolLM2
+line here) when it is documented, so CI runs it. A tiny form runs once per
+session, in whichever test process gets to it first: a command quoted twice,
+two that differ only in options their tiny flags override
+(``effective_argv``), or only in a ``--workdir`` that nothing later in its
+block reads (``_generic``). The SmolLM2
 commands find a one-layer cut of the converted checkpoint
 (``smollm2_tiny_checkpoint``).
 """
@@ -18,6 +20,7 @@ commands find a one-layer cut of the converted checkpoint
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -366,8 +369,39 @@ def _expand(arg: str, env: dict[str, str]) -> str:
                 lambda m: env.get(m.group(1) or m.group(2), ""), arg)
 
 
+def _generic(argv: list[str], tmp: pathlib.Path,
+             later: list[Command]) -> str:
+  """What makes two tiny forms the same run: ``argv`` with the test's
+  directory made generic, and its ``--workdir`` too where no later command of
+  the block reads that directory (two runs that differ only in the name of a
+  directory nothing else reads are one run)."""
+  def generic(arg: str) -> str:
+    name, _, value = arg.partition("=")
+    if name == "--workdir" and not any(
+        os.path.basename(value) in c.text for c in later):
+      return "--workdir=ANY"
+    return arg
+  return shlex.join(map(generic, argv)).replace(str(tmp), "TMP")
+
+
 _BLOCKS = _blocks()
-_RAN: set[str] = set()  # Tiny forms run this session (paths made generic).
+
+
+def _first_to_run(generic: str, tmp_path_factory) -> bool:
+  """Whether no test process of this session has run (or is running) the
+  tiny form ``generic`` yet; claims it if so. The claims are files in the
+  session's temporary root, which pytest-xdist's workers share."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # pytest-N/, above the workers' popen-gwK/.
+  claims = root / "documented_commands_ran"
+  claims.mkdir(exist_ok=True)
+  name = hashlib.sha256(generic.encode()).hexdigest()[:32]
+  try:
+    os.close(os.open(claims / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+  except FileExistsError:
+    return False
+  return True
 
 
 def _run_verbatim_by_ci(cmd: Command) -> bool:
@@ -387,19 +421,20 @@ _CI_VERBATIM = {part.strip() for block in re.findall(
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("where", sorted(_BLOCKS),
                          ids=[f"{d}-{b}" for d, b in sorted(_BLOCKS)])
-def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request):
+def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request,
+                                                tmp_path_factory):
   """The commands of one block, in order, in one directory (a block's later
   commands read what its earlier ones wrote)."""
   ran = []
-  for cmd in _BLOCKS[where]:
+  for i, cmd in enumerate(_BLOCKS[where]):
     env = _environment(tmp_path, TINY[cmd.key])
     argv = tiny_argv(cmd, tmp_path, env)
     if argv is None or _run_verbatim_by_ci(cmd):
       continue
-    generic = shlex.join(effective_argv(argv, TINY[cmd.key])).replace(
-        str(tmp_path), "TMP")
-    if generic in _RAN:  # Quoted again (e.g. in two sections): ran once.
-      ran.append(cmd.key)
+    generic = _generic(effective_argv(argv, TINY[cmd.key]), tmp_path,
+                       _BLOCKS[where][i + 1:])
+    if not _first_to_run(generic, tmp_path_factory):
+      ran.append(cmd.key)  # Quoted again (e.g. in two sections): runs once.
       continue
     if "smollm2" in cmd.text or "smollm2" in cmd.key:
       _shared_smollm2(tmp_path / "home",
@@ -412,7 +447,6 @@ def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request):
         f"form `{shlex.join(argv)}` (exit {done.returncode}):\n"
         f"{done.stderr[-3000:]}\n{done.stdout[-1500:]}")
     ran.append(cmd.key)
-    _RAN.add(generic)
     if cmd.key.startswith("sao_jax.main"):
       workdir = next(a.split("=", 1)[1] for a in argv
                      if a.startswith("--workdir="))
