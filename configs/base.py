@@ -43,6 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.rms_norm_eps = 1e-6  # RMSNorm epsilon.
   config.model.qkv_bias = False  # Qwen2: True.
   config.model.qk_norm = False  # Per-head RMSNorm on q and k (Qwen3: True).
+  # With qk_norm: one RMSNorm over all heads' q (and k) at once (OLMo 2/3).
+  config.model.qk_norm_full_width = False
   config.model.tie_embeddings = False  # Output proj = embedding^T.
   config.model.dtype = "float32"  # Activations ('bfloat16' on TPU/GPU).
   config.model.param_dtype = "float32"  # Parameter storage dtype.
@@ -81,6 +83,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.local_rope_theta = 0.0
   config.model.query_pre_attn_scalar = 0.0
   config.model.norm_style = "llama"
+  # Layers without RoPE (SmolLM3's NoPE layers), e.g. (3, 7, 11); () = none.
+  config.model.nope_layers = ()
   config.model.mlp_activation = "silu"
   # Routing replay (R3): 'rollout' makes the trainer's forward use the
   # experts the sampler recorded for every token (gate weights recomputed,

@@ -15,7 +15,7 @@ from sao_jax.models.layers import rope as rope_lib
 # HF `architectures` entries we can read and write (models/families/).
 SUPPORTED_ARCHITECTURES = family_registry.architectures()
 # `ModelConfig.norm_style` / `mlp_activation` values.
-NORM_STYLES = ("llama", "gemma")
+NORM_STYLES = ("llama", "gemma", "olmo")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 # `ModelConfig.layer_types` entries (HF names).
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -87,6 +87,9 @@ class ModelConfig:
     rms_norm_eps: RMSNorm epsilon.
     qkv_bias: Bias on the q/k/v projections (Qwen2: True).
     qk_norm: RMSNorm over each head's q and k before RoPE (Qwen3: True).
+    qk_norm_full_width: With qk_norm, one RMSNorm over all heads' q (and one
+      over all k) at once, weights [heads, head_dim] (OLMo 2/3's q_norm
+      over the whole q_proj output), instead of one per head.
     tie_embeddings: Output projection = input embedding transposed.
     dtype: Compute dtype of activations (logits are always float32); e.g.
       'bfloat16' with float32 `param_dtype` (master weights and optimizer
@@ -128,9 +131,15 @@ class ModelConfig:
       `rope_local_base_freq`; no rope scaling there); 0 = rope_theta.
     query_pre_attn_scalar: Attention scores are q.k / sqrt(this) (Gemma);
       0 = / sqrt(head_dim).
+    nope_layers: Layers whose attention uses no position embedding (NoPE:
+      q and k are not rotated; SmolLM3's `no_rope_layers` zeros), sorted
+      indices; () = RoPE in every layer. Under `scan_layers` each layer's
+      RoPE flag is a scanned input (one stack).
     norm_style: 'llama' (RMSNorm * w, pre-norm blocks) or 'gemma'
       ((1 + w) RMSNorm, extra norms after attention and after the MLP,
-      embeddings scaled by sqrt(hidden_size)).
+      embeddings scaled by sqrt(hidden_size)) or 'olmo' (RMSNorm * w on the
+      attention and MLP outputs only, before the residual add: OLMo 2/3's
+      post-norm blocks, norms `post_attn_norm`, `post_mlp_norm`).
     mlp_activation: The gated MLP's activation: 'silu' or 'gelu_tanh'.
   """
 
@@ -158,10 +167,12 @@ class ModelConfig:
   rotary_dim: int = 0
   rope_scaling: Any = ()
   qk_norm: bool = False
+  qk_norm_full_width: bool = False
   sliding_window: int = 0
   layer_types: Any = ()
   local_rope_theta: float = 0.0
   query_pre_attn_scalar: float = 0.0
+  nope_layers: Any = ()
   norm_style: str = "llama"
   mlp_activation: str = "silu"
 
@@ -187,6 +198,15 @@ class ModelConfig:
       raise ValueError(
           f"layer_types={self.layer_types} must be () or {self.num_layers} "
           f"entries from {LAYER_TYPES}.")
+    object.__setattr__(self, "nope_layers",
+                       tuple(sorted(int(i) for i in self.nope_layers)))
+    if not set(self.nope_layers) <= set(range(self.num_layers)) or len(
+        set(self.nope_layers)) != len(self.nope_layers):
+      raise ValueError(
+          f"nope_layers={self.nope_layers} must be distinct layer indices in "
+          f"[0, num_layers={self.num_layers}).")
+    if self.qk_norm_full_width and not self.qk_norm:
+      raise ValueError("qk_norm_full_width=True needs qk_norm=True.")
     if self.norm_style not in NORM_STYLES:
       raise ValueError(f"norm_style={self.norm_style!r}; expected one of "
                        f"{NORM_STYLES}.")
@@ -233,6 +253,10 @@ class ModelConfig:
       return self.layer_types[i] == "sliding_attention"
     return bool(self.sliding_window)
 
+  def uses_rope(self, i: int) -> bool:
+    """Whether layer i rotates q and k (False: a NoPE layer)."""
+    return i not in self.nope_layers
+
   @property
   def num_moe_layers(self) -> int:
     return sum(map(self.is_moe_layer, range(self.num_layers)))
@@ -261,7 +285,8 @@ class ModelConfig:
     if self.qkv_bias:
       attn += dh * (self.num_heads + 2 * self.num_kv_heads)
     if self.qk_norm:
-      attn += 2 * dh
+      attn += dh * ((self.num_heads + self.num_kv_heads)
+                    if self.qk_norm_full_width else 2)
     dense = attn + 3 * d * f + (4 if self.norm_style == "gemma" else 2) * d
     layers = self.num_layers * dense
     if self.moe is not None:

@@ -6,10 +6,10 @@ names are the shared Llama-like ones (`model.layers.{i}.self_attn.*`,
 `mlp.shared_experts.*`); what a family names differently (Gemma 3's four
 norms, Phi-3's fused `qkv_proj` / `gate_up_proj`) its
 `families.registry.Family` declares. A fused HF tensor is several entries,
-each a `part` (a range of its rows) of one of our parameters. HF stores `nn.Linear`
-weights as [out, in]; ours are [in, ...out] with heads split out, e.g.
-q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. With `scan_layers` the L
-per-layer tensors of a parameter form one stacked [L, ...] leaf
+each a `part` (a range of its rows) of one of our parameters. HF stores
+`nn.Linear` weights as [out, in]; ours are [in, ...out] with heads split
+out, e.g. q_proj.weight [H*Dh, D] <-> q_proj [D, H, Dh]. With `scan_layers`
+the L per-layer tensors of a parameter form one stacked [L, ...] leaf
 (docs/design/models.md "Layer layout").
 """
 
@@ -55,7 +55,8 @@ def _fuse(out: list[Entry], fused: tuple[tuple[str, tuple[str, ...]], ...]
           layers.setdefault(prefix, [None] * len(parts))[k] = j
     for prefix, idx in layers.items():
       if None in idx:
-        raise ValueError(f"{prefix}: a fused {fused_name} lacks one of {parts}.")
+        raise ValueError(
+            f"{prefix}: a fused {fused_name} lacks one of {parts}.")
       rows, start = sum(out[j].hf_shape[0] for j in idx), 0
       for j in idx:
         e = out[j]
@@ -70,7 +71,7 @@ def _fuse(out: list[Entry], fused: tuple[tuple[str, tuple[str, ...]], ...]
 def _attention_entries(cfg: ModelConfig, hf: str,
                        attn: tuple[str, ...]) -> list[Entry]:
   """One layer's attention tensors (q/k/v biases: Qwen2; q/k norms: Qwen3,
-  Gemma 3, GLM-4.5)."""
+  Gemma 3, GLM-4.5, full-width: OLMo 2/3)."""
   d, dh, h = cfg.hidden_size, cfg.head_dim, cfg.num_heads
   same = lambda x: x
   out = []
@@ -86,8 +87,12 @@ def _attention_entries(cfg: ModelConfig, hf: str,
           (heads * dh,), lambda b, n=heads: b.reshape(n, dh),
           lambda b, n=heads: b.reshape(n * dh)))
     if cfg.qk_norm and name != "v":
-      out.append(Entry(attn + (f"{name}_norm", "scale"),
-                       f"{hf}self_attn.{name}_norm.weight", (dh,), same, same))
+      full = cfg.qk_norm_full_width  # OLMo 2/3: [H*Dh] <-> [H, Dh].
+      out.append(Entry(
+          attn + (f"{name}_norm", "scale"),
+          f"{hf}self_attn.{name}_norm.weight", (heads * dh if full else dh,),
+          (lambda w, n=heads: w.reshape(n, dh)) if full else same,
+          (lambda w, n=heads: w.reshape(n * dh)) if full else same))
   out.append(Entry(attn + ("o_proj",), f"{hf}self_attn.o_proj.weight",
                    (d, h * dh), lambda w: w.T.reshape(h, dh, d),
                    lambda k: k.reshape(h * dh, d).T))

@@ -16,9 +16,13 @@ which the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/layers/attn/{q,k,v}_proj        [L, embed, (kv_)heads, head_dim]
   decoder/layers/attn/{q,k,v}_bias        [L, (kv_)heads, head_dim]  (qkv_bias)
   decoder/layers/attn/{q,k}_norm/scale    [L, head_dim]  (qk_norm: Qwen3, GLM)
+                                          [L, (kv_)heads, head_dim]
+                                          (qk_norm_full_width: OLMo 2/3)
   decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
   decoder/layers/mlp_norm/scale           [L, embed]
-  decoder/layers/post_{attn,mlp}_norm/scale [L, embed]  (norm_style 'gemma')
+  decoder/layers/post_{attn,mlp}_norm/scale [L, embed]  (norm_style 'gemma'
+                                          or 'olmo', which has no
+                                          attn_norm / mlp_norm)
   decoder/layers/mlp/{gate,up}_proj       [L, embed, mlp]
   decoder/layers/mlp/down_proj            [L, mlp, embed]
   decoder/final_norm/scale                [embed]
@@ -63,8 +67,9 @@ class DecoderLayer(nn.Module):
   Returns (x, new kv or None, (experts [B, T, k], load-balancing loss) or
   None). `norm_style='gemma'` adds `post_attn_norm` on the attention output
   and `post_mlp_norm` on the ffn output (HF Gemma 3's post-attention and
-  post-feedforward norms; `mlp_norm` is its pre-feedforward norm). ``local``:
-  Attention's sliding-layer flag.
+  post-feedforward norms; `mlp_norm` is its pre-feedforward norm);
+  `norm_style='olmo'` keeps only those two (OLMo 2/3: x + norm(attn(x))). ``local``,
+  ``use_rope``: Attention's sliding-layer and RoPE flags.
   """
 
   config: ModelConfig
@@ -72,14 +77,17 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None,
-               local=None):
-    gemma = self.config.norm_style == "gemma"
+               local=None, use_rope=None):
+    style = self.config.norm_style
+    pre = style != "olmo"  # OLMo 2/3: norms after the sublayers only.
+    post = style in ("gemma", "olmo")
     y, new_kv = Attention(self.config, name="attn")(
-        RMSNorm(self.config, name="attn_norm")(x), positions, mask, kv, local)
-    if gemma:
+        RMSNorm(self.config, name="attn_norm")(x) if pre else x, positions,
+        mask, kv, local, use_rope)
+    if post:
       y = RMSNorm(self.config, name="post_attn_norm")(y)
     x = x + y
-    y = RMSNorm(self.config, name="mlp_norm")(x)
+    y = RMSNorm(self.config, name="mlp_norm")(x) if pre else x
     routed = None
     if self.sparse:
       y, experts, aux, own = MoeBlock(
@@ -87,7 +95,7 @@ class DecoderLayer(nn.Module):
       routed = (experts, aux, own)
     else:
       y = MLP(self.config, name="mlp")(y)
-    if gemma:
+    if post:
       y = RMSNorm(self.config, name="post_mlp_norm")(y)
     x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
     return x, new_kv, routed
@@ -117,14 +125,28 @@ def _block(cfg: ModelConfig) -> type[nn.Module]:
                   prevent_cse=not cfg.scan_layers)
 
 
-def _scan_body(layer, x, kv, forced, local, positions, mask, end, tokens):
+def _scan_body(layer, x, kv, forced, flags, positions, mask, end, tokens):
   """One scanned layer; kv is this layer's (k, v) cache slices or None;
-  local its sliding-window flag (with `layer_types`) or None."""
+  flags its (sliding-window flag, RoPE flag), each None where every layer
+  is alike (`_layer_flags`)."""
   layer_kv = None if kv is None else (kv[0][None], kv[1][None], 0, end)
   x, new_kv, routed = layer(x, positions, mask, layer_kv, forced, tokens,
-                            local)
+                            *flags)
   return x, (None if new_kv is None else (new_kv[0][0], new_kv[1][0]),
              routed)
+
+
+def _layer_flags(cfg: ModelConfig, first: int, n: int
+                 ) -> tuple[jax.Array | None, jax.Array | None]:
+  """Layers [first, first + n)'s scanned (sliding-window, RoPE) flags: bool
+  [n] where the model mixes kinds (`layer_types`, `nope_layers`), else None
+  (the layer reads its kind from the config)."""
+  layers = range(first, first + n)
+  local = jnp.asarray([cfg.is_local_layer(i) for i in layers]) if len(
+      set(cfg.layer_types)) > 1 else None
+  rope = jnp.asarray([cfg.uses_rope(i) for i in layers]) if (
+      cfg.nope_layers) else None
+  return local, rope
 
 
 class Decoder(nn.Module):
@@ -169,7 +191,7 @@ class Decoder(nn.Module):
         x, kv, r = layer(
             x, positions, mask, None if cache is None else (*kv, i, end),
             None if forced is None or not cfg.is_moe_layer(i) else forced[m],
-            tokens, cfg.is_local_layer(i))
+            tokens, cfg.is_local_layer(i), cfg.uses_rope(i))
         routed += [] if r is None else [r]
       return x, kv, routed
     ks, vs = [], []
@@ -179,9 +201,8 @@ class Decoder(nn.Module):
       kv = None if cache is None else (cache.k[first:first + n],
                                        cache.v[first:first + n])
       f = None if forced is None or not sparse else forced[m:m + n]
-      local = jnp.asarray([cfg.is_local_layer(i) for i in range(
-          first, first + n)]) if len(set(cfg.layer_types)) > 1 else None
-      x, (kv, r) = scan(stack, x, kv, f, local, positions, mask, end, tokens)
+      x, (kv, r) = scan(stack, x, kv, f, _layer_flags(cfg, first, n),
+                        positions, mask, end, tokens)
       if kv is not None:
         ks.append(kv[0])
         vs.append(kv[1])

@@ -46,15 +46,18 @@ class MemoryEstimate:
 
 def attention_params(config: ModelConfig) -> int:
   """Parameters `optim.frozen_attention_labels` freezes: every layer's q/k/v/o
-  projections (and q/k/v biases) and its pre-attention norm (`attn_norm`)."""
+  projections (and q/k/v biases, q/k norms) and its attention norms
+  (`attn_norm`, `post_attn_norm`)."""
   d, dh = config.hidden_size, config.head_dim
   per_layer = d * dh * (2 * config.num_heads + 2 * config.num_kv_heads) + d
   if config.qkv_bias:
     per_layer += dh * (config.num_heads + 2 * config.num_kv_heads)
   if config.qk_norm:
-    per_layer += 2 * dh
+    per_layer += dh * ((config.num_heads + config.num_kv_heads)
+                       if config.qk_norm_full_width else 2)
   if config.norm_style == "gemma":
     per_layer += d  # post_attn_norm (an 'attn' path).
+  # norm_style 'olmo': post_attn_norm in place of attn_norm, as many.
   return config.num_layers * per_layer
 
 

@@ -62,7 +62,7 @@ LAYOUTS = {
 ALL_LAYOUTS = tuple(k for k in LAYOUTS if k != "default")
 # The feature checks a row can name (each a test below).
 CHECKS = ("sliding_window", "packed_rows", "batch_decode", "prompt_decode",
-          "qk_norm", "moe", "malformed_checkpoints")
+          "qk_norm", "moe", "malformed_checkpoints", "nope_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +138,19 @@ def _phi3_config() -> Any:
                        "partial_rotary_factor": 0.5,
                        "short_factor": [1.0, 1.3, 2.0, 3.5],
                        "long_factor": [4.0, 6.0, 9.0, 16.0]})
+
+
+def _olmo3_config() -> Any:
+  """A sliding layer (its own RoPE base) then a full one (YaRN-scaled)."""
+  return transformers.Olmo3Config(
+      **_DENSE, rms_norm_eps=1e-6, tie_word_embeddings=False,
+      sliding_window=WINDOW, max_position_embeddings=128,
+      layer_types=["sliding_attention", "full_attention"],
+      rope_parameters={
+          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+          "full_attention": {"rope_type": "yarn", "factor": 4.0,
+                             "original_max_position_embeddings": 32,
+                             "rope_theta": 10000.0}})
 
 
 def _qwen3(tie: bool, **row) -> Family:
@@ -235,6 +248,59 @@ FAMILIES = {
             "rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
                           "Phi3Config takes only"),
                          ({"attention_bias": True}, "attention_bias"))),
+    # A NoPE layer (the second: no_rope_layer_interval 2) after a RoPE one.
+    "smollm3": Family(
+        arch="SmolLM3ForCausalLM",
+        hf_config=lambda: transformers.SmolLM3Config(
+            **_DENSE, head_dim=16, rms_norm_eps=1e-6, pad_token_id=0,
+            no_rope_layer_interval=2, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 5000.0}),
+        reads={"nope_layers": (1,), "tie_embeddings": True},
+        batch=dict(length=11, pads=(0, 3, 8), seed=1),
+        weights=dict(scale=0.1), layouts=("default", "unrolled-dense"),
+        checks=frozenset({"prompt_decode", "nope_layers"}),
+        tiny=dict(nope_layers=(1,)),
+        export_refusals=((None, "LlamaForCausalLM", "export as SmolLM3"),),
+        import_refusals=(({"use_sliding_window": True}, "use_sliding_window"),
+                         ({"no_rope_layers": [1]}, "each of the 2 layers"))),
+    # Post-norm blocks (no pre-norms), q/k norms over all heads at once.
+    "olmo2": Family(
+        arch="Olmo2ForCausalLM",
+        hf_config=lambda: transformers.Olmo2Config(
+            **_DENSE, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        reads={"norm_style": "olmo", "qk_norm": True,
+               "qk_norm_full_width": True, "head_dim": 16},
+        batch=dict(length=11, pads=(0, 3, 8), seed=1),
+        weights=dict(scale=0.1),
+        checks=frozenset({"prompt_decode", "qk_norm"}),
+        tiny=dict(norm_style="olmo", qk_norm=True, qk_norm_full_width=True),
+        export_refusals=((None, "LlamaForCausalLM", "export as Olmo2"),
+                         (None, "Qwen3ForCausalLM", "qk_norm_full_width"),
+                         ({"qk_norm": True}, "Olmo2ForCausalLM",
+                          "export as Qwen3")),
+        import_refusals=(({"attention_bias": True}, "attention_bias"),)),
+    # OLMo 2's blocks, a sliding layer and a full one with their own RoPE.
+    "olmo3": Family(
+        arch="Olmo3ForCausalLM",
+        hf_config=_olmo3_config,
+        reads={"norm_style": "olmo", "qk_norm_full_width": True,
+               "sliding_window": WINDOW, "local_rope_theta": 100.0,
+               "layer_types": ("sliding_attention", "full_attention"),
+               "head_dim": 16},
+        batch=dict(length=11, pads=(0, 3, 5), seed=1),
+        weights=dict(scale=0.1), layouts=("default", "unrolled-blockwise"),
+        saved={"sliding_window": WINDOW},
+        checks=frozenset({"sliding_window", "batch_decode", "qk_norm"}),
+        tiny=dict(norm_style="olmo", qk_norm=True, qk_norm_full_width=True,
+                  sliding_window=8, local_rope_theta=100.0,
+                  layer_types=("sliding_attention", "full_attention")),
+        export_refusals=((None, "Olmo2ForCausalLM", "export as Olmo3"),
+                         (None, "Gemma3ForCausalLM", "Gemma3ForCausalLM needs")),
+        import_refusals=(({"rope_parameters": {
+            "sliding_attention": {"rope_type": "linear", "factor": 2.0},
+            "full_attention": {"rope_type": "default"}}},
+                          "sliding-layer RoPE scaling"),)),
     # Softmax top-k with renormalised weights, q/k norms, a dense first layer
     # (mlp_only_layers), untied head.
     "qwen3_moe": Family(
@@ -470,6 +536,19 @@ def test_sliding_window_applies(reference, layout):
   assert np.abs(full[mask] - reference.want[mask]).max() > 1e-2
 
 
+@pytest.mark.parametrize("reference,layout",
+                         _rows("nope_layers", lambda f: f.layouts),
+                         indirect=["reference"])
+def test_nope_layers_apply(reference, layout):
+  """With RoPE in every layer the logits differ from transformers'."""
+  config, params = _load(reference.path, layout)
+  tokens, mask, positions = reference.batch
+  roped = hf_reference.our_logits(
+      dataclasses.replace(_in_layout(config, layout), nope_layers=()),
+      params, tokens, mask, positions)
+  assert np.abs(roped[mask] - reference.want[mask]).max() > 1e-2
+
+
 @pytest.mark.parametrize("reference,attn",
                          _rows("packed_rows", lambda f: ("dense", "blockwise")),
                          indirect=["reference"])
@@ -522,8 +601,11 @@ def test_sampler_decode_matches_transformers(reference):
 def test_qk_norms_are_attention_params_and_applied(reference):
   config, params = hf.load_hf_checkpoint(reference.path)
   attn = params["decoder"]["layers"]["attn"]  # Stacked: [L, ...] leaves.
-  assert attn["q_norm"]["scale"].shape == attn["k_norm"]["scale"].shape == (
-      config.num_layers, reference.family.reads["head_dim"])
+  heads = ((config.num_heads,), (config.num_kv_heads,)) if (
+      config.qk_norm_full_width) else ((), ())  # OLMo: all heads at once.
+  for name, n in zip(("q_norm", "k_norm"), heads):
+    assert attn[name]["scale"].shape == (
+        config.num_layers, *n, reference.family.reads["head_dim"])
   # The q/k norms are attention parameters (frozen with the attention).
   assert _attention_params(
       params, lambda k: "attn" in jax.tree_util.keystr(k)) == (
@@ -535,7 +617,7 @@ def test_qk_norms_are_attention_params_and_applied(reference):
                      if not k.endswith("_norm")}
   tokens, mask, positions = reference.batch
   plain = hf_reference.our_logits(
-      dataclasses.replace(config, qk_norm=False),
+      dataclasses.replace(config, qk_norm=False, qk_norm_full_width=False),
       {**params, "decoder": {**params["decoder"], **layers}},
       tokens, mask, positions)
   assert np.abs(plain[mask] - reference.want[mask]).max() > 1e-2

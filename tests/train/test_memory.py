@@ -25,11 +25,15 @@ def _nbytes(tree) -> int:
     dict(qkv_bias=True, dtype="bfloat16"),
     dict(qkv_bias=True, scan_layers=False),  # The per-layer layout.
     # One per family's own shapes (models/families/): Qwen3's q/k norms,
-    # Mistral's window, Gemma 3's four norms and mixed layers, the experts.
+    # Mistral's window, Gemma 3's four norms and mixed layers, OLMo's two
+    # post-norms and full-width q/k norms, the experts.
     dict(qk_norm=True),
     dict(sliding_window=4),
     dict(norm_style="gemma", mlp_activation="gelu_tanh", qk_norm=True,
          tie_embeddings=True, sliding_window=4, local_rope_theta=10.0,
+         layer_types=("sliding_attention", "full_attention")),
+    dict(norm_style="olmo", qk_norm=True, qk_norm_full_width=True,
+         sliding_window=4, local_rope_theta=10.0,
          layer_types=("sliding_attention", "full_attention")),
     dict(qk_norm=True, first_dense_layers=1, moe=MoeConfig(
         num_experts=4, top_k=2, intermediate_size=16)),
@@ -37,7 +41,7 @@ def _nbytes(tree) -> int:
          moe=MoeConfig(num_experts=4, top_k=2, intermediate_size=16,
                        router="sigmoid", n_group=2, n_shared_experts=1)),
 ], ids=["tied", "bias_bf16", "per_layer", "qwen3", "mistral", "gemma3",
-        "qwen3_moe", "glm4_moe"])
+        "olmo3", "qwen3_moe", "glm4_moe"])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_estimate_matches_the_allocated_trees(overrides, frozen):
   """The trees are those the real init, optimizers and cache functions make,

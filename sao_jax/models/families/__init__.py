@@ -15,3 +15,6 @@ from sao_jax.models.families import glm4_moe  # pylint: disable=unused-import
 from sao_jax.models.families import mistral  # pylint: disable=unused-import
 from sao_jax.models.families import gemma3  # pylint: disable=unused-import
 from sao_jax.models.families import phi3  # pylint: disable=unused-import
+from sao_jax.models.families import smollm3  # pylint: disable=unused-import
+from sao_jax.models.families import olmo2  # pylint: disable=unused-import
+from sao_jax.models.families import olmo3  # pylint: disable=unused-import

@@ -96,6 +96,8 @@ def base_to_hf(cfg: Any, arch: str, model_type: str) -> dict[str, Any]:
 def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
                  qk_norm: tuple[bool, ...] = (False,), sliding: bool = False,
                  router: str | None = None, partial_rotary: bool = False,
+                 nope: bool = False, norm_style: str = "llama",
+                 full_width_qk: bool = False, layer_types: bool = False,
                  notes: Mapping[str, str] | None = None) -> None:
   """Refuses what `arch` (a Llama-like family) cannot express in `cfg`.
 
@@ -107,15 +109,25 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
     sliding: Whether it has one `sliding_window` for every layer.
     router: The MoE router it has (None: a dense model).
     partial_rotary: Whether it can rotate part of a head (`rotary_dim`).
+    nope: Whether it can leave RoPE out of some layers (`nope_layers`).
+    norm_style: Its blocks' `norm_style` ('llama' or 'olmo'; Gemma 3
+      checks its own).
+    full_width_qk: Whether its q/k norms span all heads (OLMo 2/3; then
+      `qk_norm_full_width` must be set).
+    layer_types: Whether it mixes sliding and full layers (`layer_types`,
+      `local_rope_theta`).
     notes: Field -> why, added to that field's error.
   """
-  gemma = (cfg.norm_style, cfg.mlp_activation) != ("llama", "silu") or (
-      cfg.layer_types or cfg.query_pre_attn_scalar or cfg.local_rope_theta)
-  if gemma:
+  other = (cfg.norm_style != norm_style or cfg.mlp_activation != "silu" or
+           cfg.query_pre_attn_scalar or cfg.qk_norm_full_width != full_width_qk
+           or (not layer_types and (cfg.layer_types or cfg.local_rope_theta)))
+  if other:
     raise UnsupportedConfigError(
-        f"{arch} cannot express a Gemma-style config (norm_style, "
-        "mlp_activation, layer_types, query_pre_attn_scalar, "
-        "local_rope_theta); export as Gemma3ForCausalLM.")
+        f"{arch} cannot express norm_style={cfg.norm_style!r}, mlp_activation="
+        f"{cfg.mlp_activation!r}, qk_norm_full_width="
+        f"{cfg.qk_norm_full_width}, query_pre_attn_scalar, layer_types or "
+        "local_rope_theta as this config sets them (Gemma 3, OLMo 2/3); "
+        f"export as {cfg.hf_architecture()}.")
   cfg_router = cfg.moe.router if cfg.moe is not None else None
   problems = (("sliding_window", cfg.sliding_window,
                bool(cfg.sliding_window) and not sliding),
@@ -123,7 +135,9 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
               ("qkv_bias", cfg.qkv_bias, cfg.qkv_bias not in qkv_bias),
               ("qk_norm", cfg.qk_norm, cfg.qk_norm not in qk_norm),
               ("rotary_dim", cfg.rotary_dim,
-               bool(cfg.rotary_dim) and not partial_rotary))
+               bool(cfg.rotary_dim) and not partial_rotary),
+              ("nope_layers", cfg.nope_layers,
+               bool(cfg.nope_layers) and not nope))
   for name, value, bad in problems:
     if bad:
       note = (notes or {}).get(name)

@@ -137,11 +137,14 @@ reference (materialised scores and mask), the blockwise online-softmax path
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, spec: MaskSpec, kv=None, local=None):
+  def __call__(self, x, positions, spec: MaskSpec, kv=None, local=None,
+               use_rope=None):
     """x: [B,T,D]; spec: which keys each query sees (layers/masks.py);
     kv: (k_all, v_all, layer, end) or None; local: whether this is a
     sliding-window layer (a bool, or a traced bool scalar under a layer scan
-    mixing both kinds; None: every layer is like layer 0).
+    mixing both kinds; None: every layer is like layer 0); use_rope: whether
+    q and k are rotated (False: a NoPE layer, `ModelConfig.nope_layers`;
+    a bool or a traced bool scalar; None: as layer 0).
 
     Returns (out [B,T,D], updated (k_all, v_all) or None).
     """
@@ -161,7 +164,12 @@ reference (materialised scores and mask), the blockwise online-softmax path
       return y
 
     q, k = proj("q", h, "heads"), proj("k", hkv, "kv_heads")
-    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE.
+    if cfg.qk_norm_full_width:  # OLMo 2: over all heads' channels at once.
+      q = RMSNorm(cfg, (h, dh), ("heads", "head_dim"), name="q_norm")(
+          q).astype(x.dtype)
+      k = RMSNorm(cfg, (hkv, dh), ("kv_heads", "head_dim"), name="k_norm")(
+          k).astype(x.dtype)
+    elif cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE.
       q = RMSNorm(cfg, dh, "head_dim", name="q_norm")(q).astype(x.dtype)
       k = RMSNorm(cfg, dh, "head_dim", name="k_norm")(k).astype(x.dtype)
     local = cfg.is_local_layer(0) if local is None else local
@@ -177,7 +185,11 @@ reference (materialised scores and mask), the blockwise online-softmax path
       return (near if local else full) if static else jnp.where(
           local, near, full)
 
-    q, k = rope(q), rope(k)
+    use_rope = cfg.uses_rope(0) if use_rope is None else use_rope
+    if not isinstance(use_rope, bool):  # Mixed RoPE / NoPE layers, scanned.
+      q, k = (jnp.where(use_rope, rope(y), y) for y in (q, k))
+    elif use_rope:
+      q, k = rope(q), rope(k)
     if cfg.query_pre_attn_scalar:  # Scores q.k / sqrt(scalar) (Gemma).
       q = q * jnp.asarray((dh / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
     v = proj("v", hkv, "kv_heads")

@@ -17,21 +17,27 @@ class RMSNorm(nn.Module):
   * (1 + scale) with `norm_style='gemma'` (HF Gemma3RMSNorm, scale init 0).
 
   Over the last axis: `features` wide (0: hidden_size), logical `axis`
-  (Qwen3's per-head q/k norms: head_dim, 'head_dim').
+  (Qwen3's per-head q/k norms: head_dim, 'head_dim'); or over the last
+  len(features) axes when `features` and `axis` are tuples (OLMo 2's
+  full-width q/k norms: (heads, head_dim), one mean over every channel).
   """
 
   config: ModelConfig
-  features: int = 0
-  axis: str = "embed"
+  features: int | tuple[int, ...] = 0
+  axis: str | tuple[str, ...] = "embed"
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     gemma = self.config.norm_style == "gemma"
     init = nn.initializers.zeros if gemma else nn.initializers.ones
-    scale = param(self, "scale", init,
-                   (self.features or self.config.hidden_size,), (self.axis,))
+    shape = self.features or self.config.hidden_size
+    shape = tuple(shape) if isinstance(shape, tuple) else (shape,)
+    axes = self.axis if isinstance(self.axis, tuple) else (self.axis,)
+    scale = param(self, "scale", init, shape, axes)
     x32 = x.astype(jnp.float32)
+    over = tuple(range(-len(shape), 0))
     x32 = x32 * jax.lax.rsqrt(
-        jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.rms_norm_eps)
+        jnp.mean(x32 * x32, axis=over, keepdims=True) +
+        self.config.rms_norm_eps)
     w = scale.astype(jnp.float32) + (1.0 if gemma else 0.0)
     return (w * x32).astype(self.config.compute_dtype)
