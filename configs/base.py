@@ -187,6 +187,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Prompts and observations are left-padded to powers of two >= this.
   config.sampler.min_prompt_bucket = 8
   config.sampler.batch_size = 16  # Episodes decoded together.
+  # The rollout engine behind the sampler's Rollout interface
+  # (sao_jax/sampler/interface.py): 'native' (our JAX decoder, every backend).
+  config.sampler.engine = "native"
   # Continuous batching (sao_jax/sampler/engine.py): episodes in flight (0:
   # batch_size); a finished episode's slot takes the next prompt at once
   # (refill=False: the slots start together when all are free, the batch

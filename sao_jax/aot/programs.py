@@ -31,7 +31,7 @@ from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.sampler import decoding
-from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler import interface
 from sao_jax.sampler import generate as generate_lib
 from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
@@ -217,7 +217,7 @@ def _sft_program(config: Any, mcfg: ModelConfig, mesh: jax.sharding.Mesh,
 def sampler_shapes(config: Any) -> dict[str, int]:
   """Batch, cache, prefill and decode-chunk lengths the sampler runs."""
   limits = rollout.RolloutLimits.from_config(config)
-  opts = engine_lib.EngineOptions.from_config(config)
+  opts = interface.EngineOptions.from_config(config)
   prompt = max(1, limits.max_total_tokens - limits.max_new_tokens_per_turn)
   if str(config.sampler.kv_on_swap) == "recompute":
     prompt = limits.cache_len()  # A swap re-prefills whole histories.

@@ -1,6 +1,6 @@
 """Which episode numbers the trainer has consumed, for an exact resume.
 
-The sampler numbers its episodes per host (``SlotEngine``: episode ``e`` is
+The sampler numbers its episodes per host (``EpisodeFeed``: episode ``e`` is
 prompt draw ``e // n_rollouts``; a trajectory's ``group_id`` is ``draw *
 process_count + process_index``). In ``async`` mode episodes reach the ring
 out of order, so a count of the records read does not say which ones were

@@ -136,7 +136,7 @@ class Trajectory:
 class EpisodeRecord:
   """One episode's tokens so far and how it ended, as the sampler builds it.
 
-  The sampler's engine (and the evaluation's ``run_episodes``) appends each
+  Every rollout engine (``sampler/rollout.py`` `Episode`) appends each
   prompt, action and observation with ``add``; ``trajectory`` is the one place
   a `Trajectory` is made from an episode.
   """

@@ -4,7 +4,8 @@ The trainer starts it with ``multiprocessing`` *spawn* (never fork after JAX
 is initialised); it has its own JAX runtime, optionally pinned to its own CPU
 cores. It is the process lifecycle only: spawn, affinity, signals and the
 parent watch, the shared counters (`SamplerStats`), adopting published
-weights (`_NewestWeights`) and running `engine.SlotEngine`, which holds the
+weights (`_NewestWeights`) and running the `interface.Rollout` engine that
+``sampler.engine`` names (``factory.make_rollout``), which holds the
 episodes and writes each trajectory to the ring when it ends (a trajectory's
 data path does not pass through this file; docs/design/data_path.md "File by
 file").
@@ -32,79 +33,8 @@ from absl import logging
 from sao_jax.data import packing
 from sao_jax.data.trajectory import StalenessPolicy
 from sao_jax.sampler import devices
-
-
-PHASES = ("starting", "waiting for admission (the trainer's step)",
-          "loading weights", "running episodes (generation and env calls)",
-          "waiting for ring space")
-
-
-class SamplerStats(ctypes.Structure):
-  """The sampler's counters, shared with the trainer (one writer: the child)."""
-
-  _fields_ = [
-      ("episodes", ctypes.c_double),
-      ("action_tokens", ctypes.c_double),  # Action tokens generated.
-      ("busy_s", ctypes.c_double),  # Generating.
-      ("idle_s", ctypes.c_double),  # Waiting for admission or ring space.
-      ("weight_load_s", ctypes.c_double),
-      ("weights_version", ctypes.c_double),  # Newest weights version seen.
-      ("env_errors", ctypes.c_double),  # Episodes that ended in an env error.
-      # Episodes in flight when the sampler stopped (never written; a resumed
-      # run starts them again).
-      ("episodes_aborted", ctypes.c_double),
-      # Rows x steps of the decode loop, and those that generated a token
-      # (their ratio is the decode-batch occupancy).
-      ("decode_row_steps", ctypes.c_double),
-      ("decode_active_row_steps", ctypes.c_double),
-      # Cached tokens whose keys/values were kept across a weight swap.
-      ("kv_cache_stale_tokens", ctypes.c_double),
-      # Weight versions whose MAC failed (written by another process).
-      ("rejected_weights", ctypes.c_double),
-      # Tasks skipped at selection: their prompt alone is over the budget.
-      ("skipped_long_prompts", ctypes.c_double),
-      # The code tool's counters (envs/code_env.py STAT_FIELDS).
-      ("code_calls", ctypes.c_double), ("code_exec_s_p50", ctypes.c_double),
-      ("code_exec_s_p99", ctypes.c_double),
-      ("code_timeouts", ctypes.c_double),
-      ("code_memory_kills", ctypes.c_double),
-      ("code_truncations", ctypes.c_double),
-      ("code_refusals", ctypes.c_double),
-      ("code_sandbox_errors", ctypes.c_double),
-      # 1 while the loop runs, 2 after a clean exit, -1 on crash.
-      ("alive", ctypes.c_double),
-      ("heartbeat", ctypes.c_double),  # time.time() of the last phase change.
-      ("phase", ctypes.c_double),  # Index into PHASES.
-  ]
-
-  def describe(self) -> str:
-    """What the sampler was last doing, for the trainer's errors."""
-    if not self.heartbeat:
-      return "the sampler has not started its loop yet"
-    return (f"the sampler was {PHASES[int(self.phase)]} "
-            f"{time.time() - self.heartbeat:.0f} s ago, after "
-            f"{int(self.episodes)} episodes ({int(self.env_errors)} env "
-            f"errors), weights version {int(self.weights_version)}")
-
-  def enter(self, phase: str) -> None:
-    self.phase, self.heartbeat = PHASES.index(phase), time.time()
-
-  def as_dict(self) -> dict[str, float]:
-    """``sampler/<name>`` of every counter but ``alive`` and the heartbeat,
-    and ``sampler/decode_occupancy``."""
-    out = {f"sampler/{name}": float(getattr(self, name))
-           for name, _ in self._fields_
-           if name not in ("alive", "heartbeat", "phase")}
-    out["sampler/decode_occupancy"] = self.decode_occupancy()
-    return out
-
-  def decode_occupancy(self) -> float:
-    """Share of decode-batch rows that generated a token, per decode step."""
-    return self.decode_active_row_steps / max(1.0, self.decode_row_steps)
-
-  def idle_frac(self) -> float:
-    """Share of the sampler's time spent waiting (admission, ring space)."""
-    return self.idle_s / max(1e-9, self.idle_s + self.busy_s)
+from sao_jax.sampler.stats import PHASES
+from sao_jax.sampler.stats import SamplerStats
 
 
 @dataclasses.dataclass
@@ -343,9 +273,10 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
   from sao_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
   from sao_jax.envs import build as env_build  # pylint: disable=g-import-not-at-top
   from sao_jax.ipc import ring as ring_lib  # pylint: disable=g-import-not-at-top
-  from sao_jax.sampler import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from sao_jax.sampler import factory  # pylint: disable=g-import-not-at-top
+  from sao_jax.sampler import feed as feed_lib  # pylint: disable=g-import-not-at-top
+  from sao_jax.sampler import interface  # pylint: disable=g-import-not-at-top
   from sao_jax.sampler import rollout  # pylint: disable=g-import-not-at-top
-  from sao_jax.sampler.sampling import SamplingParams  # pylint: disable=g-import-not-at-top
 
   cfg = spec.config
   if cfg.sampler.compilation_cache_dir:
@@ -355,11 +286,12 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   tokenizer = text_tokenizer.from_serialized(spec.tokenizer_proto)
   train_tasks, _ = env_build.build_tasks(cfg.env)
-  options = engine_lib.EngineOptions.from_config(cfg)
+  settings = interface.RolloutSettings.from_config(cfg)
+  options = settings.options
   prompt_ds = prompts_lib.prompt_dataset(
       range(len(train_tasks)), seed=int(cfg.train.seed),
       shard_index=spec.process_index, shard_count=spec.process_count)
-  limits = rollout.RolloutLimits.from_config(cfg)
+  limits = settings.limits
   probe = env_build.make_envs(cfg.env, train_tasks, 1)[0]
   prompts = prompts_lib.FittingPrompts(
       prompt_ds, len(range(len(train_tasks))[spec.process_index::
@@ -386,34 +318,32 @@ def _run(spec: SamplerSpec, trainer_step, stop_event, stats) -> None:
       raise _ParentGone()
     return stop_event.is_set()
 
-  engine = engine_lib.SlotEngine(
-      model_config=spec.model_config, options=options, limits=limits,
-      sampling=SamplingParams(temperature=float(cfg.sampler.temperature),
-                              top_p=float(cfg.sampler.top_p),
-                              top_k=int(cfg.sampler.top_k)),
-      tokenizer=tokenizer,
-      envs=env_build.make_envs(cfg.env, train_tasks, options.num_slots),
-      task_of=task_of,
-      weights=_NewestWeights(slot, stats, trainer_step),
-      staleness=spec.staleness,
+  feed = feed_lib.EpisodeFeed(
+      task_of=task_of, outbox=feed_lib.Outbox(writer, stats, should_stop),
+      stats=stats, staleness=spec.staleness,
       train_batch=(packing.trajectories_per_step_bound(cfg)
                    // spec.process_count),
-      trainer_step=lambda: trainer_step.value,
-      outbox=engine_lib.Outbox(writer, stats, should_stop), stats=stats,
-      rng=base_key, process_index=spec.process_index,
-      process_count=spec.process_count)
+      trainer_step=lambda: trainer_step.value, n_rollouts=options.n_rollouts,
+      process_index=spec.process_index, process_count=spec.process_count,
+      start=int(spec.start_episode), skip=spec.skip_episodes)
+  engine = factory.make_rollout(
+      cfg, model_config=spec.model_config, tokenizer=tokenizer,
+      envs=env_build.make_envs(cfg.env, train_tasks, options.num_slots),
+      weights=_NewestWeights(slot, stats, trainer_step), stats=stats,
+      rng=base_key, settings=settings)
   stats.alive = 1
   stats.enter(PHASES[1])
-  logging.info("sampler: starting at episode %d (skipping %d consumed above "
-               "it), %d slots (refill %s), admission bound %d, prompt shard "
-               "%d of %d.", spec.start_episode, len(spec.skip_episodes),
-               options.num_slots, options.refill,
+  logging.info("sampler: %s engine starting at episode %d (skipping %d "
+               "consumed above it), %d slots (refill %s), admission bound %d, "
+               "prompt shard %d of %d.", engine.name, spec.start_episode,
+               len(spec.skip_episodes), options.num_slots, options.refill,
                spec.staleness.admission_bound, spec.process_index,
                spec.process_count)
   try:
-    engine.run(int(spec.start_episode), should_stop,
-               skip=frozenset(spec.skip_episodes))
+    engine.start()
+    engine.run(feed, should_stop)
   finally:
+    engine.stop()
     writer.close()
     slot.close()
     logging.info("sampler: stopped after %d episodes (%d in flight "

@@ -1,125 +1,41 @@
-"""Episode runner: multi-turn agentic trajectories over a batch of episodes.
+"""The episode rules every rollout engine shares: limits, turns, endings.
 
-Per turn, every live row's policy generates until a stop token (a tool call
-`<|/tool_call|>`, the end of turn `<|end|>` or eos) or its budget; the action
-text goes to that row's environment; a non-final observation is appended to
-the context with action mask 0 and the row continues. Rows end with a
-`FinishReason`: STOP (env says done), LENGTH (token budget: the action did not
-stop within its budget, or the next observation would not fit
-`max_total_tokens`), TURNS (`max_turns` actions taken), ERROR (the env raised;
-the message is kept, the other rows go on).
+An episode is a prompt (``env.reset``), then turns: the policy generates an
+action until a stop token (a tool call `<|/tool_call|>`, the end of turn
+`<|end|>` or eos) or its budget; the action text goes to the environment
+(``env.step``); a non-final observation is appended to the context with
+action mask 0 and the policy goes on. It ends with a `FinishReason`: STOP
+(env says done), LENGTH (token budget: the action did not stop within its
+budget, or the next observation would not fit ``max_total_tokens``), TURNS
+(``max_turns`` actions taken), ERROR (the env raised or timed out, or the
+prompt alone is too long; the message is kept, other episodes go on).
 
-Policies are pluggable (`Policy`): `ModelPolicy` samples with
-`sampler.generate.Generator` and calls `params_provider() -> (params,
-version)` before every turn, switching to newer weights between turns (the
-cache is recomputed under them); tests plug in a scripted policy. Every
-action token records the version of the policy that sampled it.
+`Episode` holds one episode's `EpisodeRecord` and applies these rules; an
+engine (``engine.py``, ``vllm_engine.py``) only generates tokens and calls
+it, so every engine ends its episodes the same way. Every action token
+records its sampled log-prob and the policy version that sampled it.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import threading
 from typing import Any, Callable, Sequence
 
 from absl import logging
-import jax
 import numpy as np
 
 from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs.base import Environment
-from sao_jax.models.config import ModelConfig
 from sao_jax.sampler.generate import MIN_BUCKET
-from sao_jax.sampler.generate import Generator
-from sao_jax.sampler.generate import Segment
-from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.data.trajectory import EpisodeRecord
 from sao_jax.data.trajectory import FinishReason
-from sao_jax.data.trajectory import NO_VERSION
 from sao_jax.data.trajectory import Trajectory
 
-ParamsProvider = Callable[[], tuple[Any, int]]
-
-
-class Policy(abc.ABC):
-  """Generates action segments for a batch of rows, turn by turn."""
-
-  @abc.abstractmethod
-  def start(self, prompts: Sequence[Sequence[int]]) -> None:
-    """Begins a batch; one prompt per row (empty for rows that are not live)."""
-
-  @abc.abstractmethod
-  def observe(self, chunks: Sequence[Sequence[int]]) -> None:
-    """Appends observation tokens per row (empty for most rows)."""
-
-  @abc.abstractmethod
-  def refresh(self) -> int:
-    """Called before each turn; returns the policy version for that turn."""
-
-  @abc.abstractmethod
-  def act(self, stop_ids: Sequence[int], budgets: np.ndarray,
-          active: np.ndarray) -> list[Segment]:
-    """One action segment per row (empty for inactive rows)."""
-
-  def row_experts(self, i: int) -> np.ndarray | None:
-    """A MoE policy's experts of every token fed for row ``i`` so far,
-    uint16 [n, M, k] (routing replay, R3); None: no routing to record."""
-    del i
-    return None
-
-
-class ModelPolicy(Policy):
-  """Samples from the `Transformer`; picks up new weights between turns."""
-
-  def __init__(self, config: ModelConfig, params_provider: ParamsProvider,
-               max_len: int, sampling: SamplingParams = SamplingParams(),
-               rng: jax.Array | None = None, min_bucket: int = MIN_BUCKET,
-               row_subsets: bool = True):
-    """Args:
-      config: model config.
-      params_provider: returns (params, version); called before every turn.
-      max_len: KV cache slots per row (`RolloutLimits.cache_len()` is safe).
-      sampling: sampling parameters (the trainer must use the same temperature).
-      rng: PRNG key.
-      min_bucket: shortest prompt/chunk padding (`Generator`).
-      row_subsets: run only the rows with work (`Generator`).
-    """
-    self.config = config
-    self.params_provider = params_provider
-    self.max_len = max_len
-    self.sampling = sampling
-    self.min_bucket = min_bucket
-    self.row_subsets = row_subsets
-    self._rng = jax.random.PRNGKey(0) if rng is None else rng
-    self._gen: Generator | None = None
-    self.version = NO_VERSION
-
-  def start(self, prompts):
-    params, self.version = self.params_provider()
-    self._rng, key = jax.random.split(self._rng)
-    self._gen = Generator(self.config, params, len(prompts), self.max_len,
-                          self.sampling, key, self.min_bucket,
-                          self.row_subsets)
-    self._gen.append(prompts)
-
-  def observe(self, chunks):
-    self._gen.append(chunks)
-
-  def refresh(self) -> int:
-    params, version = self.params_provider()
-    if version != self.version:
-      logging.info("ModelPolicy: weights %d -> %d between turns.",
-                   self.version, version)
-      self._gen.set_params(params)
-      self.version = version
-    return self.version
-
-  def act(self, stop_ids, budgets, active):
-    return self._gen.generate(list(stop_ids), budgets, active)
-
-  def row_experts(self, i):
-    return self._gen.row_experts(i)
+# What an engine does after an action segment (`Episode.after_segment`).
+GENERATE = "generate"  # The action goes on.
+STEP = "step"  # The action ended: ``env.step`` is due (`Episode.env_step`).
+OVER = "over"  # The episode ended (build its trajectory).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,82 +174,123 @@ def prompt_tokens(env: Environment, task: Any, tokenizer: tok_lib.Tokenizer,
       lambda: env.reset(task), limits.step_timeout_s, "env.reset"), tokenizer)
 
 
-def run_episodes(policy: Policy, envs: Sequence[Environment],
-                 tasks: Sequence[Any], tokenizer: tok_lib.Tokenizer,
-                 limits: RolloutLimits = RolloutLimits(),
-                 stop_ids: Sequence[int] | None = None) -> list[Trajectory]:
-  """Runs one episode per (env, task) row; returns one `Trajectory` per row.
 
-  Args:
-    policy: the policy (`ModelPolicy`, or a test's scripted one).
-    envs: one environment instance per row.
-    tasks: one task per row, passed to `env.reset`.
-    tokenizer: encodes observations and decodes actions.
-    limits: turn and token limits.
-    stop_ids: tokens that end an action segment (default `default_stop_ids`).
+
+class Episode:
+  """One episode: its record, its turn and the rules of how it goes on.
+
+  An engine calls `begin` (the prompt to feed), then per generated segment
+  `add_action` and `after_segment`; on `STEP` it runs `env_step` (off its
+  decode loop: it may be slow) and hands the result to `env_result`, which
+  returns the observation to feed or None when the episode is over.
   """
-  if len(envs) != len(tasks):
-    raise ValueError(f"{len(envs)} envs for {len(tasks)} tasks; need one each.")
-  stop_ids = tuple(default_stop_ids(tokenizer) if stop_ids is None else stop_ids)
-  rows = [EpisodeRecord() for _ in envs]
 
-  def fail(i: int, what: str, e: Exception) -> None:
-    rows[i].finish = FinishReason.ERROR
-    rows[i].error = f"{what}: {type(e).__name__}: {e}"
-    logging.warning("Episode %d (%s) failed in %s", i, envs[i].name,
-                    rows[i].error)
+  def __init__(self, env: Environment, tokenizer: tok_lib.Tokenizer,
+               limits: RolloutLimits, number: int = -1):
+    self.env, self.tokenizer, self.limits = env, tokenizer, limits
+    self.number = number  # The engine's episode number (-1: none).
+    self.record = EpisodeRecord()
+    self.turns = 0  # Actions handed to the environment.
+    self.turn_left = 0  # Tokens the current action may still take.
+    self.action: list[int] = []  # The current action's tokens.
+    self.over = False
 
-  prompts = []
-  for i, (env, task) in enumerate(zip(envs, tasks)):
+  def begin(self, task: Any) -> list[int] | None:
+    """``env.reset(task)``: the prompt tokens, or None (an ERROR episode)."""
     try:
-      prompt = prompt_tokens(env, task, tokenizer, limits)
-      if len(prompt) >= limits.max_total_tokens:
-        raise ValueError(f"prompt has {len(prompt)} tokens >= max_total_tokens="
-                         f"{limits.max_total_tokens}")
-      rows[i].add(prompt, 0)
+      prompt = prompt_tokens(self.env, task, self.tokenizer, self.limits)
+      if len(prompt) >= self.limits.max_total_tokens:
+        raise ValueError(f"prompt has {len(prompt)} tokens >= "
+                         f"max_total_tokens={self.limits.max_total_tokens}")
     except Exception as e:  # pylint: disable=broad-except
-      fail(i, "reset", e)
-    prompts.append(rows[i].tokens)
-  policy.start([list(p) for p in prompts])
+      self.fail("reset", e)
+      return None
+    self.record.add(prompt, 0)
+    self._next_turn()
+    return prompt
 
-  for _ in range(limits.max_turns):
-    active = np.array([r.finish is None for r in rows])
-    if not active.any():
-      break
-    version = policy.refresh()
-    budgets = np.array([action_budget(env, limits, len(r.tokens))
-                        for env, r in zip(envs, rows)], np.int32)
-    segments = policy.act(stop_ids, budgets, active)
-    chunks: list[list[int]] = [[] for _ in rows]
-    for i, (row, seg) in enumerate(zip(rows, segments)):
-      if not active[i]:
-        continue
-      row.add(seg.tokens, 1, seg.logprobs, version)
-      if not (seg.stopped or envs[i].fixed_length_actions):
-        row.finish = FinishReason.LENGTH
-        continue
-      try:
-        envs[i].set_policy_version(version)
-        text = tokenizer.decode(seg.tokens)
-        obs, reward, done, _ = call_with_timeout(
-            lambda: envs[i].step(text),  # pylint: disable=cell-var-from-loop
-            limits.step_timeout_s, "env.step")
-        obs_tokens = encode_observation(obs, tokenizer) if not done else []
-      except Exception as e:  # pylint: disable=broad-except
-        fail(i, "step", e)
-        continue
-      if len(seg.tokens):
-        row.rewards[-1] += float(reward)
-      if done:
-        row.finish = FinishReason.STOP
-      elif len(row.tokens) + len(obs_tokens) >= limits.max_total_tokens:
-        row.finish = FinishReason.LENGTH
-      else:
-        row.add(obs_tokens, 0)
-        chunks[i] = obs_tokens
-    if any(chunks):
-      policy.observe(chunks)
+  def _next_turn(self) -> None:
+    self.action = []
+    self.turn_left = action_budget(self.env, self.limits,
+                                   len(self.record.tokens))
 
-  for i, row in enumerate(rows):
-    attach_experts(row, policy.row_experts(i))
-  return [row.trajectory(env) for env, row in zip(envs, rows)]
+  def add_action(self, tokens: Sequence[int], logprobs: Sequence[float],
+                 versions: int | Sequence[int]) -> None:
+    """Appends sampled tokens, their log-probs and the policy version of
+    each (one for all, or one per token)."""
+    n = len(tokens)
+    per_token = np.broadcast_to(np.asarray(versions, np.int64), (n,))
+    start = 0
+    for end in list(np.flatnonzero(np.diff(per_token)) + 1) + [n]:
+      if end > start:
+        self.record.add(tokens[start:end], 1, logprobs[start:end],
+                        int(per_token[start]))
+      start = end
+    self.action.extend(int(t) for t in tokens)
+    self.turn_left -= n
+
+  def after_segment(self, stopped: bool, ended: bool = False) -> str:
+    """`GENERATE`, `STEP` or `OVER` after a segment.
+
+    Args:
+      stopped: it ended on a stop token.
+      ended: the engine cannot generate more of this action (it neither
+        stopped nor used the budget it was given: the engine's own length
+        limit); as if the action's budget ran out.
+    """
+    if ended and not stopped:
+      self.turn_left = 0
+    if stopped or (self.turn_left <= 0 and self.env.fixed_length_actions):
+      self.turns += 1
+      return STEP
+    if self.turn_left <= 0:
+      self.record.finish = FinishReason.LENGTH
+      self.over = True
+      return OVER
+    return GENERATE
+
+  def env_step(self, version: int | None) -> tuple[list[int], float, bool]:
+    """``env.step`` on the action: (observation tokens, reward, done).
+
+    Runs on an engine's worker thread, within ``step_timeout_s``.
+    """
+    self.env.set_policy_version(version)
+    text = self.tokenizer.decode(self.action)
+    obs, reward, done, _ = call_with_timeout(
+        lambda: self.env.step(text), self.limits.step_timeout_s, "env.step")
+    obs_tokens = [] if done else encode_observation(obs, self.tokenizer)
+    return obs_tokens, float(reward), bool(done)
+
+  def env_result(self, result: tuple[list[int], float, bool]
+                 ) -> list[int] | None:
+    """Records an `env_step` result; the observation to feed before the
+    next action, or None when the episode is over."""
+    obs_tokens, reward, done = result
+    record = self.record
+    if self.action:
+      record.rewards[-1] += reward
+    if done:
+      record.finish = FinishReason.STOP
+    elif len(record.tokens) + len(obs_tokens) >= self.limits.max_total_tokens:
+      record.finish = FinishReason.LENGTH
+    else:
+      record.add(obs_tokens, 0)
+      if self.turns < self.limits.max_turns:
+        self._next_turn()
+        return obs_tokens
+    self.over = True
+    return None
+
+  def fail(self, what: str, e: BaseException) -> None:
+    """Ends the episode as ERROR (``what``: 'reset' or 'step')."""
+    self.record.finish = FinishReason.ERROR
+    self.record.error = f"{what}: {type(e).__name__}: {e}"
+    self.over = True
+    logging.warning("sampler: episode %d (%s) failed in %s", self.number,
+                    self.env.name, self.record.error)
+
+  def trajectory(self, experts: np.ndarray | None = None) -> Trajectory:
+    """The finished episode's `Trajectory` (with the routing of every token
+    for a MoE policy, `attach_experts`)."""
+    attach_experts(self.record, experts)
+    return self.record.trajectory(self.env)

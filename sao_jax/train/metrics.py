@@ -226,6 +226,9 @@ def step_scalars(step_metrics: Mapping[str, float],
         "throughput/sampler_tokens_per_s": sampler_tokens_per_s,
         "idle/sampler_frac": sampler_idle_frac,
         "weights/publish_s_total": publish_s, **sampler_stats})
+    # Adopted weights pushed into the rollout engine's own copy (vLLM).
+    scalars["weights/engine_push_s"] = sampler_stats.get(
+        "sampler/engine_push_s", 0.0)
   if ring_stats is not None:
     scalars.update({
         "ring/occupancy_bytes": float(sum(

@@ -13,7 +13,7 @@ every task.
 import pytest
 
 from configs import reasoning_gym
-from scripted_policy import ScriptedPolicy
+import scripted_policy
 from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import build as env_build
 from sao_jax.envs import demonstrations
@@ -58,8 +58,8 @@ def test_demonstrated_answer_earns_full_reward(tmp_path, dataset, kind):
 
   def play(scripts):
     envs = env_build.make_envs(config.env, train, n)
-    return rollout.run_episodes(ScriptedPolicy(scripts), envs, list(range(n)),
-                                tok, rollout.RolloutLimits.from_config(config))
+    return scripted_policy.play(scripts, envs, range(n), tok,
+                                rollout.RolloutLimits.from_config(config))[0]
 
   right = play([[t for seg, trained in ex if trained for t in seg]
                 for ex in examples])

@@ -1,4 +1,5 @@
-"""Tests for sao_jax.sampler.engine: slots, refill, in-flight weight swaps."""
+"""Tests for sao_jax.sampler.engine (the native `Rollout`) and its feed:
+slots, refill, in-flight weight swaps, exactly once."""
 
 import time
 
@@ -17,6 +18,8 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.logprobs import token_logprobs
 from sao_jax.models.transformer import Transformer
 from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler import feed as feed_lib
+from sao_jax.sampler import interface
 from sao_jax.sampler import rollout
 from sao_jax.sampler.process import SamplerStats
 from sao_jax.sampler.sampling import SamplingParams
@@ -68,7 +71,7 @@ class _TurnsEnv(base.Environment):
 def _run(tok, model, *, slots, episodes, start=0, swap_after=None,
          kv_on_swap="recompute", sampling=SamplingParams(_TEMPERATURE),
          refill=True, stop_after=None, skip=frozenset(), n_rollouts=1):
-  """Runs the engine over `episodes` episodes; returns (trajs, stats, engine)."""
+  """Runs the engine over `episodes` episodes; returns (trajs, stats, feed)."""
   cfg, params = model
   out, stats, polls = [], SamplerStats(), []
 
@@ -82,22 +85,25 @@ def _run(tok, model, *, slots, episodes, start=0, swap_after=None,
     return True
 
   limit = episodes if stop_after is None else stop_after
-  engine = engine_lib.SlotEngine(
-      model_config=cfg,
-      options=engine_lib.EngineOptions(
+  settings = interface.RolloutSettings(
+      interface.EngineOptions(
           num_slots=slots, decode_chunk=4, weight_poll_tokens=4,
           refill=refill, kv_on_swap=kv_on_swap, env_threads=2,
           n_rollouts=n_rollouts),
-      limits=rollout.RolloutLimits(max_turns=3, max_total_tokens=80,
-                                   max_new_tokens_per_turn=12),
-      sampling=sampling, tokenizer=tok, envs=[_TurnsEnv() for _ in range(slots)],
-      task_of=lambda draw: draw, weights=weights,
-      staleness=StalenessPolicy(max_staleness=0),
-      train_batch=1, trainer_step=lambda: start + episodes - 1,
-      outbox=outbox, stats=stats, rng=jax.random.PRNGKey(3),
-      stop_ids=list(range(4, tok.vocab_size, 9)))
-  engine.run(start, lambda: len(out) >= limit, skip)
-  return out, stats, engine
+      rollout.RolloutLimits(max_turns=3, max_total_tokens=80,
+                            max_new_tokens_per_turn=12),
+      sampling, stop_ids=tuple(range(4, tok.vocab_size, 9)))
+  engine = engine_lib.NativeRollout(
+      settings, model_config=cfg, tokenizer=tok,
+      envs=[_TurnsEnv() for _ in range(slots)], weights=weights, stats=stats,
+      rng=jax.random.PRNGKey(3))
+  feed = feed_lib.EpisodeFeed(
+      task_of=lambda draw: draw, outbox=outbox, stats=stats,
+      staleness=StalenessPolicy(max_staleness=0), train_batch=1,
+      trainer_step=lambda: start + episodes - 1, n_rollouts=n_rollouts,
+      start=start, skip=skip)
+  engine.run(feed, lambda: len(out) >= limit)
+  return out, stats, feed
 
 
 def _reference_logp(trajs, cfg, params):
@@ -155,14 +161,14 @@ def test_refilled_slot_does_not_see_previous_occupant(tok, model, sampling):
 
 
 def test_every_episode_once_or_aborted_across_stop_and_resume(tok, model):
-  first, stats, engine = _run(tok, model, slots=4, episodes=12, stop_after=5)
+  first, stats, feed = _run(tok, model, slots=4, episodes=12, stop_after=5)
   done = {t.group_id for t in first}
   assert len(done) == len(first) >= 5
   # Started = written + abandoned in flight (counted).
-  assert engine.next_episode == len(first) + stats.episodes_aborted
+  assert feed.next_episode == len(first) + stats.episodes_aborted
   assert stats.episodes == len(first)
   # Resume from the lowest episode not written, skipping those written.
-  low = min(set(range(engine.next_episode)) - done)
+  low = min(set(range(feed.next_episode)) - done)
   second, _, _ = _run(tok, model, slots=4, episodes=12 - low, start=low,
                       skip=frozenset(done), stop_after=12 - len(done))
   ids = sorted([t.group_id for t in first] + [t.group_id for t in second])
@@ -194,17 +200,19 @@ def test_longtail_env_budgets_span_16x_and_the_engine_keeps_them(tok, model):
   chosen = [next(t for t in range(64) if levels[t] == lv and t % 2 == k)
             for lv in range(5) for k in (0, 1)]  # Two tasks per level.
   out = []
-  engine = engine_lib.SlotEngine(
-      model_config=cfg, options=engine_lib.EngineOptions(num_slots=4),
-      limits=rollout.RolloutLimits(max_turns=2, max_total_tokens=256,
-                                   max_new_tokens_per_turn=128),
-      sampling=SamplingParams(), tokenizer=tok,
+  stats = SamplerStats()
+  engine = engine_lib.NativeRollout(
+      interface.RolloutSettings(
+          interface.EngineOptions(num_slots=4),
+          rollout.RolloutLimits(max_turns=2, max_total_tokens=256,
+                                max_new_tokens_per_turn=128), stop_ids=()),
+      model_config=cfg, tokenizer=tok,
       envs=[longtail.LongTailToolEnv(tasks) for _ in range(4)],
-      task_of=lambda draw: chosen[draw % len(chosen)], weights=lambda: (params[0], 0),
-      staleness=StalenessPolicy(max_staleness=100), train_batch=1,
-      trainer_step=lambda: 0, outbox=lambda t: out.extend(t) or True,
-      stats=SamplerStats(), rng=jax.random.PRNGKey(0), stop_ids=[])
-  engine.run(0, lambda: len(out) >= 2 * len(chosen))
+      weights=lambda: (params[0], 0), stats=stats, rng=jax.random.PRNGKey(0))
+  engine.run(feed_lib.EpisodeFeed(
+      task_of=lambda draw: chosen[draw % len(chosen)],
+      outbox=lambda t: out.extend(t) or True, stats=stats),
+             lambda: len(out) >= 2 * len(chosen))
   lengths = {t.prompt_id: t.num_action_tokens for t in out}
   for task, n in lengths.items():  # No stop token: actions use the budget.
     assert n == 8 << longtail.length_level(task, 5)
@@ -224,21 +232,21 @@ def test_longtail_tool_calls_follow_the_task_and_do_not_hold_other_slots(
   chosen = [slow] + fast
   cfg, params = model
   out = []
-  engine = engine_lib.SlotEngine(
-      model_config=cfg,
-      options=engine_lib.EngineOptions(num_slots=4, env_threads=4),
-      limits=rollout.RolloutLimits(max_turns=5, max_total_tokens=256,
-                                   max_new_tokens_per_turn=128),
-      sampling=SamplingParams(), tokenizer=tok,
+  stats = SamplerStats()
+  engine = engine_lib.NativeRollout(
+      interface.RolloutSettings(
+          interface.EngineOptions(num_slots=4, env_threads=4),
+          rollout.RolloutLimits(max_turns=5, max_total_tokens=256,
+                                max_new_tokens_per_turn=128), stop_ids=()),
+      model_config=cfg, tokenizer=tok,
       envs=[longtail.LongTailToolEnv(tasks, min_tokens=4, levels=1,
                                      tool_calls=3, tool_latency_s=0.2)
             for _ in range(4)],
+      weights=lambda: (params[0], 0), stats=stats, rng=jax.random.PRNGKey(0))
+  engine.run(feed_lib.EpisodeFeed(
       task_of=lambda draw: chosen[draw] if draw < 8 else fast[draw % 7],
-      weights=lambda: (params[0], 0),
-      staleness=StalenessPolicy(max_staleness=100), train_batch=1,
-      trainer_step=lambda: 0, outbox=lambda t: out.extend(t) or True,
-      stats=SamplerStats(), rng=jax.random.PRNGKey(0), stop_ids=[])
-  engine.run(0, lambda: slow in [t.prompt_id for t in out])
+      outbox=lambda t: out.extend(t) or True, stats=stats),
+             lambda: slow in [t.prompt_id for t in out])
   for t in out:
     am = t.action_mask.astype(int)
     segments = int(np.sum(np.diff(np.concatenate([[0], am])) == 1))

@@ -1,4 +1,5 @@
-"""Tests for sao_jax.sampler.rollout: multi-turn episodes, errors, limits."""
+"""Tests for sao_jax.sampler.rollout (the episode rules) through the
+`Rollout` interface: multi-turn episodes, errors, limits."""
 
 import flax.linen as nn
 import jax
@@ -13,11 +14,14 @@ from sao_jax.envs import tool_env
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.logprobs import token_logprobs
 from sao_jax.models.transformer import Transformer
+from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler import interface
 from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
+from sao_jax.sampler.stats import SamplerStats
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import NO_VERSION
-from scripted_policy import ScriptedPolicy
+import scripted_policy
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +70,10 @@ def test_scripted_tool_call_episode(tok, tasks):
              call * 3]
   envs = [tool_env.ToolEnv(tasks), _RaisingEnv(tasks), tool_env.ToolEnv(tasks),
           tool_env.ToolEnv(tasks)]
-  policy = ScriptedPolicy(scripts, version=3, logprob=-0.25)
   limits = rollout.RolloutLimits(max_turns=2, max_total_tokens=400,
                                  max_new_tokens_per_turn=64)
-  trajs = rollout.run_episodes(policy, envs, [0, 1, 2, 3], tok, limits)
+  trajs, policy = scripted_policy.play(scripts, envs, [0, 1, 2, 3], tok,
+                                       limits, version=3, logprob=-0.25)
 
   good = trajs[0]
   prompt = tok.encode(tok_lib.format_prompt(entry["question"]))
@@ -116,9 +120,9 @@ def test_token_limit_and_reset_error(tok, tasks):
   limits = rollout.RolloutLimits(max_turns=5,
                                  max_total_tokens=prompt_len + len(call) + 3,
                                  max_new_tokens_per_turn=64)
-  trajs = rollout.run_episodes(
-      ScriptedPolicy([call * 5, call]),
-      [tool_env.ToolEnv(tasks), _BadReset(tasks)], [1, 1], tok, limits)
+  trajs, _ = scripted_policy.play(
+      [call * 5, call], [tool_env.ToolEnv(tasks), _BadReset(tasks)], [1, 1],
+      tok, limits)
   # The observation would not fit the token budget.
   assert trajs[0].finish_reason == FinishReason.LENGTH
   assert trajs[0].length == prompt_len + len(call)
@@ -134,28 +138,38 @@ def _init_params(cfg, seed, scale=6.0):
 
 
 @pytest.mark.slow
-def test_model_policy_multi_turn_logprobs_and_versions(tok):
+def test_native_rollout_multi_turn_logprobs_and_versions(tok):
+  """Evaluation's path (`interface.run_episodes`) with a real decoder and
+  an in-flight weight swap: every action token's log-prob is the trainer's
+  under the version it records."""
   cfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
   versions = {0: _init_params(cfg, 0), 1: _init_params(cfg, 1)}
   calls = []
 
-  def provider():  # Version 0 for the first two turns, then version 1.
+  def weights():  # Version 0 for the first three polls, then version 1.
     calls.append(None)
     v = 0 if len(calls) <= 3 else 1
     return versions[v], v
 
-  # Many stop tokens so a random model ends its segments early.
-  stops = list(range(4, tok.vocab_size, 3))
   temperature = 0.7
-  policy = rollout.ModelPolicy(
-      cfg, provider, rollout.RolloutLimits(4, 96, 8).cache_len(),
-      SamplingParams(temperature=temperature), jax.random.PRNGKey(1))
+  limits = rollout.RolloutLimits(4, 96, 8)
+  settings = interface.RolloutSettings(
+      interface.EngineOptions(num_slots=2, decode_chunk=4,
+                              weight_poll_tokens=4, kv_on_swap="recompute",
+                              env_threads=2),
+      limits, SamplingParams(temperature=temperature),
+      # Many stop tokens so a random model ends its segments early.
+      stop_ids=tuple(range(4, tok.vocab_size, 3)))
   envs = [_EchoEnv("<|user|>hi<|end|><|assistant|>", "<|tool_result|>ok 12"),
           _EchoEnv("<|user|>a longer question here<|end|><|assistant|>",
                    "<|tool_result|>x")]
-  trajs = rollout.run_episodes(policy, envs, [5, 6], tok,
-                               rollout.RolloutLimits(4, 96, 8), stop_ids=stops)
+  engine = engine_lib.NativeRollout(
+      settings, model_config=cfg, tokenizer=tok, envs=envs, weights=weights,
+      stats=SamplerStats(), rng=jax.random.PRNGKey(1))
+  assert isinstance(engine, interface.Rollout)
+  trajs = interface.run_episodes(engine, [5, 6])
   assert [t.prompt_id for t in trajs] == [5, 6]
+  assert [t.group_id for t in trajs] == [0, 1]
   t_max = max(t.length for t in trajs)
   toks = np.zeros((len(trajs), t_max), np.int32)
   mask = np.zeros((len(trajs), t_max), bool)

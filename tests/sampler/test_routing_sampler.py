@@ -1,5 +1,5 @@
 """Routing replay (R3) end to end: the sampler records each fed token's
-experts (sampler/decoding.py, generate.py, rollout.py, engine.py), the
+experts (sampler/decoding.py, generate.py, engine.py), the
 trajectory carries them through the ring codec and the trainer's batch
 (unpacked and packed rows), and the trainer's forward with replay reproduces
 the sampler's log-probs (issue 27, item 3)."""
@@ -20,7 +20,9 @@ from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import MoeConfig
 from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler import feed as feed_lib
 from sao_jax.sampler import generate as generate_lib
+from sao_jax.sampler import interface
 from sao_jax.sampler import rollout
 from sao_jax.sampler.process import SamplerStats
 from sao_jax.sampler.sampling import SamplingParams
@@ -87,15 +89,27 @@ def _stops(tok):
   return list(range(4, tok.vocab_size, 9))  # A random model stops early.
 
 
+def _native(tok, cfg, params, slots, chunk):
+  return engine_lib.NativeRollout(
+      interface.RolloutSettings(
+          interface.EngineOptions(num_slots=slots, decode_chunk=chunk,
+                                  weight_poll_tokens=0, env_threads=1),
+          LIMITS, SamplingParams(temperature=TEMPERATURE),
+          stop_ids=tuple(_stops(tok))),
+      model_config=cfg, tokenizer=tok, envs=_envs(slots),
+      weights=lambda: (params, 0), stats=SamplerStats(),
+      rng=jax.random.PRNGKey(3))
+
+
 def _episodes(tok, cfg, params, n=3):
-  policy = rollout.ModelPolicy(cfg, lambda: (params, 0), LIMITS.cache_len(),
-                               SamplingParams(temperature=TEMPERATURE),
-                               jax.random.PRNGKey(1))
-  return rollout.run_episodes(policy, _envs(n), list(range(n)), tok, LIMITS,
-                              stop_ids=_stops(tok))
+  """Evaluation's path: one episode per task, whole turns per decode call."""
+  return interface.run_episodes(
+      _native(tok, cfg, params, n, LIMITS.max_new_tokens_per_turn),
+      list(range(n)))
 
 
 def _engine(tok, cfg, params, episodes=5, slots=2):
+  """The sampler's path: slots refilled, 4-token chunks, written as they end."""
   out = []
 
   def outbox(trajs):
@@ -103,16 +117,11 @@ def _engine(tok, cfg, params, episodes=5, slots=2):
     trajs.clear()
     return True
 
-  eng = engine_lib.SlotEngine(
-      model_config=cfg,
-      options=engine_lib.EngineOptions(num_slots=slots, decode_chunk=4,
-                                       weight_poll_tokens=0, env_threads=1),
-      limits=LIMITS, sampling=SamplingParams(temperature=TEMPERATURE),
-      tokenizer=tok, envs=_envs(slots), task_of=lambda d: d,
-      weights=lambda: (params, 0), staleness=StalenessPolicy(max_staleness=0),
-      train_batch=1, trainer_step=lambda: episodes, outbox=outbox,
-      stats=SamplerStats(), rng=jax.random.PRNGKey(3), stop_ids=_stops(tok))
-  eng.run(0, lambda: len(out) >= episodes)
+  eng = _native(tok, cfg, params, slots, 4)
+  eng.run(feed_lib.EpisodeFeed(
+      task_of=lambda d: d, outbox=outbox, stats=eng.stats,
+      staleness=StalenessPolicy(max_staleness=0),
+      trainer_step=lambda: episodes), lambda: len(out) >= episodes)
   return out[:episodes]
 
 

@@ -40,7 +40,7 @@ from sao_jax.train import checkpoint as ckpt_lib
 from sao_jax.train import step as step_lib
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import Trajectory
-from scripted_policy import ScriptedPolicy
+import scripted_policy
 import tiny_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -395,8 +395,8 @@ def test_hung_env_step_becomes_an_error_row_and_others_go_on(tok):
                                  max_new_tokens_per_turn=4,
                                  step_timeout_s=0.5)
   t0 = time.monotonic()
-  trajs = rollout.run_episodes(
-      ScriptedPolicy([[tok.eos_id], [tok.eos_id]]),
+  trajs, _ = scripted_policy.play(
+      [[tok.eos_id], [tok.eos_id]],
       [_FixedEnv(hang=True), _FixedEnv(hang=False)], [0, 1], tok, limits)
   assert time.monotonic() - t0 < 10
   assert trajs[0].finish_reason == FinishReason.ERROR

@@ -21,7 +21,7 @@ import optax
 import pytest
 
 from configs import chain_sum
-from scripted_policy import ScriptedPolicy
+import scripted_policy
 from sao_jax import config_validation
 from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
@@ -29,8 +29,11 @@ from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
+from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler import interface
 from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
+from sao_jax.sampler.stats import SamplerStats
 from sao_jax.train import evaluate as eval_lib
 from sao_jax.train import step as step_lib
 from sao_jax.train import warm_start
@@ -64,7 +67,8 @@ def _config(env_name: str, dataset: str, dataset_config: dict,
       "max_tool_calls": 1, "styles": ("plain",), "style_change_steps": (),
       "step_timeout_s": 60.0})
   config.sampler = ml_collections.ConfigDict({
-      "max_total_tokens": 128, "max_new_tokens": 32, "min_prompt_bucket": 8})
+      "max_total_tokens": 128, "max_new_tokens": 32, "min_prompt_bucket": 8,
+      "env_threads": 2})
   return config
 
 
@@ -92,9 +96,8 @@ def test_sft_demonstration_replays_as_a_full_reward_episode(
   assert len(examples) == n
   envs = env_build.make_envs(config.env, tasks, n)
   scripts = [[t for seg in _actions(ex) for t in seg] for ex in examples]
-  trajs = rollout.run_episodes(
-      ScriptedPolicy(scripts), envs, list(range(n)), tok,
-      rollout.RolloutLimits.from_config(config))
+  trajs, _ = scripted_policy.play(scripts, envs, range(n), tok,
+                                  rollout.RolloutLimits.from_config(config))
   for i, (ex, traj) in enumerate(zip(examples, trajs)):
     sft_tokens = [t for seg, _ in ex for t in seg]
     sft_mask = [int(trained) for seg, trained in ex for _ in seg]
@@ -130,36 +133,19 @@ def test_sft_length_errors_name_the_length_that_works(tok, caplog):
   assert len(warm_start.sft_examples(tasks, tok, 16, max_len=longest)) == 16
 
 
-class _AnswerBook(rollout.Policy):
-  """Answers each prompt from a book (prompt text -> action text)."""
+class _AnswerBook(scripted_policy.ScriptedDecoder):
+  """Answers each prompt from a book (prompt text -> action text); a
+  `Decoder` the native engine builds in place of its `Generator`."""
 
   book: dict[str, str] = {}
+  tok = None
   seen_sampling: list[SamplingParams] = []
 
-  def __init__(self, config, params_provider, max_len, sampling, rng=None,
-               min_bucket=8, row_subsets=True):
-    del config, params_provider, max_len, rng, min_bucket, row_subsets
+  def __init__(self, config, params, batch, max_len, sampling, *args):
+    del config, params, max_len, args
     _AnswerBook.seen_sampling.append(sampling)
-    self._tok = None
-    self._scripts: list[list[int]] = []
-
-  def bind(self, tok):
-    self._tok = tok
-    return self
-
-  def start(self, prompts):
-    self._inner = ScriptedPolicy([
-        self._tok.encode(self.book[self._tok.decode(p)]) for p in prompts])
-    self._inner.start(prompts)
-
-  def observe(self, chunks):
-    self._inner.observe(chunks)
-
-  def refresh(self):
-    return 0
-
-  def act(self, stop_ids, budgets, active):
-    return self._inner.act(stop_ids, budgets, active)
+    super().__init__(lambda prompt: self.tok.encode(
+        self.book[self.tok.decode(prompt)]), batch)
 
 
 @pytest.mark.parametrize("reward", ["exact", "score"])
@@ -177,17 +163,21 @@ def test_held_out_accuracy_is_full_credit_as_training_reward_exact(
     action = {0: answer, 1: f" {answer} ", 2: answer + "1"}[i % 3]
     right += i % 3 != 2
     book[env.reset(i)] = tok_lib.format_assistant_turn(action)
-  _AnswerBook.book = book
-  monkeypatch.setattr(eval_lib.rollout, "ModelPolicy",
-                      lambda *a, **k: _AnswerBook(*a, **k).bind(tok))
+  _AnswerBook.book, _AnswerBook.tok = book, tok
+  monkeypatch.setattr(engine_lib, "Generator", _AnswerBook)
+  # Three episodes in flight over the n problems (slots refilled).
   result = eval_lib.evaluate(None, None, config, tok, held_out, batch_size=3)
   assert _AnswerBook.seen_sampling[-1].greedy
   assert result["eval/accuracy"] == pytest.approx(right / n)
+  assert result["eval/num_problems"] == n
   # The training side: the sampler's envs and limits.
   envs = env_build.make_envs(config.env, held_out, n)
-  policy = _AnswerBook(None, None, 0, SamplingParams()).bind(tok)
-  trajs = rollout.run_episodes(policy, envs, list(range(n)), tok,
-                               rollout.RolloutLimits.from_config(config))
+  trajs = interface.run_episodes(engine_lib.NativeRollout(
+      interface.RolloutSettings(
+          interface.EngineOptions(num_slots=n),
+          rollout.RolloutLimits.from_config(config)),
+      model_config=None, tokenizer=tok, envs=envs, weights=lambda: ({}, 0),
+      stats=SamplerStats(), rng=jax.random.PRNGKey(0)), range(n))
   rewards = np.array([t.total_reward for t in trajs])
   if reward == "exact":  # Scored exactly as the held-out set.
     assert rewards.mean() == result["eval/accuracy"]
@@ -231,12 +221,16 @@ def test_sampled_episode_is_on_policy_in_the_train_step(tok):
       jax.random.PRNGKey(0), x, x, x == 0)["params"])
   temperature, n, seq_len = 0.8, 4, 96
   limits = rollout.RolloutLimits(1, 80, 6)
-  policy = rollout.ModelPolicy(mcfg, lambda: (params, 3), limits.cache_len(),
-                               SamplingParams(temperature=temperature),
-                               jax.random.PRNGKey(2))
   envs = env_build.make_envs(config.env, tasks, n)
-  trajs = rollout.run_episodes(policy, envs, list(range(n)), tok, limits,
-                               stop_ids=list(range(4, tok.vocab_size, 3)))
+  engine = engine_lib.NativeRollout(
+      interface.RolloutSettings(
+          interface.EngineOptions(num_slots=n),
+          limits, SamplingParams(temperature=temperature),
+          stop_ids=tuple(range(4, tok.vocab_size, 3))),
+      model_config=mcfg, tokenizer=tok, envs=envs,
+      weights=lambda: (params, 3), stats=SamplerStats(),
+      rng=jax.random.PRNGKey(2))
+  trajs = interface.run_episodes(engine, range(n))
   # A stopped episode earns a reward (here: force one so it is nonzero).
   for t in trajs:
     t.rewards[np.flatnonzero(t.action_mask)[-1]] += 1.0
