@@ -85,6 +85,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.norm_style = "llama"
   # Layers without RoPE (SmolLM3's NoPE layers), e.g. (3, 7, 11); () = none.
   config.model.nope_layers = ()
+  # Multi-head latent attention (DeepSeek-V3; models/layers/mla.py) when
+  # kv_lora_rank > 0: the cached latent's width, the query bottleneck (0:
+  # none), each head's rotated channels (of head_dim) and value width.
+  config.model.kv_lora_rank = 0
+  config.model.q_lora_rank = 0
+  config.model.qk_rope_head_dim = 0
+  config.model.v_head_dim = 0
   config.model.mlp_activation = "silu"
   # Routing replay (R3): 'rollout' makes the trainer's forward use the
   # experts the sampler recorded for every token (gate weights recomputed,

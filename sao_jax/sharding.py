@@ -39,6 +39,9 @@ DEFAULT_RULES: Rules = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
+    # MLA's low-rank bottlenecks (layers/mla.py): small, kept whole.
+    ("q_lora", None),
+    ("kv_lora", None),
     ("length", None),
     ("layers", None),  # The stacked layer axis (scan_layers): never split.
 )

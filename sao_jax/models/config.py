@@ -131,6 +131,15 @@ class ModelConfig:
       `rope_local_base_freq`; no rope scaling there); 0 = rope_theta.
     query_pre_attn_scalar: Attention scores are q.k / sqrt(this) (Gemma);
       0 = / sqrt(head_dim).
+    kv_lora_rank: Multi-head latent attention (MLA, DeepSeek-V3;
+      layers/mla.py) when > 0: the width of the per-token key/value latent
+      the KV cache holds; 0 = grouped-query attention. With MLA, head_dim is
+      the query/key width (qk_nope + qk_rope_head_dim) and num_kv_heads ==
+      num_heads.
+    q_lora_rank: MLA's query bottleneck width (0: one q_proj).
+    qk_rope_head_dim: MLA's rotated channels of each query/key head (the
+      last ones), with one RoPE key shared by every head.
+    v_head_dim: MLA's value width per head.
     nope_layers: Layers whose attention uses no position embedding (NoPE:
       q and k are not rotated; SmolLM3's `no_rope_layers` zeros), sorted
       indices; () = RoPE in every layer. Under `scan_layers` each layer's
@@ -173,6 +182,10 @@ class ModelConfig:
   local_rope_theta: float = 0.0
   query_pre_attn_scalar: float = 0.0
   nope_layers: Any = ()
+  kv_lora_rank: int = 0
+  q_lora_rank: int = 0
+  qk_rope_head_dim: int = 0
+  v_head_dim: int = 0
   norm_style: str = "llama"
   mlp_activation: str = "silu"
 
@@ -205,6 +218,11 @@ class ModelConfig:
       raise ValueError(
           f"nope_layers={self.nope_layers} must be distinct layer indices in "
           f"[0, num_layers={self.num_layers}).")
+    if self.kv_lora_rank:
+      self._check_mla()
+    elif self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim:
+      raise ValueError("q_lora_rank, qk_rope_head_dim and v_head_dim are MLA "
+                       "fields; set kv_lora_rank > 0 with them.")
     if self.qk_norm_full_width and not self.qk_norm:
       raise ValueError("qk_norm_full_width=True needs qk_norm=True.")
     if self.norm_style not in NORM_STYLES:
@@ -229,6 +247,49 @@ class ModelConfig:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of "
                        f"{REMAT_POLICIES}.")
+
+  def _check_mla(self) -> None:
+    """ValueError for MLA settings the latent attention cannot run."""
+    if not (0 < self.qk_rope_head_dim < self.head_dim and
+            self.qk_rope_head_dim % 2 == 0 and self.v_head_dim > 0 and
+            self.kv_lora_rank > 0 and self.q_lora_rank >= 0):
+      raise ValueError(
+          f"MLA needs 0 < qk_rope_head_dim={self.qk_rope_head_dim} < "
+          f"head_dim={self.head_dim} (even), v_head_dim={self.v_head_dim} > 0 "
+          f"and q_lora_rank={self.q_lora_rank} >= 0.")
+    others = dict(num_kv_heads=self.num_kv_heads != self.num_heads,
+                  qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+                  sliding_window=self.sliding_window,
+                  layer_types=self.layer_types, rotary_dim=self.rotary_dim,
+                  nope_layers=self.nope_layers,
+                  query_pre_attn_scalar=self.query_pre_attn_scalar)
+    bad = sorted(k for k, v in others.items() if v)
+    if bad:
+      raise ValueError(
+          f"MLA (kv_lora_rank={self.kv_lora_rank}) cannot be combined with "
+          f"{bad} (num_kv_heads must equal num_heads).")
+
+  @property
+  def mla(self) -> bool:
+    """Whether attention is multi-head latent attention."""
+    return self.kv_lora_rank > 0
+
+  def attention_params(self) -> int:
+    """Parameters of one layer's attention (projections, biases, q/k
+    norms; not the block's norms)."""
+    d, dh, h = self.hidden_size, self.head_dim, self.num_heads
+    if self.mla:
+      r, dr = self.kv_lora_rank, self.qk_rope_head_dim
+      q = (d * self.q_lora_rank + self.q_lora_rank +
+           self.q_lora_rank * h * dh) if self.q_lora_rank else d * h * dh
+      return (q + d * (r + dr) + r + r * h * (dh - dr + self.v_head_dim) +
+              h * self.v_head_dim * d)
+    attn = d * dh * (h * 2 + self.num_kv_heads * 2)
+    if self.qkv_bias:
+      attn += dh * (h + 2 * self.num_kv_heads)
+    if self.qk_norm:
+      attn += dh * ((h + self.num_kv_heads) if self.qk_norm_full_width else 2)
+    return attn
 
   def is_moe_layer(self, i: int) -> bool:
     """Whether decoder layer i has routed experts."""
@@ -280,13 +341,8 @@ class ModelConfig:
 
   def num_params(self) -> int:
     """Exact number of parameters of the policy `Transformer`."""
-    d, f, dh = self.hidden_size, self.intermediate_size, self.head_dim
-    attn = d * dh * (self.num_heads * 2 + self.num_kv_heads * 2)
-    if self.qkv_bias:
-      attn += dh * (self.num_heads + 2 * self.num_kv_heads)
-    if self.qk_norm:
-      attn += dh * ((self.num_heads + self.num_kv_heads)
-                    if self.qk_norm_full_width else 2)
+    d, f = self.hidden_size, self.intermediate_size
+    attn = self.attention_params()
     dense = attn + 3 * d * f + (4 if self.norm_style == "gemma" else 2) * d
     layers = self.num_layers * dense
     if self.moe is not None:

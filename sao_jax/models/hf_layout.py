@@ -99,6 +99,57 @@ def _attention_entries(cfg: ModelConfig, hf: str,
   return out
 
 
+def _deinterleave(x: np.ndarray, dr: int, axis: int,
+                  inverse: bool = False) -> np.ndarray:
+  """The last `dr` entries of `axis` from DeepSeek's interleaved RoPE pairs
+  (x0, x1), (x2, x3), ... to the rotate_half layout (evens, then odds): the
+  same rotation (transformers' apply_rotary_pos_emb_interleave), so our
+  RoPE applies unchanged; `inverse` back."""
+  perm = np.concatenate([np.arange(0, dr, 2), np.arange(1, dr, 2)])
+  if inverse:
+    perm = np.argsort(perm)
+  n = x.shape[axis]
+  index = np.concatenate([np.arange(n - dr), n - dr + perm])
+  return np.take(x, index, axis=axis)
+
+
+def _mla_entries(cfg: ModelConfig, hf: str,
+                 attn: tuple[str, ...]) -> list[Entry]:
+  """One layer's multi-head latent attention tensors (DeepSeek-V3 names;
+  layers/mla.py), RoPE channels de-interleaved on import."""
+  d, dh, h = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+  r, rq, dr, dv = (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_rope_head_dim,
+                   cfg.v_head_dim)
+  same, t = (lambda x: x), (lambda x: x.T)
+  a = f"{hf}self_attn."
+
+  def heads_in(rows: int):  # [H*Dh, rows] <-> [rows, H, Dh], both ways.
+    return (lambda w: _deinterleave(w.T.reshape(rows, h, dh), dr, 2),
+            lambda k: _deinterleave(k, dr, 2, True).reshape(rows, h * dh).T)
+
+  if rq:
+    out = [Entry(attn + ("q_a_proj",), f"{a}q_a_proj.weight", (rq, d), t, t),
+           Entry(attn + ("q_a_norm", "scale"), f"{a}q_a_layernorm.weight",
+                 (rq,), same, same),
+           Entry(attn + ("q_b_proj",), f"{a}q_b_proj.weight", (h * dh, rq),
+                 *heads_in(rq))]
+  else:
+    out = [Entry(attn + ("q_proj",), f"{a}q_proj.weight", (h * dh, d),
+                 *heads_in(d))]
+  dkv = dh - dr + dv
+  return out + [
+      Entry(attn + ("kv_a_proj",), f"{a}kv_a_proj_with_mqa.weight",
+            (r + dr, d), lambda w: _deinterleave(w, dr, 0).T,
+            lambda k: _deinterleave(k.T, dr, 0, True)),
+      Entry(attn + ("kv_a_norm", "scale"), f"{a}kv_a_layernorm.weight", (r,),
+            same, same),
+      Entry(attn + ("kv_b_proj",), f"{a}kv_b_proj.weight", (h * dkv, r),
+            lambda w: w.T.reshape(r, h, dkv),
+            lambda k: k.reshape(r, h * dkv).T),
+      Entry(attn + ("o_proj",), f"{a}o_proj.weight", (d, h * dv),
+            lambda w: w.T.reshape(h, dv, d), lambda k: k.reshape(h * dv, d).T)]
+
+
 def _moe_entries(cfg: ModelConfig, hf: str,
                  moe: tuple[str, ...]) -> list[Entry]:
   """One MoE layer's router, experts (one HF tensor per expert) and shared
@@ -152,7 +203,8 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
       start = len(out)
       hf = f"model.layers.{i}."
       ours = ("decoder", name if cfg.scan_layers else f"layers_{i}")
-      out += _attention_entries(cfg, hf, ours + ("attn",))
+      out += (_mla_entries if cfg.mla else _attention_entries)(
+          cfg, hf, ours + ("attn",))
       out += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
           Entry(ours + ("mlp", f"{p}_proj"), f"{hf}mlp.{p}_proj.weight",
                 shape, t, t)

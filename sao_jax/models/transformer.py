@@ -19,6 +19,8 @@ which the sharding rules map to no mesh axis), the layers run by `nn.scan`:
                                           [L, (kv_)heads, head_dim]
                                           (qk_norm_full_width: OLMo 2/3)
   decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
+  decoder/layers/attn/...                 MLA's own (kv_lora_rank > 0:
+                                          layers/mla.py)
   decoder/layers/mlp_norm/scale           [L, embed]
   decoder/layers/post_{attn,mlp}_norm/scale [L, embed]  (norm_style 'gemma'
                                           or 'olmo', which has no
@@ -51,6 +53,7 @@ from sao_jax.models.layers.kv_cache import KVCache
 # The model's interface: the cache and positions its callers build.
 from sao_jax.models.layers.kv_cache import init_cache  # pylint: disable=unused-import
 from sao_jax.models.layers.masks import mask_spec
+from sao_jax.models.layers.mla import LatentAttention
 from sao_jax.models.layers.masks import positions_from_mask  # pylint: disable=unused-import
 from sao_jax.models.layers.mlp import MLP
 from sao_jax.models.layers.moe import MoeBlock
@@ -81,7 +84,8 @@ class DecoderLayer(nn.Module):
     style = self.config.norm_style
     pre = style != "olmo"  # OLMo 2/3: norms after the sublayers only.
     post = style in ("gemma", "olmo")
-    y, new_kv = Attention(self.config, name="attn")(
+    attention = LatentAttention if self.config.mla else Attention
+    y, new_kv = attention(self.config, name="attn")(
         RMSNorm(self.config, name="attn_norm")(x) if pre else x, positions,
         mask, kv, local, use_rope)
     if post:

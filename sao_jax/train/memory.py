@@ -20,6 +20,7 @@ from absl import logging
 import numpy as np
 
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.layers import kv_cache
 
 _ADAM_MOMENTS = 2  # AdamW keeps mu and nu per trainable parameter.
 
@@ -48,13 +49,8 @@ def attention_params(config: ModelConfig) -> int:
   """Parameters `optim.frozen_attention_labels` freezes: every layer's q/k/v/o
   projections (and q/k/v biases, q/k norms) and its attention norms
   (`attn_norm`, `post_attn_norm`)."""
-  d, dh = config.hidden_size, config.head_dim
-  per_layer = d * dh * (2 * config.num_heads + 2 * config.num_kv_heads) + d
-  if config.qkv_bias:
-    per_layer += dh * (config.num_heads + 2 * config.num_kv_heads)
-  if config.qk_norm:
-    per_layer += dh * ((config.num_heads + config.num_kv_heads)
-                       if config.qk_norm_full_width else 2)
+  d = config.hidden_size
+  per_layer = config.attention_params() + d  # + attn_norm.
   if config.norm_style == "gemma":
     per_layer += d  # post_attn_norm (an 'attn' path).
   # norm_style 'olmo': post_attn_norm in place of attn_norm, as many.
@@ -86,8 +82,8 @@ def estimate_memory(config: ModelConfig, *, kv_batch: int, kv_len: int,
   value = critic_params(config) if critic else 0
   trainable_value = value - (
       attention_params(config) if critic and critic_frozen_attention else 0)
-  kv = (2 * config.num_layers * kv_batch * kv_len * config.num_kv_heads *
-        config.head_dim * c)
+  kv = config.num_layers * kv_batch * kv_len * c * sum(
+      heads * width for heads, width in kv_cache.slot_widths(config))
   return MemoryEstimate(
       policy_params=policy * p,
       policy_optimizer=_ADAM_MOMENTS * policy * p,

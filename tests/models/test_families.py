@@ -38,13 +38,34 @@ CONFIGS = {
         qkv_bias=True, qk_norm=True, rotary_dim=8, first_dense_layers=1,
         moe=MoeConfig(**_MOE, router="sigmoid", n_group=2, n_shared_experts=1,
                       routed_scaling_factor=1.5)),
+    "Phi3ForCausalLM": ModelConfig.tiny(rotary_dim=8, sliding_window=4),
+    "SmolLM3ForCausalLM": ModelConfig.tiny(nope_layers=(1,)),
+    "Olmo2ForCausalLM": ModelConfig.tiny(
+        norm_style="olmo", qk_norm=True, qk_norm_full_width=True),
+    "Olmo3ForCausalLM": ModelConfig.tiny(
+        norm_style="olmo", qk_norm=True, qk_norm_full_width=True,
+        sliding_window=4, local_rope_theta=10.0,
+        layer_types=("sliding_attention", "full_attention")),
+    "DeepseekV3ForCausalLM": ModelConfig.tiny(
+        num_kv_heads=4, head_dim=24, kv_lora_rank=16, q_lora_rank=8,
+        qk_rope_head_dim=8, v_head_dim=12, first_dense_layers=1,
+        moe=MoeConfig(**_MOE, router="sigmoid", n_shared_experts=1)),
 }
+# (family, other): the other, more general family also expresses the
+# family's config, which reads back unchanged (Mistral without a window is
+# Llama; SmolLM3 holds Llama's configs, Phi-3 Mistral's (not Llama's
+# llama3 RoPE); OLMo 3 with full layers only is OLMo 2).
+GENERAL = {("LlamaForCausalLM", "MistralForCausalLM"),
+           ("MistralForCausalLM", "Phi3ForCausalLM"),
+           ("LlamaForCausalLM", "SmolLM3ForCausalLM"),
+           ("Olmo2ForCausalLM", "Olmo3ForCausalLM")}
 
 
 def test_every_registered_family_is_tested_here():
   assert set(SUPPORTED_ARCHITECTURES) == set(CONFIGS)
   assert MOE_ARCHITECTURES == {"Qwen3MoeForCausalLM": "softmax",
-                               "Glm4MoeForCausalLM": "sigmoid"}
+                               "Glm4MoeForCausalLM": "sigmoid",
+                               "DeepseekV3ForCausalLM": "sigmoid"}
 
 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
@@ -61,8 +82,7 @@ def test_family_round_trips_and_is_the_default_export(arch):
   for other in SUPPORTED_ARCHITECTURES:
     if other == arch:
       continue
-    if (arch, other) == ("LlamaForCausalLM", "MistralForCausalLM"):
-      # Mistral without a window is Llama.
+    if (arch, other) in GENERAL:
       assert ModelConfig.from_hf_config(cfg.to_hf_config(other)) == cfg
       continue
     with pytest.raises(UnsupportedConfigError, match=other):
@@ -82,12 +102,12 @@ def test_tensor_names_follow_the_family():
 
 
 def test_unknown_architecture_and_duplicate_registration_are_refused():
-  with pytest.raises(UnsupportedConfigError, match="Olmo2ForCausalLM"):
-    ModelConfig.from_hf_config({"architectures": ["Olmo2ForCausalLM"]})
+  with pytest.raises(UnsupportedConfigError, match="NoSuchLMForCausalLM"):
+    ModelConfig.from_hf_config({"architectures": ["NoSuchLMForCausalLM"]})
   with pytest.raises(UnsupportedConfigError, match="model_type"):
-    ModelConfig.from_hf_config({"model_type": "olmo2"})
-  with pytest.raises(UnsupportedConfigError, match="Olmo2"):
-    ModelConfig.tiny().to_hf_config("Olmo2ForCausalLM")
+    ModelConfig.from_hf_config({"model_type": "no_such_lm"})
+  with pytest.raises(UnsupportedConfigError, match="NoSuchLM"):
+    ModelConfig.tiny().to_hf_config("NoSuchLMForCausalLM")
   with pytest.raises(ValueError, match="already registered"):
     registry.register(registry.get("LlamaForCausalLM"))
 

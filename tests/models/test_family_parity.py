@@ -37,6 +37,7 @@ import decode_parity
 from sao_jax.models import hf
 from sao_jax.models import transformer as tm
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import MoeConfig
 from sao_jax.models.config import SUPPORTED_ARCHITECTURES
 from sao_jax.models.config import UnsupportedConfigError
 from sao_jax.train import memory
@@ -151,6 +152,24 @@ def _olmo3_config() -> Any:
           "full_attention": {"rope_type": "yarn", "factor": 4.0,
                              "original_max_position_embeddings": 32,
                              "rope_theta": 10000.0}})
+
+
+_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=12)
+
+
+def _deepseek_v3_config() -> Any:
+  """MLA with a query bottleneck and YaRN (mscale_all_dim scales the
+  scores) over GLM-4.5's routing: groups, bias, scaling, a shared expert,
+  a dense first layer."""
+  return transformers.DeepseekV3Config(
+      **{**_MOE, "num_key_value_heads": 4, "vocab_size": 128}, **_MLA,
+      q_lora_rank=24,
+      qk_nope_head_dim=16, n_routed_experts=8, n_group=2, topk_group=1,
+      n_shared_experts=1, routed_scaling_factor=1.5, first_k_dense_replace=1,
+      pad_token_id=0, max_position_embeddings=128,
+      rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                       "original_max_position_embeddings": 32, "mscale": 1.0,
+                       "mscale_all_dim": 1.0, "rope_theta": 500.0})
 
 
 def _qwen3(tie: bool, **row) -> Family:
@@ -329,6 +348,25 @@ FAMILIES = {
                "moe.router": "sigmoid"},
         batch=dict(vocab=96), weights=dict(buffers=True),
         checks=frozenset({"moe"}), marks=(pytest.mark.slow,)),
+    # Multi-head latent attention (the KV cache holds the latent) over
+    # GLM-4.5's routing; the tiny config has no query bottleneck.
+    "deepseek_v3": Family(
+        arch="DeepseekV3ForCausalLM",
+        hf_config=_deepseek_v3_config,
+        reads={"moe.num_experts": 8, "first_dense_layers": 1,
+               "num_moe_layers": 2, "kv_lora_rank": 16, "q_lora_rank": 24,
+               "head_dim": 24, "num_kv_heads": 4, "moe.router": "sigmoid"},
+        weights=dict(buffers=True),
+        layouts=("default", "unrolled-blockwise"),
+        checks=frozenset({"moe", "prompt_decode"}),
+        tiny=dict(num_heads=4, num_kv_heads=4, head_dim=24, **_MLA,
+                  first_dense_layers=1, moe=MoeConfig(
+                      num_experts=4, top_k=2, intermediate_size=16,
+                      router="sigmoid", n_shared_experts=1)),
+        export_refusals=((None, "Glm4MoeForCausalLM", "kv_lora_rank"),),
+        import_refusals=(({"rope_interleave": False}, "rope_interleave"),
+                         ({"num_key_value_heads": 2}, "num_key_value_heads")),
+        marks=(pytest.mark.slow,)),
 }
 
 
@@ -755,9 +793,9 @@ def test_malformed_checkpoints(reference, tmp_path):
 
   arch = _copy(path, tmp_path / "arch")
   (arch / "config.json").write_text(
-      json.dumps(cfg | {"architectures": ["Olmo2ForCausalLM"]}))
+      json.dumps(cfg | {"architectures": ["NoSuchLMForCausalLM"]}))
   with pytest.raises(hf.CheckpointError,
-                     match=r"config\.json.*Unsupported architecture.*Olmo2"):
+                     match=r"config\.json.*Unsupported architecture.*NoSuchLM"):
     hf.load_hf_checkpoint(arch)
 
   no_config = _copy(path, tmp_path / "no_config")

@@ -7,12 +7,13 @@ env), Mistral (a sliding window of 4, shorter than every sequence; Llama
 sliding/full layers, its own template), Phi-3 (fused projections, half
 the head rotated, a window of 4), SmolLM3 (a NoPE layer), OLMo 3 (post-norm
 blocks, full-width q/k norms, a sliding then a full layer; OLMo 2's blocks
-are these, its own row would add a run for its config alone; all three
-with Llama 3.2's template) and Qwen3-MoE (a dense first layer
-then a MoE layer; Qwen3's template; GLM-4.5's run, 2-3x as long, is left
-out: its routing is run through the step in test_train_sharding.py and
-test_routing_sampler.py): a checkpoint directory built
-with transformers (random weights) plus the family's tiny tokenizer
+are these, its own row would add a run for its config alone),
+DeepSeek-V3 (a dense layer then a MoE layer, both with multi-head latent
+attention; all four with Llama 3.2's template) and Qwen3-MoE (a dense first
+layer then a MoE layer; Qwen3's template; GLM-4.5's run, 2-3x as long, is
+left out: its routing is run through the step in test_train_sharding.py and
+test_routing_sampler.py): a checkpoint directory built with transformers
+(random weights) plus the family's tiny tokenizer
 (tests/family_tokenizers.py) runs `train_and_evaluate` with
 `model.init_from=DIR`, `tokenizer.path=DIR` for a few synchronous SAO steps:
 the run finishes and trains every step.
@@ -70,6 +71,11 @@ FAMILIES = {
         vocab_size=vocab, pad_token_id=0, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
         **{**_ARCH, "num_hidden_layers": 2}), _LLAMA3_ENV),
+    "deepseek_v3": ("llama3", lambda vocab: transformers.DeepseekV3Config(
+        vocab_size=vocab, pad_token_id=0, n_routed_experts=4, n_group=1,
+        topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
+        q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+        **{**_ARCH, **_MOE, "num_key_value_heads": 2}), _LLAMA3_ENV),
     "qwen3_moe": ("qwen3", lambda vocab: transformers.Qwen3MoeConfig(
         vocab_size=vocab, num_experts=4, mlp_only_layers=[0],
         **{**_ARCH, **_MOE}), {

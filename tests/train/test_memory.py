@@ -40,8 +40,12 @@ def _nbytes(tree) -> int:
     dict(qk_norm=True, qkv_bias=True, rotary_dim=8, first_dense_layers=1,
          moe=MoeConfig(num_experts=4, top_k=2, intermediate_size=16,
                        router="sigmoid", n_group=2, n_shared_experts=1)),
+    dict(num_kv_heads=4, head_dim=24, kv_lora_rank=16, q_lora_rank=12,
+         qk_rope_head_dim=8, v_head_dim=12, first_dense_layers=1,
+         moe=MoeConfig(num_experts=4, top_k=2, intermediate_size=16,
+                       router="sigmoid", n_shared_experts=1)),
 ], ids=["tied", "bias_bf16", "per_layer", "qwen3", "mistral", "gemma3",
-        "olmo3", "qwen3_moe", "glm4_moe"])
+        "olmo3", "qwen3_moe", "glm4_moe", "deepseek_v3"])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_estimate_matches_the_allocated_trees(overrides, frozen):
   """The trees are those the real init, optimizers and cache functions make,
@@ -69,6 +73,20 @@ def test_estimate_matches_the_allocated_trees(overrides, frozen):
   assert est.total == sum((est.policy_params, est.policy_optimizer,
                            est.critic_params, est.critic_optimizer,
                            est.kv_cache))
+
+
+def test_mla_cache_holds_the_latent_not_the_heads():
+  """DeepSeek-V3's cache: 512 + 64 values per token and layer, not
+  128 heads x (192 + 128)."""
+  cfg = ModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=64,
+                    num_layers=2, num_heads=128, num_kv_heads=128,
+                    head_dim=192, kv_lora_rank=512, q_lora_rank=32,
+                    qk_rope_head_dim=64, v_head_dim=128, dtype="bfloat16")
+  cache = jax.eval_shape(lambda: transformer.init_cache(cfg, 3, 40))
+  assert cache.k.shape == (2, 3, 40, 1, 512)
+  assert cache.v.shape == (2, 3, 40, 1, 64)
+  est = memory.estimate_memory(cfg, kv_batch=3, kv_len=40)
+  assert est.kv_cache == 2 * 3 * 40 * (512 + 64) * 2
 
 
 def test_smollm2_sized_figures():

@@ -98,6 +98,7 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
                  router: str | None = None, partial_rotary: bool = False,
                  nope: bool = False, norm_style: str = "llama",
                  full_width_qk: bool = False, layer_types: bool = False,
+                 mla: bool = False,
                  notes: Mapping[str, str] | None = None) -> None:
   """Refuses what `arch` (a Llama-like family) cannot express in `cfg`.
 
@@ -116,6 +117,8 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
       `qk_norm_full_width` must be set).
     layer_types: Whether it mixes sliding and full layers (`layer_types`,
       `local_rope_theta`).
+    mla: Whether its attention is multi-head latent attention (then
+      `kv_lora_rank` must be set).
     notes: Field -> why, added to that field's error.
   """
   other = (cfg.norm_style != norm_style or cfg.mlp_activation != "silu" or
@@ -137,7 +140,8 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
               ("rotary_dim", cfg.rotary_dim,
                bool(cfg.rotary_dim) and not partial_rotary),
               ("nope_layers", cfg.nope_layers,
-               bool(cfg.nope_layers) and not nope))
+               bool(cfg.nope_layers) and not nope),
+              ("kv_lora_rank", cfg.kv_lora_rank, cfg.mla != mla))
   for name, value, bad in problems:
     if bad:
       note = (notes or {}).get(name)

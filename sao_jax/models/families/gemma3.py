@@ -103,7 +103,8 @@ def to_hf(cfg: Any) -> dict[str, Any]:
   """The HF `config.json` dict of a Gemma-style `ModelConfig` `cfg`."""
   if (cfg.norm_style, cfg.mlp_activation) != ("gemma", "gelu_tanh") or (
       not cfg.qk_norm or cfg.qkv_bias or cfg.moe is not None or
-      cfg.rotary_dim or cfg.nope_layers or cfg.qk_norm_full_width):
+      cfg.rotary_dim or cfg.nope_layers or cfg.qk_norm_full_width or
+      cfg.mla):
     raise UnsupportedConfigError(
         "Gemma3ForCausalLM needs norm_style='gemma', mlp_activation="
         "'gelu_tanh', per-head q/k norms, no biases, no experts and RoPE on "

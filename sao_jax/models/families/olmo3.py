@@ -66,6 +66,8 @@ def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   theta, scaling, local_theta = _rope(hf)
   base = common.base_from_hf({**hf, "rope_parameters": None,
                               "rope_scaling": None})
+  if "sliding_attention" not in types:  # Full layers only: OLMo 2's config.
+    types, window, local_theta = (), 0, 0.0
   return {**base, **olmo2.block_fields(hf, "OLMo 3"), "rope_theta": theta,
           "rope_scaling": scaling, "layer_types": types,
           "sliding_window": window, "local_rope_theta": local_theta}

@@ -16,8 +16,10 @@ class KVCache:
   """Keys/values of every layer for generation.
 
   Attributes:
-    k: [L, B, S, Hkv, Dh] rotated keys per slot.
-    v: [L, B, S, Hkv, Dh] values per slot.
+    k: [L, B, S, Hkv, Dh] rotated keys per slot; with MLA (layers/mla.py)
+      [L, B, S, 1, kv_lora_rank], the normed key/value latent.
+    v: [L, B, S, Hkv, Dh] values per slot; with MLA [L, B, S, 1,
+      qk_rope_head_dim], the rotated RoPE key every head shares.
     valid: bool[B, S] slot holds a real (non-padding) token.
     end: int32, where the next tokens are written: a scalar shared by every
       row, or int32[B], one per row (the sampler's slots: each row is written
@@ -34,15 +36,24 @@ class KVCache:
     return self.k.shape[2]
 
 
+def slot_widths(config: ModelConfig) -> tuple[tuple[int, int],
+                                              tuple[int, int]]:
+  """(heads, width) of one slot of `KVCache.k` and of `KVCache.v`."""
+  if config.mla:
+    return (1, config.kv_lora_rank), (1, config.qk_rope_head_dim)
+  kv = (config.num_kv_heads, config.head_dim)
+  return kv, kv
+
+
 def init_cache(config: ModelConfig, batch_size: int, max_len: int,
                per_row: bool = False) -> KVCache:
   """An empty cache with `max_len` slots per row (one write end per row if
   ``per_row``)."""
-  shape = (config.num_layers, batch_size, max_len, config.num_kv_heads,
-           config.head_dim)
+  lead = (config.num_layers, batch_size, max_len)
+  k_slot, v_slot = slot_widths(config)
   return KVCache(
-      k=jnp.zeros(shape, config.compute_dtype),
-      v=jnp.zeros(shape, config.compute_dtype),
+      k=jnp.zeros(lead + k_slot, config.compute_dtype),
+      v=jnp.zeros(lead + v_slot, config.compute_dtype),
       valid=jnp.zeros((batch_size, max_len), jnp.bool_),
       end=jnp.zeros((batch_size,) if per_row else (), jnp.int32),
   )
