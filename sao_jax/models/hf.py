@@ -57,6 +57,14 @@ def _read_config(path: str) -> tuple[dict[str, Any], ModelConfig]:
       hf_config = json.load(f)
     except json.JSONDecodeError as e:
       raise CheckpointError(f"{config_path} is not valid JSON: {e}") from e
+  quant = hf_config.get("quantization_config")
+  if quant:
+    method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    raise CheckpointError(
+        f"{config_path}: the checkpoint is quantized (quantization_config "
+        f"quant_method={method!r}); only float32 / bfloat16 / float16 "
+        "safetensors load. Dequantize it first (for DeepSeek-V3's FP8 "
+        "weights, DeepSeek's fp8_cast_bf16.py) and drop quantization_config.")
   try:
     return hf_config, ModelConfig.from_hf_config(hf_config)
   except UnsupportedConfigError as e:
@@ -187,13 +195,19 @@ def load_hf_checkpoint(
   config = dataclasses.replace(config, param_dtype=param_dtype,
                                scan_layers=scan_layers)
   files = _tensor_files(path)
-  entries = hf_layout.entries(
-      config, registry.of_hf_config(hf_config).architecture)
+  family = registry.of_hf_config(hf_config)
+  entries = hf_layout.entries(config, family.architecture)
 
   expected = {e.hf_name for e in entries}
+  skipped = family.skipped(hf_config) if family.skipped else ()
+  skip = {n for n in files if skipped and n.startswith(skipped)}
+  if skip:
+    logging.info("Skipping %d tensors under %s (not part of the model).",
+                 len(skip), skipped)
   unexpected = sorted(
       n for n in files
       if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+      and n not in skip
       and not (config.tie_embeddings and n == "lm_head.weight"))
   if unexpected:
     more = "..." if len(unexpected) > 5 else ""

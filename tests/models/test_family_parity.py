@@ -751,6 +751,31 @@ def test_moe_kv_cache_decode_matches_full_forward(reference):
   assert np.abs(got[mask] - full[mask]).max() <= 1e-4
 
 
+@pytest.mark.parametrize("reference", [pytest.param(
+    "deepseek_v3", marks=pytest.mark.slow)], indirect=True)
+def test_deepseek_v3_skips_mtp_layers_and_refuses_fp8(reference, tmp_path):
+  """The multi-token-prediction layer after the decoder's is skipped; a
+  quantized checkpoint (DeepSeek-V3's FP8) is refused, saying what to do."""
+  mtp = _copy(reference.path, tmp_path / "mtp")
+  name = "model.layers.3.eh_proj.weight"  # Layer 3 of 3: the MTP layer.
+  _rewrite(mtp, lambda t: t.update({name: np.ones((32, 64), np.float32)}))
+  cfg = json.loads((mtp / "config.json").read_text())
+  (mtp / "config.json").write_text(
+      json.dumps(cfg | {"num_nextn_predict_layers": 0}))
+  with pytest.raises(hf.CheckpointError, match="layers.3.*not part"):
+    hf.load_hf_checkpoint(mtp)
+  (mtp / "config.json").write_text(
+      json.dumps(cfg | {"num_nextn_predict_layers": 1}))
+  _, params = hf.load_hf_checkpoint(mtp)
+  _, want = hf.load_hf_checkpoint(reference.path)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+  (mtp / "config.json").write_text(json.dumps(cfg | {
+      "quantization_config": {"quant_method": "fp8"}}))
+  with pytest.raises(hf.CheckpointError, match="quantized.*'fp8'.*Dequantize"):
+    hf.load_hf_checkpoint(mtp)
+
+
 # ------------------------------------------------ malformed checkpoints ------
 
 

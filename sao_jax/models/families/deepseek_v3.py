@@ -9,7 +9,7 @@ layers. DeepSeek lays each head's RoPE channels out in interleaved pairs
 (`rope_interleave`); the import de-interleaves those rows of the weights so
 our rotate_half RoPE applies, the export interleaves them back
 (models/hf_layout.py). The multi-token-prediction layers
-(`num_nextn_predict_layers`) are not loaded. docs/design/extending.md "A
+(`num_nextn_predict_layers`, after the decoder's) are skipped on import. docs/design/extending.md "A
 model family".
 """
 
@@ -79,6 +79,15 @@ def to_hf(cfg: Any) -> dict[str, Any]:
   }
 
 
+def _mtp_layers(hf: Mapping[str, Any]) -> tuple[str, ...]:
+  """The multi-token-prediction layers' tensor prefixes (after the
+  decoder's `num_hidden_layers`)."""
+  n = int(hf["num_hidden_layers"])
+  return tuple(f"model.layers.{i}." for i in range(
+      n, n + int(hf.get("num_nextn_predict_layers") or 0)))
+
+
 FAMILY = registry.register(registry.Family(
     architecture=ARCH, model_type="deepseek_v3", from_hf=from_hf, to_hf=to_hf,
-    claims=lambda cfg: cfg.mla, priority=-1, moe_router="sigmoid"))
+    claims=lambda cfg: cfg.mla, priority=-1, moe_router="sigmoid",
+    skipped=_mtp_layers))

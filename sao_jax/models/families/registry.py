@@ -40,6 +40,9 @@ class Family:
     fused: (HF fused tensor, the Llama tensors it holds in row order) of a
       layer, e.g. Phi-3's ('self_attn.qkv_proj', ('self_attn.q_proj',
       'self_attn.k_proj', 'self_attn.v_proj')); () for none.
+    skipped: HF config.json dict -> name prefixes of tensors the import
+      skips (not part of the model we run: DeepSeek-V3's multi-token
+      prediction layers); None: none.
   """
 
   architecture: str
@@ -51,6 +54,7 @@ class Family:
   norm_names: tuple[tuple[str, str], ...] = LLAMA_NORMS
   moe_router: str | None = None
   fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
+  skipped: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -8,11 +8,13 @@ bottleneck (`q_lora_rank`: RMSNorm(x W_qa) W_qb), each head's last
 `qk_rope_head_dim` channels rotated. The KV cache holds c and rope(k_r)
 (`KVCache.k` [L, B, S, 1, kv_lora_rank], `KVCache.v` [L, B, S, 1,
 qk_rope_head_dim]: `kv_cache.init_cache`), not the per-head keys and
-values; they are expanded from the cached latents at each step. The
-attention core is the shared one (`attention.attend`): q and k are
-`head_dim` = nope + rope wide, v `v_head_dim` (zero-padded to the wider of
-the two, the output sliced back). docs/design/models.md "Family layer
-options".
+values. A one-token decode step attends in the latent space ("absorbed":
+q_nope W_k^h scores against c, the weighted c times W_v^h: 2 (R + Dr) H
+multiply-adds a cached token instead of expanding every slot to H heads of
+keys and values); other calls expand the latents and run the shared
+attention core (`attention.attend`): q and k are `head_dim` = nope + rope
+wide, v `v_head_dim` (zero-padded to the wider of the two, the output sliced
+back). docs/design/models.md "Family layer options".
 
 Parameters (under the block's `attn`, so they count as attention for the
 optimizer labels):
@@ -38,6 +40,7 @@ from sao_jax.models.layers.attention import attend
 from sao_jax.models.layers.base import INIT_STD
 from sao_jax.models.layers.base import param
 from sao_jax.models.layers.kv_cache import write
+from sao_jax.models.layers.masks import dense_mask
 from sao_jax.models.layers.masks import MaskSpec
 from sao_jax.models.layers.norms import RMSNorm
 from sao_jax.models.layers.rope import apply_rope
@@ -57,6 +60,34 @@ def softmax_scale(cfg: ModelConfig) -> float:
     m = 0.1 * float(all_dim) * math.log(factor) + 1.0
     scale *= m * m
   return scale
+
+
+def absorbed_attention(q: Array, latent: Array, k_rope: Array,
+                       kv_b: Array, spec: MaskSpec, dn: int) -> Array:
+  """MLA in the latent space, softmax in float32 (the decode step).
+
+  Args:
+    q: [B, T, H, Dn + Dr] scaled queries, RoPE part rotated.
+    latent: [B, S, R] cached latents.
+    k_rope: [B, S, Dr] cached rotated RoPE keys.
+    kv_b: [R, H, Dn + Dv] `kv_b_proj`.
+    spec: which slots each query sees.
+    dn: the no-RoPE channels of a query/key head.
+
+  Returns:
+    [B, T, H, Dv] in q's dtype: what expanding the latents would give.
+  """
+  f32 = jnp.float32
+  q_latent = jnp.einsum("bthn,rhn->bthr", q[..., :dn], kv_b[..., :dn],
+                        preferred_element_type=f32)
+  scores = (jnp.einsum("bthr,bsr->bhts", q_latent, latent.astype(f32)) +
+            jnp.einsum("bthd,bsd->bhts", q[..., dn:], k_rope,
+                       preferred_element_type=f32))
+  scores = jnp.where(dense_mask(spec)[:, None], scores, -1e30)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.einsum("bhts,bsr->bthr", probs, latent.astype(f32))
+  return jnp.einsum("bthr,rhv->bthv", out, kv_b[..., dn:].astype(f32)
+                    ).astype(q.dtype)
 
 
 class LatentAttention(nn.Module):
@@ -113,6 +144,13 @@ class LatentAttention(nn.Module):
 
     b_kernel = param(self, "kv_b_proj", init, (r, h, dn + dv),
                      ("kv_lora", "heads", "head_dim"))
+    o_kernel = param(self, "o_proj", init, (h, dv, d),
+                     ("heads", "head_dim", "embed"))
+    if kv is not None and x.shape[1] == 1:  # Decode: stay in the latent.
+      out = absorbed_attention(
+          q * jnp.asarray(softmax_scale(cfg), q.dtype), latent[:, :, 0],
+          k_rope[:, :, 0], b_kernel.astype(x.dtype), spec, dn)
+      return jnp.einsum("bthk,hkd->btd", out, o_kernel.astype(x.dtype)), new_kv
     kv_heads = jnp.einsum("bsr,rhk->bshk", latent[:, :, 0],
                           b_kernel.astype(x.dtype))
     k = jnp.concatenate([kv_heads[..., :dn], jnp.broadcast_to(
@@ -125,6 +163,4 @@ class LatentAttention(nn.Module):
     b, t = x.shape[:2]
     out = attend(cfg, pad(q).reshape(b, t, h, 1, width), pad(k), pad(v),
                  spec, kv is not None).reshape(b, t, h, width)[..., :dv]
-    o_kernel = param(self, "o_proj", init, (h, dv, d),
-                     ("heads", "head_dim", "embed"))
     return jnp.einsum("bthk,hkd->btd", out, o_kernel.astype(x.dtype)), new_kv
