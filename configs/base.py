@@ -195,7 +195,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.sampler.min_prompt_bucket = 8
   config.sampler.batch_size = 16  # Episodes decoded together.
   # The rollout engine behind the sampler's Rollout interface
-  # (sao_jax/sampler/interface.py): 'native' (our JAX decoder, every backend).
+  # (sao_jax/sampler/interface.py; README "Rollout engines"): 'native' (our
+  # JAX decoder, every backend) or 'vllm' (the vllm extra).
   config.sampler.engine = "native"
   # Continuous batching (sao_jax/sampler/engine.py): episodes in flight (0:
   # batch_size); a finished episode's slot takes the next prompt at once

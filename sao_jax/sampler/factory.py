@@ -16,8 +16,9 @@ from sao_jax.envs.base import Environment
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler import interface
+from sao_jax.sampler import vllm_engine
 
-ENGINES = ("native",)
+ENGINES = ("native", "vllm")
 
 
 def make_rollout(config: Any, *, model_config: ModelConfig,
@@ -45,6 +46,11 @@ def make_rollout(config: Any, *, model_config: ModelConfig,
     return engine_lib.NativeRollout(
         settings, model_config=model_config, tokenizer=tokenizer, envs=envs,
         weights=weights, stats=stats, rng=rng)
+  if name == "vllm":
+    return vllm_engine.VllmRollout(
+        settings, config=config, model_config=model_config,
+        tokenizer=tokenizer, envs=envs, weights=weights, stats=stats,
+        seed=int(jax.random.randint(rng, (), 0, 2**31 - 1)))
   raise ValueError(f"sampler.engine={name!r}: expected one of {ENGINES}.")
 
 
@@ -55,3 +61,5 @@ def check_config(config: Any) -> None:
   if name not in ENGINES:
     raise ValueError(f"config.sampler.engine={name!r}: expected one of "
                      f"{ENGINES}.")
+  if name == "vllm":
+    vllm_engine.check_config(config)

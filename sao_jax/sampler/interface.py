@@ -14,7 +14,8 @@ Engines (``sampler.engine``; ``factory.make_rollout`` builds them):
 * ``'native'`` (``engine.NativeRollout``): our JAX decoder (``generate.py``),
   slots of a per-row KV cache, on every backend. The default.
 * ``'vllm'`` (``vllm_engine.VllmRollout``): vLLM's ``AsyncLLM``, continuous
-  batching and prefix caching; needs the ``vllm`` extra.
+  batching and prefix caching; needs the ``vllm`` extra (README "Rollout
+  engines").
 
 Every trajectory carries, per action token, the log-prob the engine sampled
 it with (under ``sampler.temperature``, ``top_k``, ``top_p``) and the

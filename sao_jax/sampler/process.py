@@ -117,7 +117,10 @@ class SamplerHandle:
         target=sampler_main, name=f"sao-sampler-{spec.lane}",
         args=(spec, self.trainer_step, self.stop_event, self.stats,
               self.last_error),
-        daemon=True)
+        # A daemonic process may not start children; the vLLM engine starts
+        # its engine core as one (PR_SET_PDEATHSIG still ends the sampler
+        # with the trainer, and `stop` ends it).
+        daemon=str(spec.config.sampler.engine) != "vllm")
 
   def start(self) -> None:
     self.process.start()
