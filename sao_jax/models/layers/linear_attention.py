@@ -1,0 +1,159 @@
+"""Gated DeltaNet linear attention: the gated delta rule and its short conv.
+
+The kernels of Qwen3.5's and Qwen3-Next's linear-attention layers (Yang et
+al. 2024, "Gated Delta Networks", arXiv 2412.06464), in float32, as
+transformers' `torch_chunk_gated_delta_rule` / `torch_recurrent_gated_
+delta_rule` / `causal_conv1d_fn` / `causal_conv1d_update` compute them.
+Per value head, a state S [Dk, Dv] runs over the tokens:
+
+  S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+
+with q, k L2-normalised and q scaled by Dk^-1/2. Two forms give the same
+numbers: `recurrent_gated_delta_rule`, one token at a time (generation: a
+fixed-size state per sequence instead of a KV cache), and
+`chunked_gated_delta_rule`, the training form: within a chunk of C tokens
+the updates are one unit-lower-triangular solve (the UT transform) and
+matmuls, and a scan carries S across chunks, so memory grows with T x C, not
+T^2. Both take and return the state, so a prefill can hand it to decode
+steps. The layer that uses them (Qwen3.5's GatedDeltaNet, in a hybrid stack
+with full-attention layers) is not built yet; issue 41.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def l2norm(x: Array, eps: float = 1e-6) -> Array:
+  """x / sqrt(sum(x^2) + eps) over the last axis (the FLA library's form)."""
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def _prepare(q, k, v, g, beta, normalize):
+  """float32, key heads repeated to the value heads, q/k normalised, q
+  scaled; heads moved before time: q, k [B, H, T, Dk], v [B, H, T, Dv],
+  g, beta [B, H, T]."""
+  rep = v.shape[2] // k.shape[2]  # Key head j serves value heads j*rep...
+  q, k = (jnp.repeat(x, rep, axis=2) for x in (q, k))
+  q, k, v, g, beta = (jnp.swapaxes(x.astype(jnp.float32), 1, 2)
+                      for x in (q, k, v, g, beta))
+  if normalize:
+    q, k = l2norm(q), l2norm(k)
+  return q * q.shape[-1] ** -0.5, k, v, g, beta
+
+
+def _zero_state(q: Array, v: Array) -> Array:
+  return jnp.zeros(q.shape[:2] + (q.shape[-1], v.shape[-1]), jnp.float32)
+
+
+def recurrent_gated_delta_rule(q: Array, k: Array, v: Array, g: Array,
+                               beta: Array, state: Array | None = None,
+                               normalize: bool = True
+                               ) -> tuple[Array, Array]:
+  """The gated delta rule token by token.
+
+  Args:
+    q, k: [B, T, Hk, Dk] queries and keys.
+    v: [B, T, Hv, Dv] values (Hv a multiple of Hk).
+    g: [B, T, Hv] log decays (<= 0).
+    beta: [B, T, Hv] write strengths in [0, 1].
+    state: [B, Hv, Dk, Dv] float32 state before the first token (None: 0).
+    normalize: L2-normalise q and k (Qwen3.5's use_qk_l2norm_in_kernel).
+
+  Returns:
+    (out [B, T, Hv, Dv] float32, state after the last token).
+  """
+  q, k, v, g, beta = _prepare(q, k, v, g, beta, normalize)
+  s0 = _zero_state(q, v) if state is None else state.astype(jnp.float32)
+
+  def step(s, xs):
+    q_t, k_t, v_t, g_t, b_t = xs
+    s = s * jnp.exp(g_t)[..., None, None]
+    delta = (v_t - jnp.einsum("bhkv,bhk->bhv", s, k_t)) * b_t[..., None]
+    s = s + k_t[..., None] * delta[..., None, :]
+    return s, jnp.einsum("bhkv,bhk->bhv", s, q_t)
+
+  time_major = tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta))
+  state, out = jax.lax.scan(step, s0, time_major)
+  return jnp.moveaxis(out, 0, 1), state  # [T, B, H, Dv] -> [B, T, H, Dv].
+
+
+def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array,
+                             beta: Array, state: Array | None = None,
+                             chunk: int = 64, normalize: bool = True
+                             ) -> tuple[Array, Array]:
+  """The gated delta rule a chunk of `chunk` tokens at a time.
+
+  Same arguments and results as `recurrent_gated_delta_rule`; T need not be
+  a multiple of `chunk` (the tail is padded with tokens that neither decay
+  nor write the state).
+  """
+  q, k, v, g, beta = _prepare(q, k, v, g, beta, normalize)
+  b, h, t, _ = q.shape
+  n = -(-t // chunk)
+  pad = n * chunk - t
+  padded = [jnp.pad(x, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 3))
+            for x in (q, k, v, g, beta)]
+  q, k, v, g, beta = (x.reshape(b, h, n, chunk, *x.shape[3:])
+                      for x in padded)
+  k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+  cum = jnp.cumsum(g, axis=-1)  # [B, H, N, C] log decay from chunk start.
+  causal = jnp.tril(jnp.ones((chunk, chunk), bool))
+  pair = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :],
+                           -jnp.inf))  # Decay from token j to token i <= j.
+  ut = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * pair
+  intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * pair
+  # (I + strictly_lower(ut))^-1 applied to both right-hand sides at once.
+  rhs = jnp.concatenate([v_beta, k_beta * jnp.exp(cum)[..., None]], axis=-1)
+  solved = jax.lax.linalg.triangular_solve(
+      ut, rhs, left_side=True, lower=True, unit_diagonal=True)
+  dv = v.shape[-1]
+  new_values, k_cumdecay = solved[..., :dv], solved[..., dv:]
+  q = q * jnp.exp(cum)[..., None]
+  k = k * jnp.exp(cum[..., -1:] - cum)[..., None]
+  chunk_decay = jnp.exp(cum[..., -1])[..., None, None]  # [B, H, N, 1, 1]
+
+  def step(s, xs):
+    q_n, k_n, new_n, kcd_n, intra_n, decay_n = xs
+    v_new = new_n - jnp.einsum("bhck,bhkv->bhcv", kcd_n, s)
+    out = (jnp.einsum("bhck,bhkv->bhcv", q_n, s) +
+           jnp.einsum("bhcj,bhjv->bhcv", intra_n, v_new))
+    s = s * decay_n + jnp.einsum("bhck,bhcv->bhkv", k_n, v_new)
+    return s, out
+
+  s0 = _zero_state(q, v) if state is None else state.astype(jnp.float32)
+  chunks = tuple(jnp.moveaxis(x, 2, 0) for x in (
+      q, k, new_values, k_cumdecay, intra, chunk_decay))
+  state, out = jax.lax.scan(step, s0, chunks)  # out [N, B, H, C, Dv].
+  out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * chunk, dv)[:, :, :t]
+  return jnp.swapaxes(out, 1, 2), state
+
+
+def causal_conv1d(x: Array, weight: Array, state: Array | None = None
+                  ) -> tuple[Array, Array]:
+  """Depthwise causal convolution over time, then SiLU.
+
+  Args:
+    x: [B, T, C] inputs.
+    weight: [C, K] one K-tap filter per channel (HF conv1d.weight [C, 1, K]
+      squeezed), tap K-1 on the current token.
+    state: [B, C, K-1] the K-1 inputs before x (None: zeros, a sequence's
+      start).
+
+  Returns:
+    (silu(conv) [B, T, C] in x's dtype, the state after x: its last K-1
+    inputs, for the next call).
+  """
+  kernel = weight.shape[-1]
+  if state is None:
+    state = jnp.zeros((x.shape[0], x.shape[2], kernel - 1), x.dtype)
+  full = jnp.concatenate([state.astype(x.dtype), jnp.swapaxes(x, 1, 2)],
+                         axis=-1)  # [B, C, K-1+T]
+  t = x.shape[1]
+  windows = jnp.stack([full[..., i:i + t] for i in range(kernel)], axis=-1)
+  out = jnp.einsum("bctk,ck->btc", windows.astype(jnp.float32),
+                   weight.astype(jnp.float32))
+  return jax.nn.silu(out).astype(x.dtype), full[..., t:]
