@@ -9,8 +9,8 @@ layers. DeepSeek lays each head's RoPE channels out in interleaved pairs
 (`rope_interleave`); the import de-interleaves those rows of the weights so
 our rotate_half RoPE applies, the export interleaves them back
 (models/hf_layout.py). The multi-token-prediction layers
-(`num_nextn_predict_layers`, after the decoder's) are skipped on import. docs/design/extending.md "A
-model family".
+(`num_nextn_predict_layers`, after the decoder's) are skipped on import.
+docs/design/extending.md "A model family".
 """
 
 from __future__ import annotations
