@@ -2,9 +2,10 @@
 
 `VllmRollout` is an `interface.Rollout` on vLLM's ``AsyncLLM`` (continuous
 batching, paged attention, prefix caching), in the sampler host process; its
-engine core is a child of that process, so a trainer that dies takes it down
-(the sampler's ``PR_SET_PDEATHSIG``) and the supervisor's restart starts a
-new one. One asyncio task per episode is its one episode loop: each turn
+engine core is a child of that process, which a helper (`_start_reaper`)
+SIGKILLs when the sampler dies, so a trainer that dies takes it down (the
+sampler's ``PR_SET_PDEATHSIG``) and the supervisor's restart starts a new
+one. One asyncio task per episode is its one episode loop: each turn
 submits the episode's whole context as token ids (prefix caching makes a
 grown context cheap), takes the action vLLM generated token for token (no
 re-tokenisation; vLLM never sees text: ``skip_tokenizer_init``, our model's
@@ -32,6 +33,8 @@ import asyncio
 import concurrent.futures as cf
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -127,6 +130,7 @@ class VllmRollout:
     self._tokens = 0  # Tokens generated since the last weight poll.
     self._running = 0  # Episodes in flight.
     self._swap = None  # asyncio.Lock of weight pushes.
+    self._reaper: subprocess.Popen | None = None
 
   # -- lifecycle -------------------------------------------------------------
   def _call(self, coro, timeout: float | None = None) -> Any:
@@ -157,7 +161,9 @@ class VllmRollout:
     self._pool = cf.ThreadPoolExecutor(self.opts.env_threads + 1,
                                        thread_name_prefix="sao-vllm-env")
     t0 = time.perf_counter()
+    before = _children() if sys.platform.startswith("linux") else {}
     self._llm = self._call(self._make_llm())
+    self._reaper = _start_reaper(before)
     logging.info("sampler: vLLM %s engine up in %.1f s (%d slots, %s).",
                  self.arch, time.perf_counter() - t0, self.opts.num_slots,
                  _dtype_name(cfg.dtype))
@@ -182,6 +188,10 @@ class VllmRollout:
     if self._llm is not None:
       self._llm.shutdown()
       self._llm = None
+    if self._reaper is not None:  # Nothing left to reap.
+      self._reaper.kill()
+      self._reaper.wait()
+      self._reaper = None
     if self._loop is not None:
       self._loop.call_soon_threadsafe(self._loop.stop)
       self._thread.join(10)
@@ -296,7 +306,14 @@ class VllmRollout:
     n, slots = feed.n_rollouts, self.opts.num_slots
     poll = self.opts.weight_poll_tokens
     try:
+      t0 = time.perf_counter()
       while not should_stop():
+        now = time.perf_counter()  # The last iteration, busy or waiting.
+        if tasks:
+          self.stats.busy_s += now - t0
+        else:
+          self.stats.idle_s += now - t0
+        t0 = now
         for slot in [i for i, t in tasks.items() if t.done()]:
           tasks.pop(slot).result()  # An engine error ends the run.
         self._running = len(tasks)
@@ -338,6 +355,63 @@ class VllmRollout:
       in_flight = feed.abandon(sum(t.cancelled() for t in tasks.values()))
       self._running = 0
     return in_flight
+
+
+# Run by a helper process (``_start_reaper``): SIGKILLs the given processes
+# (pid, start time) when its parent, the sampler, dies.
+_REAPER = r"""
+import ctypes, os, signal, sys, time
+parent = int(sys.argv[1])
+targets = [tuple(map(int, a.split(":"))) for a in sys.argv[2:]]
+
+def start_time(pid):
+  with open(f"/proc/{pid}/stat") as f:
+    return int(f.read().rsplit(")", 1)[1].split()[19])
+
+def reap(*_):
+  for pid, started in targets:
+    try:
+      if start_time(pid) == started:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass
+  os._exit(0)
+
+signal.signal(signal.SIGTERM, reap)
+ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != parent:
+  reap()
+while True:
+  time.sleep(3600)
+"""
+
+
+def _children() -> dict[int, int]:
+  """This process's children: pid -> start time (Linux /proc)."""
+  out = {}
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if int(fields[1]) == os.getpid():
+      out[int(name)] = int(fields[19])
+  return out
+
+
+def _start_reaper(before: dict[int, int]) -> subprocess.Popen | None:
+  """A helper that SIGKILLs the processes this one started since ``before``
+  (vLLM's engine core; its workers follow it) when this process dies: a
+  SIGKILLed sampler must not leave an engine running."""
+  if not sys.platform.startswith("linux"):
+    return None
+  new = {p: t for p, t in _children().items() if p not in before}
+  return subprocess.Popen(
+      [sys.executable, "-c", _REAPER, str(os.getpid())]
+      + [f"{p}:{t}" for p, t in new.items()], stdin=subprocess.DEVNULL)
 
 
 def _has_gpu() -> bool:

@@ -5,16 +5,22 @@ through one ``AsyncLLM``: the sampled tokens' log-probs are our trainer's
 forward on the same tokens, a weight push changes them exactly as the new
 weights say, an in-flight push leaves two versions in one trajectory (each
 token's log-prob that of its own version), multi-turn episodes with the
-environment's observations, greedy evaluation through the interface. Skipped
+environment's observations, greedy evaluation through the interface, and an
+async SAO run whose sampler process (running vLLM) is killed and restarted.
+Skipped
 when vllm is not installed (the ``vllm`` extra; README "Rollout engines").
 """
 
 import importlib.util
+import os
+import signal
+import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import psutil
 import pytest
 
 from sao_jax.data.trajectory import FinishReason
@@ -26,12 +32,16 @@ from sao_jax.models.transformer import Transformer
 from sao_jax.models.transformer import positions_from_mask
 from sao_jax.sampler import interface
 from sao_jax.sampler import rollout
+from sao_jax.sampler import supervisor
 from sao_jax.sampler import vllm_engine
 from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.sampler.stats import SamplerStats
 from sao_jax.tokenization import tokenizer as tok_lib
+from sao_jax.train import loop
+from sao_jax.train import metrics as metrics_lib
 
 import tiny_models
+from tiny_settings import tiny_config
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -238,3 +248,61 @@ def test_greedy_evaluation_through_the_interface(engine, model):
     np.testing.assert_array_equal(t.tokens[am], best[i, :t.length][am])
     np.testing.assert_allclose(t.rollout_logp[am], ref[i, :t.length][am],
                                atol=2e-4)
+
+
+def _kill_sampler_at(monkeypatch, step):
+  """SIGKILLs the sampler process when the trainer announces ``step``."""
+  killed = []
+  original = supervisor.SupervisedSampler.set_trainer_step
+
+  def set_step(self, s):
+    original(self, s)
+    if s >= step and not killed and self.handle.alive():
+      killed.append(self.handle.process.pid)
+      os.kill(killed[-1], signal.SIGKILL)
+
+  monkeypatch.setattr(supervisor.SupervisedSampler, "set_trainer_step",
+                      set_step)
+  return killed
+
+
+def _vllm_processes():
+  """Live processes of vLLM's engine core or workers."""
+  out = set()
+  for p in psutil.process_iter(["pid", "cmdline"]):
+    cmd = " ".join(p.info["cmdline"] or ())
+    if "VLLM::" in cmd or "EngineCore" in cmd:
+      out.add(p.info["pid"])
+  return out
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_async_sao_run_survives_a_sampler_kill(tmp_path, monkeypatch):
+  """The sampler process runs vLLM; SIGKILLed, the supervisor's new one
+  starts a new engine; nothing trains twice, nothing is left running."""
+  before = _vllm_processes()
+  killed = _kill_sampler_at(monkeypatch, 2)
+  config = tiny_config(**{
+      "sampler.engine": "vllm", "model.hidden_size": 64,
+      "model.head_dim": 32, "train.mode": "async", "train.num_steps": 3,
+      # No episode ahead of the trainer's step: the steps after the kill
+      # need the new sampler.
+      "train.max_staleness": 0,
+      "train.checkpoint_every": 0, "sampler.max_restarts": 2,
+      "ring.get_timeout_s": 900.0})
+  summary = loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert len(killed) == 1
+  assert summary["steps"] == 4  # 1 warm-up + 3 policy steps.
+  assert summary["sampler_restarts"] == 1
+  assert summary["episodes_consumed_twice"] == 0
+  assert summary["episodes_watermark"] + summary[
+      "episodes_above_watermark"] == summary["trajectories_read_from_ring"]
+  assert summary["policy_version"] == 3
+  scalars = metrics_lib.read_scalars(str(tmp_path / "run" / "tb"))
+  assert max(v for _, v in scalars["weights/engine_push_s"]) > 0
+  deadline = time.monotonic() + 30  # The killed sampler's engine too.
+  while _vllm_processes() - before and time.monotonic() < deadline:
+    time.sleep(1)
+  assert not _vllm_processes() - before
