@@ -392,9 +392,14 @@ def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
                                                  state.running_mean)
   adv = jax.lax.stop_gradient(adv)
   if cfg.uses_critic:
-    for _ in range(cfg.critic_updates_per_step):
-      state, metrics = _critic_update(critic, value_tx, cfg, state, batch,
-                                      returns, values)
+    # K critic steps as one traced body in a scan: the program holds the
+    # critic's forward and backward once, whatever K (tracing and compile
+    # time, and temporaries, of one update). The last step's metrics count.
+    def critic_step(s, _):
+      return _critic_update(critic, value_tx, cfg, s, batch, returns, values)
+    state, per_step = jax.lax.scan(critic_step, state, None,
+                                   length=cfg.critic_updates_per_step)
+    metrics = jax.tree.map(lambda m: m[-1], per_step)
   if update_policy:
     state, pm = _policy_update(policy, policy_tx, cfg, policy_loss, state,
                                batch, adv)

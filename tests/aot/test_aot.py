@@ -86,13 +86,14 @@ def test_smollm2_fits_a_v5e_8():
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_oversized_run_exits_nonzero_with_the_fix():
-  # The tiny base model with a 64k vocabulary, 1,024 rows of 8k tokens and
-  # no remat: 128 rows a chip of a v5e-8 (chunked log-probs and blockwise
+  # The tiny base model with a 64k vocabulary, 2,048 rows of 8k tokens and
+  # no remat: 256 rows a chip of a v5e-8 (chunked log-probs and blockwise
   # attention keep it linear in tokens: 1.34 GiB a chip at 64 rows, 2026-12-01;
-  # over by 5.49 GiB at 1,024).
+  # 12.92 GiB at 1,024 since the K critic updates are one scanned body,
+  # 2026-12-03, over by 5.49 GiB before).
   got = _aot("--config=configs/base.py", "--topology=v5e-8",
              "--config.model.vocab_size=65536",
-             "--config.train.batch_size=1024",
+             "--config.train.batch_size=2048",
              "--config.train.max_seq_len=8192",
              "--config.sampler.max_total_tokens=8192",
              "--config.rl.critic_warmup_steps=0",
