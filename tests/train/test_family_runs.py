@@ -5,9 +5,10 @@ its template with thinking off and JSON tool calls, the calculator tool
 env), Mistral (a sliding window of 4, shorter than every sequence; Llama
 3.2's template, there being no Mistral template fixture), Gemma 3 (mixed
 sliding/full layers, its own template), Phi-3 (fused projections, half
-the head rotated, a window of 4), SmolLM3 (a NoPE layer), OLMo 3 (post-norm
-blocks, full-width q/k norms, a sliding then a full layer; OLMo 2's blocks
-are these, its own row would add a run for its config alone),
+the head rotated, a window of 4), SmolLM3 (its one layer NoPE; RoPE and
+NoPE layers mixed are its parity row's), OLMo 3 (post-norm blocks,
+full-width q/k norms, a sliding then a full layer; OLMo 2's blocks are
+these, its own row would add a run for its config alone),
 DeepSeek-V3 (a dense layer then a MoE layer, both with multi-head latent
 attention; all four with Llama 3.2's template) and Qwen3-MoE (a dense first
 layer then a MoE layer; Qwen3's template; GLM-4.5's run, 2-3x as long, is
@@ -65,8 +66,8 @@ FAMILIES = {
                          "partial_rotary_factor": 0.5}, **_ARCH),
              _LLAMA3_ENV),
     "smollm3": ("llama3", lambda vocab: transformers.SmolLM3Config(
-        vocab_size=vocab, pad_token_id=0, no_rope_layer_interval=2,
-        **{**_ARCH, "num_hidden_layers": 2}), _LLAMA3_ENV),
+        vocab_size=vocab, pad_token_id=0, no_rope_layer_interval=1,
+        **_ARCH), _LLAMA3_ENV),
     "olmo3": ("llama3", lambda vocab: transformers.Olmo3Config(
         vocab_size=vocab, pad_token_id=0, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
