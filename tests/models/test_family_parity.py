@@ -87,6 +87,10 @@ class Family:
     import_refusals: (config.json items added to `tiny`'s; words of the
       error) of refused imports.
     marks: pytest marks of all its tests.
+    atol: the most |logits - transformers' logits| on the batch (1e-4,
+      the issue's bound; rows added since hold a tighter one, a few times
+      their measured figure, so a small mismatch such as a norm's epsilon
+      shows).
   """
   arch: str
   hf_config: Callable[[], Any]
@@ -100,6 +104,7 @@ class Family:
   export_refusals: tuple[tuple[Mapping[str, Any] | None, str, str], ...] = ()
   import_refusals: tuple[tuple[Mapping[str, Any], str], ...] = ()
   marks: tuple[Any, ...] = ()
+  atol: float = 1e-4
 
 
 _DENSE = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
@@ -251,6 +256,7 @@ FAMILIES = {
         import_refusals=(({"final_logit_softcapping": 30.0}, "softcapping"),)),
     # Fused qkv_proj and gate_up_proj, partial rotary, LongRoPE, a window.
     "phi3": Family(
+        atol=1e-5,
         arch="Phi3ForCausalLM",
         hf_config=_phi3_config,
         reads={"rotary_dim": 8, "sliding_window": WINDOW,
@@ -269,6 +275,7 @@ FAMILIES = {
                          ({"attention_bias": True}, "attention_bias"))),
     # A NoPE layer (the second: no_rope_layer_interval 2) after a RoPE one.
     "smollm3": Family(
+        atol=1e-5,
         arch="SmolLM3ForCausalLM",
         hf_config=lambda: transformers.SmolLM3Config(
             **_DENSE, head_dim=16, rms_norm_eps=1e-6, pad_token_id=0,
@@ -284,6 +291,7 @@ FAMILIES = {
                          ({"no_rope_layers": [1]}, "each of the 2 layers"))),
     # Post-norm blocks (no pre-norms), q/k norms over all heads at once.
     "olmo2": Family(
+        atol=1e-5,
         arch="Olmo2ForCausalLM",
         hf_config=lambda: transformers.Olmo2Config(
             **_DENSE, rms_norm_eps=1e-6, tie_word_embeddings=False,
@@ -302,6 +310,7 @@ FAMILIES = {
         import_refusals=(({"attention_bias": True}, "attention_bias"),)),
     # OLMo 2's blocks, a sliding layer and a full one with their own RoPE.
     "olmo3": Family(
+        atol=1e-5,
         arch="Olmo3ForCausalLM",
         hf_config=_olmo3_config,
         reads={"norm_style": "olmo", "qk_norm_full_width": True,
@@ -352,6 +361,7 @@ FAMILIES = {
     # Multi-head latent attention (the KV cache holds the latent) over
     # GLM-4.5's routing; the tiny config has no query bottleneck.
     "deepseek_v3": Family(
+        atol=1e-5,
         arch="DeepseekV3ForCausalLM",
         hf_config=_deepseek_v3_config,
         reads={"moe.num_experts": 8, "first_dense_layers": 1,
@@ -474,7 +484,7 @@ def test_logits_match_transformers(reference, layout):
   tokens, mask, positions = reference.batch
   got = hf_reference.our_logits(_in_layout(config, layout), params, tokens,
                                 mask, positions)
-  assert np.abs(got[mask] - want[mask]).max() <= 1e-4
+  assert np.abs(got[mask] - want[mask]).max() <= family.atol
   assert np.abs(want[mask]).max() > 0.1  # Real logits, not near zero.
 
 

@@ -46,6 +46,9 @@ from sao_jax.models.layers.norms import RMSNorm
 from sao_jax.models.layers.rope import apply_rope
 
 Array = jax.Array
+# The latents' RMSNorm epsilon: DeepSeek's q_a_layernorm / kv_a_layernorm
+# keep their default whatever the config's rms_norm_eps (as transformers').
+LATENT_NORM_EPS = 1e-6
 
 
 def softmax_scale(cfg: ModelConfig) -> float:
@@ -107,7 +110,8 @@ class LatentAttention(nn.Module):
     a = param(self, "q_a_proj", init, (d, r), ("embed", "q_lora"))
     b = param(self, "q_b_proj", init, (r, h, dq),
               ("q_lora", "heads", "head_dim"))
-    c = RMSNorm(cfg, r, "q_lora", name="q_a_norm")(x @ a.astype(x.dtype))
+    c = RMSNorm(cfg, r, "q_lora", LATENT_NORM_EPS, name="q_a_norm")(
+        x @ a.astype(x.dtype))
     return jnp.einsum("btr,rhk->bthk", c.astype(x.dtype), b.astype(x.dtype))
 
   @nn.compact
@@ -129,7 +133,7 @@ class LatentAttention(nn.Module):
     q = jnp.concatenate([q[..., :dn], rope(q[..., dn:])], axis=-1)
     a = param(self, "kv_a_proj", init, (d, r + dr), ("embed", "kv_lora"))
     ckv = x @ a.astype(x.dtype)
-    latent = RMSNorm(cfg, r, "kv_lora", name="kv_a_norm")(
+    latent = RMSNorm(cfg, r, "kv_lora", LATENT_NORM_EPS, name="kv_a_norm")(
         ckv[..., :r]).astype(x.dtype)[:, :, None]  # [B, T, 1, R]
     k_rope = rope(ckv[..., None, r:])  # [B, T, 1, Dr]
 

@@ -25,6 +25,7 @@ class RMSNorm(nn.Module):
   config: ModelConfig
   features: int | tuple[int, ...] = 0
   axis: str | tuple[str, ...] = "embed"
+  eps: float = 0.0  # 0: the config's rms_norm_eps.
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -38,6 +39,6 @@ class RMSNorm(nn.Module):
     over = tuple(range(-len(shape), 0))
     x32 = x32 * jax.lax.rsqrt(
         jnp.mean(x32 * x32, axis=over, keepdims=True) +
-        self.config.rms_norm_eps)
+        (self.eps or self.config.rms_norm_eps))
     w = scale.astype(jnp.float32) + (1.0 if gemma else 0.0)
     return (w * x32).astype(self.config.compute_dtype)
