@@ -1,8 +1,9 @@
 """Gated DeltaNet kernels (models/layers/linear_attention.py) against
 transformers' torch references (Qwen3.5's), float32: the chunked and the
 recurrent gated delta rule, with grouped value heads, a length that is no
-multiple of the chunk and a carried state, and the causal conv with its
-decode state."""
+multiple of the chunk and a carried state, the causal conv with its
+decode state, and the GatedDeltaNet layer against Qwen3_5GatedDeltaNet on a
+left-padded batch."""
 
 import jax
 import numpy as np
@@ -99,3 +100,65 @@ def test_causal_conv_matches_transformers_and_carries_its_state():
     np.testing.assert_allclose(np.asarray(out), want[:, t:t + 1], atol=1e-5)
     np.testing.assert_allclose(np.asarray(out), theirs, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(state), conv_state.numpy())
+
+
+def _gdn_pair():
+  """Transformers' Qwen3.5 GatedDeltaNet with random weights, and ours with
+  the same weights (their fused in_proj_qkv / conv1d rows split by part)."""
+  from sao_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  transformers = pytest.importorskip("transformers")
+  hf_cfg = transformers.Qwen3_5TextConfig(
+      hidden_size=32, linear_num_key_heads=HK, linear_num_value_heads=HV,
+      linear_key_head_dim=DK, linear_value_head_dim=DV,
+      linear_conv_kernel_dim=4, num_hidden_layers=2, rms_norm_eps=1e-6,
+      layer_types=["linear_attention", "full_attention"])
+  torch.manual_seed(0)
+  theirs = ref.Qwen3_5GatedDeltaNet(hf_cfg, 0).eval()
+  with torch.no_grad():
+    for p in theirs.parameters():
+      p.copy_(0.3 * torch.randn_like(p))
+  w = {n: p.detach().numpy() for n, p in theirs.named_parameters()}
+  kd, vd = HK * DK, HV * DV
+  qkv, conv = w["in_proj_qkv.weight"], w["conv1d.weight"][:, 0]
+  rows = {"q": (0, kd, HK, DK), "k": (kd, 2 * kd, HK, DK),
+          "v": (2 * kd, 2 * kd + vd, HV, DV)}
+  params = {f"{n}_proj": qkv[a:b].T.reshape(32, h, dh)
+            for n, (a, b, h, dh) in rows.items()}
+  params |= {f"{n}_conv": conv[a:b].reshape(h, dh, -1)
+             for n, (a, b, h, dh) in rows.items()}
+  params |= {"z_proj": w["in_proj_z.weight"].T.reshape(32, HV, DV),
+             "b_proj": w["in_proj_b.weight"].T,
+             "a_proj": w["in_proj_a.weight"].T, "dt_bias": w["dt_bias"],
+             "A_log": w["A_log"], "norm_scale": w["norm.weight"],
+             "o_proj": w["out_proj.weight"].T.reshape(HV, DV, 32)}
+  ours = la.GatedDeltaNet(
+      ModelConfig.tiny(hidden_size=32, rms_norm_eps=1e-6),
+      la.LinearAttentionDims(HK, HV, DK, DV, 4), chunk=CHUNK)
+  return theirs, ours, params
+
+
+def test_gated_delta_net_layer_matches_transformers_on_a_left_padded_batch():
+  theirs, ours, params = _gdn_pair()
+  rng = np.random.default_rng(4)
+  x = rng.standard_normal((3, 21, 32)).astype(np.float32)
+  mask = np.arange(21)[None] >= np.array([0, 5, 12])[:, None]
+  with torch.no_grad():
+    want = theirs(torch.from_numpy(x),
+                  attention_mask=torch.from_numpy(mask.astype(np.int64)))
+  apply = jax.jit(ours.apply)
+  got, _ = apply({"params": params}, x, mask)
+  got, want = np.asarray(got), want.numpy()
+  assert np.abs(got[mask] - want[mask]).max() <= 1e-5
+  assert np.abs(want[mask]).max() > 0.1
+  # A left-padded row's outputs are those of its real tokens alone.
+  alone, _ = apply({"params": params}, x[1:2, 5:], mask[1:2, 5:])
+  np.testing.assert_allclose(np.asarray(alone)[0], got[1, 5:], atol=1e-5)
+  # Prefill then one-token steps, the state carried: the same outputs.
+  out, state = apply({"params": params}, x[:, :15], mask[:, :15])
+  outs = [out]
+  for t in range(15, 21):
+    out, state = apply({"params": params}, x[:, t:t + 1], mask[:, t:t + 1],
+                       state)
+    outs.append(out)
+  np.testing.assert_allclose(np.concatenate(outs, axis=1)[mask], got[mask],
+                             atol=1e-5)

@@ -15,14 +15,23 @@ fixed-size state per sequence instead of a KV cache), and
 the updates are one unit-lower-triangular solve (the UT transform) and
 matmuls, and a scan carries S across chunks, so memory grows with T x C, not
 T^2. Both take and return the state, so a prefill can hand it to decode
-steps. The layer that uses them (Qwen3.5's GatedDeltaNet, in a hybrid stack
-with full-attention layers) is not built yet; issue 41.
+steps. `GatedDeltaNet` is Qwen3.5's layer around them (projections, the
+short conv, decay and write gates, a gated RMSNorm); the hybrid decoder
+that interleaves it with full-attention layers, and its cache, are not
+built yet (issue 41).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.layers.base import INIT_STD
+from sao_jax.models.layers.base import param
 
 Array = jax.Array
 
@@ -157,3 +166,90 @@ def causal_conv1d(x: Array, weight: Array, state: Array | None = None
   out = jnp.einsum("bctk,ck->btc", windows.astype(jnp.float32),
                    weight.astype(jnp.float32))
   return jax.nn.silu(out).astype(x.dtype), full[..., t:]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearAttentionDims:
+  """A GatedDeltaNet layer's sizes (HF `linear_*` config fields)."""
+
+  key_heads: int  # linear_num_key_heads
+  value_heads: int  # linear_num_value_heads, a multiple of key_heads
+  key_dim: int  # linear_key_head_dim
+  value_dim: int  # linear_value_head_dim
+  conv_kernel: int = 4  # linear_conv_kernel_dim
+
+
+class GatedDeltaNet(nn.Module):
+  """Qwen3.5's linear-attention layer (HF Qwen3_5GatedDeltaNet).
+
+  q, k, v = silu(conv(x W)) per channel (their HF `in_proj_qkv` rows and
+  `conv1d` channels, split by part), beta = sigmoid(x W_b), g =
+  -exp(A_log) softplus(x W_a + dt_bias); the gated delta rule (chunked, or
+  one recurrent step for a single token with a state); then w * RMSNorm(o)
+  * silu(x W_z) per value head and the output projection. Padding tokens
+  (mask False) are zeroed first, as transformers does.
+
+  Parameters: {q,k}_proj [embed, kv_heads, head_dim], {v,z}_proj [embed,
+  heads, head_dim], {b,a}_proj [embed, heads], {q,k,v}_conv [(kv_)heads,
+  head_dim, K], dt_bias, A_log [heads], norm/scale [head_dim], o_proj
+  [heads, head_dim, embed] (key heads under 'kv_heads', value heads under
+  'heads').
+  """
+
+  config: ModelConfig
+  dims: LinearAttentionDims
+  chunk: int = 64
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, state=None):
+    """x [B, T, D], mask bool [B, T]; state: (S [B, Hv, Dk, Dv], conv
+    states ([B, Hk*Dk, K-1] of q, of k, [B, Hv*Dv, K-1] of v)) or None
+    (a sequence's start). Returns (out [B, T, D], the state after x)."""
+    cfg, n = self.config, self.dims
+    init = nn.initializers.normal(INIT_STD)
+    d, (b, t) = cfg.hidden_size, x.shape[:2]
+    x = x * mask[..., None].astype(x.dtype)
+    shapes = {"q": (n.key_heads, n.key_dim, "kv_heads"),
+              "k": (n.key_heads, n.key_dim, "kv_heads"),
+              "v": (n.value_heads, n.value_dim, "heads")}
+    convs, new_convs = {}, []
+    for j, (name, (heads, dim, axis)) in enumerate(shapes.items()):
+      w = param(self, f"{name}_proj", init, (d, heads, dim),
+                ("embed", axis, "head_dim"))
+      y = jnp.einsum("btd,dhk->bthk", x, w.astype(x.dtype))
+      c = param(self, f"{name}_conv", init, (heads, dim, n.conv_kernel),
+                (axis, "head_dim", None))
+      y, conv_state = causal_conv1d(
+          y.reshape(b, t, heads * dim), c.reshape(heads * dim, -1),
+          None if state is None else state[1][j])
+      convs[name] = y.reshape(b, t, heads, dim)
+      new_convs.append(conv_state)
+    hv, dv = n.value_heads, n.value_dim
+    gate = lambda name: jnp.einsum("btd,dh->bth", x, param(
+        self, f"{name}_proj", init, (d, hv), ("embed", "heads")).astype(
+            x.dtype)).astype(jnp.float32)
+    beta = jax.nn.sigmoid(gate("b"))
+    dt_bias = param(self, "dt_bias", nn.initializers.ones, (hv,), ("heads",))
+    a_log = param(self, "A_log", nn.initializers.zeros, (hv,), ("heads",))
+    g = -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(
+        gate("a") + dt_bias.astype(jnp.float32))
+    s0 = None if state is None else state[0]
+    if t == 1 and s0 is not None:
+      out, s = recurrent_gated_delta_rule(convs["q"], convs["k"], convs["v"],
+                                          g, beta, s0)
+    else:
+      out, s = chunked_gated_delta_rule(convs["q"], convs["k"], convs["v"],
+                                        g, beta, s0, self.chunk)
+    z = jnp.einsum("btd,dhk->bthk", x, param(
+        self, "z_proj", init, (d, hv, dv), ("embed", "heads", "head_dim")
+    ).astype(x.dtype))
+    scale = param(self, "norm_scale", nn.initializers.ones, (dv,),
+                  ("head_dim",))
+    normed = out * jax.lax.rsqrt(
+        jnp.mean(out * out, axis=-1, keepdims=True) + cfg.rms_norm_eps)
+    y = (scale.astype(jnp.float32) * normed.astype(x.dtype).astype(
+        jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
+    o_proj = param(self, "o_proj", init, (hv, dv, d),
+                   ("heads", "head_dim", "embed"))
+    return (jnp.einsum("bthk,hkd->btd", y, o_proj.astype(x.dtype)),
+            (s, tuple(new_convs)))
