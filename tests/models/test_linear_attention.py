@@ -9,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 
+from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers import linear_attention as la
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_5 import modeling_qwen3_5 as ref  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 pytestmark = pytest.mark.ref
@@ -105,8 +106,6 @@ def test_causal_conv_matches_transformers_and_carries_its_state():
 def _gdn_pair():
   """Transformers' Qwen3.5 GatedDeltaNet with random weights, and ours with
   the same weights (their fused in_proj_qkv / conv1d rows split by part)."""
-  from sao_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  transformers = pytest.importorskip("transformers")
   hf_cfg = transformers.Qwen3_5TextConfig(
       hidden_size=32, linear_num_key_heads=HK, linear_num_value_heads=HV,
       linear_key_head_dim=DK, linear_value_head_dim=DV,
