@@ -11,6 +11,7 @@ from typing import Any
 from sao_jax.envs import code_env
 from sao_jax.envs import function_tasks
 from sao_jax.envs import registry
+from sao_jax.envs import repair_env
 from sao_jax.envs.base import Environment
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
 from sao_jax.envs.reasoning_gym_env import train_eval_split
@@ -28,6 +29,9 @@ def build_tasks(env_cfg: Any) -> tuple[ReasoningGymTasks, ReasoningGymTasks]:
         function_tasks.shared_grader(env_cfg).pool, env_cfg.eval_size)
   if env_cfg.dataset == function_tasks.NAME:
     return function_tasks.train_eval_tasks(env_cfg)
+  if env_cfg.name == repair_env.NAME:  # The environment's own tasks.
+    return repair_env.train_eval_tasks(
+        env_cfg, function_tasks.shared_grader(env_cfg).pool)
   return train_eval_split(
       env_cfg.dataset, dict(env_cfg.dataset_config),
       train_seed=env_cfg.seed, train_size=env_cfg.size,
@@ -63,6 +67,9 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
   if name == "code":  # Hidden tests: the tool sees no task data either.
     kwargs["pool"] = code_env.shared_pool(
         env_cfg, packages=env_cfg.dataset != function_tasks.NAME)
+    kwargs["observation_chars"] = int(env_cfg.code_observation_chars)
+  if name == repair_env.NAME:
+    kwargs["max_tool_calls"] = env_cfg.max_tool_calls
     kwargs["observation_chars"] = int(env_cfg.code_observation_chars)
   if name == "tool_longtail":
     kwargs["min_tokens"] = int(env_cfg.longtail_min_tokens)

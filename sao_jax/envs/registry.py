@@ -9,6 +9,7 @@ from sao_jax.envs.code_env import CodeEnv
 from sao_jax.envs.evolving import EvolvingEnv
 from sao_jax.envs.longtail import LongTailToolEnv
 from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
+from sao_jax.envs.repair_env import RepairEnv
 from sao_jax.envs.tool_env import ToolEnv
 
 EnvFactory = Callable[..., Environment]
@@ -18,6 +19,7 @@ _REGISTRY: dict[str, EnvFactory] = {
     "evolving": EvolvingEnv,
     "tool_longtail": LongTailToolEnv,
     "code": CodeEnv,  # Sandboxed Python (envs/code_env.py).
+    "repair": RepairEnv,  # Repository repair (envs/repair_env.py).
 }
 
 

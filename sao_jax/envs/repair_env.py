@@ -1,0 +1,243 @@
+"""Repository repair as a multi-turn environment (`env.name = 'repair'`;
+docs/design/grading.md "Repository repair").
+
+Each episode gets its own workspace: the task's buggy files, held in this
+process's memory, dropped when the episode ends or the next one starts
+(nothing of it is on disk; the sandbox calls that run its tests leave
+nothing either). The policy calls tools, in every template as a JSON
+object `{"name": TOOL, "arguments": {...}}` inside the template's call
+markup:
+
+- `read_file` {path}: the file's text (cut to `observation_chars`);
+- `write_file` {path, content}: replaces or makes a file;
+- `str_replace` {path, old, new}: replaces the one occurrence of `old`;
+- `run_tests` {}: the workspace's visible tests, run in the grading sandbox
+  with the workspace as it is; a changed or new file (tests too) that the
+  vetting refuses is refused here, saying why (else a test's failure
+  message could carry the standard library's copy of the reference back).
+
+Any other action submits: the reward is the grade of the workspace's
+source files (`RepairGrader.grade`: a clean tree, the task's own tests).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import threading
+import zlib
+from typing import Any, Sequence
+
+from sao_jax.envs.base import Environment
+from sao_jax.envs.base import StepResult
+from sao_jax.grading import repair
+from sao_jax.grading import vetting
+
+TOOLS = ("read_file", "write_file", "str_replace", "run_tests")
+MAX_FILES = 32
+MAX_FILE_CHARS = 200_000
+_PROMPT = (
+    "The Python package below has a bug: some of its tests fail. Find and "
+    "fix it in the source (not in the tests). Files: {files}. The failing "
+    "tests are among those in {tests}.\n\nTools (call one at a time, as a "
+    'JSON object {{"name": ..., "arguments": {{...}}}}): read_file {{"path"}}'
+    ', write_file {{"path", "content"}}, str_replace {{"path", "old", '
+    '"new"}}, run_tests {{}}. Answer without a tool call to submit.')
+
+
+NAME = "repair"
+HELDOUT_EVERY = 10  # Seeds = 9 mod 10 are held out, the others train.
+
+
+class RepairTasks:
+  """The kept repair tasks of `names` x the split's seeds from `first_seed`
+  on, found lazily (a seed whose bug breaks no test is passed over); the
+  two splits' seeds are disjoint whatever `first_seed`."""
+
+  name = NAME
+
+  def __init__(self, grader: repair.RepairGrader, names: Sequence[str],
+               size: int, first_seed: int = 0, split: str = "train"):
+    if split not in ("train", "heldout"):
+      raise ValueError(f"repair split {split!r}: 'train' or 'heldout'.")
+    unknown = set(names) - set(repair.WORKSPACES)
+    if unknown or not names:
+      raise ValueError(f"repair workspaces {sorted(unknown) or names}: use "
+                       f"some of {sorted(repair.WORKSPACES)}.")
+    self.grader = grader
+    self.names = tuple(names)
+    self.size = size
+    self.split = split
+    self._next = first_seed
+    self._tasks: list[repair.RepairTask] = []
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self.size
+
+  def task(self, index: int) -> repair.RepairTask:
+    if not 0 <= index < self.size:
+      raise IndexError(f"repair task {index} of {self.size}")
+    with self._lock:
+      while len(self._tasks) <= index:
+        seed, self._next = self._next, self._next + 1
+        if (seed % HELDOUT_EVERY == HELDOUT_EVERY - 1) != (
+            self.split == "heldout"):
+          continue
+        for name in self.names:  # One kept bug per workspace and seed.
+          found = self.grader.task(name, seed)
+          if found is not None:
+            self._tasks.append(found)
+      return self._tasks[index]
+
+  def prompt_id(self, index: int) -> int:
+    t = self.task(index)
+    return zlib.crc32(f"{t.name}/{t.seed}".encode()) & 0x7FFFFFFF
+
+
+def train_eval_tasks(env_cfg: Any, pool: Any) -> tuple[RepairTasks,
+                                                        RepairTasks]:
+  """(training, held-out) repair tasks of `env_cfg` (`env.dataset_config`:
+  `workspaces`, a list of WORKSPACES keys; all by default), graded in
+  `pool` (a grading pool)."""
+  settings = dict(env_cfg.dataset_config)
+  if set(settings) - {"workspaces"}:
+    raise ValueError(f"env.dataset_config {sorted(settings)}: the repair "
+                     "tasks take only `workspaces`.")
+  names = tuple(settings.get("workspaces") or sorted(repair.WORKSPACES))
+  grader = repair.RepairGrader(pool)
+  return (RepairTasks(grader, names, env_cfg.size, env_cfg.seed, "train"),
+          RepairTasks(grader, names, env_cfg.eval_size, env_cfg.eval_seed,
+                      "heldout"))
+
+
+class RepairEnv(Environment):
+  """One repair episode at a time (module docstring)."""
+
+  def __init__(self, tasks: RepairTasks, instruction: str = "",
+               max_tool_calls: int = 16, observation_chars: int = 2048):
+    self.tasks = tasks
+    self.name = tasks.name
+    self.instruction = instruction
+    self.max_tool_calls = max_tool_calls
+    self.observation_chars = observation_chars
+    self.workspace: dict[str, str] | None = None
+    self._task: repair.RepairTask | None = None
+    self._calls = 0
+
+  def reset(self, task: int) -> str:
+    self._task = self.tasks.task(task)
+    self.prompt_id = self.tasks.prompt_id(task)
+    self.workspace = dict(self._task.buggy.files())  # This episode's own.
+    self._calls = 0
+    text = _PROMPT.format(files=", ".join(sorted(self.workspace)),
+                          tests=", ".join(sorted(self._task.buggy.tests)))
+    if self.instruction:
+      text = self.instruction + "\n\n" + text
+    return self.template.format_prompt(text)
+
+  def step(self, action_text: str) -> StepResult:
+    if self.workspace is None or self._task is None:
+      raise RuntimeError("RepairEnv.step called outside an episode.")
+    if not self.template.is_tool_call(action_text):
+      return self._submit()
+    payload = self.template.parse_tool_call(action_text)
+    self._calls += 1
+    if self._calls > self.max_tool_calls:
+      value = f"error: more than {self.max_tool_calls} tool calls"
+    else:
+      value = self.run_tool(payload)
+    value = _cut(value, self.observation_chars)
+    return StepResult(self.template.format_tool_result(value), 0.0, False,
+                      {"tool_call": payload, "tool_result": value})
+
+  def _submit(self) -> StepResult:
+    task, files = self._task, self.workspace
+    self.workspace = self._task = None  # The workspace ends with the episode.
+    grade = self.tasks.grader.grade(task, {p: files.get(p, "") for p in
+                                           task.buggy.sources})
+    return StepResult("", float(grade.passed), True,
+                      {"repair_why": grade.why, "tool_calls": self._calls})
+
+  def run_tool(self, payload: str) -> str:
+    """The observation of one tool call."""
+    try:
+      call = json.loads(payload)
+      name, args = call["name"], call.get("arguments", {})
+      if isinstance(args, str):
+        args = json.loads(args)
+      if name not in TOOLS or not isinstance(args, dict):
+        raise ValueError
+    except (ValueError, TypeError, KeyError):
+      return (f'error: call a tool as {{"name": one of {list(TOOLS)}, '
+              '"arguments": {...}}')
+    try:
+      return getattr(self, "_" + name)(**args)
+    except TypeError as e:
+      return f"error: {name}: {e}"
+
+  def _path(self, path: Any) -> str:
+    norm = posixpath.normpath(str(path)) if isinstance(path, str) else ""
+    if not norm or norm.startswith(("/", "..")) or norm == ".":
+      raise TypeError(f"{path!r} is not a path in the workspace")
+    return norm
+
+  def _read_file(self, path: str) -> str:
+    path = self._path(path)
+    if path not in self.workspace:
+      return f"error: no file {path}; files: {sorted(self.workspace)}"
+    return self.workspace[path]
+
+  def _write_file(self, path: str, content: str) -> str:
+    path = self._path(path)
+    if not isinstance(content, str) or len(content) > MAX_FILE_CHARS:
+      return f"error: content must be text of at most {MAX_FILE_CHARS} chars"
+    if path not in self.workspace and len(self.workspace) >= MAX_FILES:
+      return f"error: at most {MAX_FILES} files"
+    self.workspace[path] = content
+    return f"wrote {path} ({len(content)} chars)"
+
+  def _str_replace(self, path: str, old: str, new: str) -> str:
+    text = self._read_file(path)
+    path = self._path(path)
+    if path not in self.workspace:
+      return text
+    count = text.count(old) if isinstance(old, str) and old else 0
+    if count != 1:
+      return f"error: `old` occurs {count} times in {path}; it must be once"
+    return self._write_file(path, text.replace(old, str(new)))
+
+  def _run_tests(self) -> str:
+    task = self._task
+    why = self._refusal()
+    if why:
+      return "refused: " + why
+    run = repair.run_tests(self.tasks.grader.pool, self.workspace,
+                           task.buggy.test_modules)
+    bad = sorted(k for k, v in run.results.items() if v != "pass")
+    lines = [f"{len(run.results) - len(bad)} passed, {len(bad)} failed"
+             + (f" ({run.why})" if run.why else "")]
+    for test in bad[:8]:
+      lines.append(f"{run.results[test].upper()}: {test}")
+    for test in bad[:2]:
+      lines.append(run.details.get(test, "")[-600:])
+    return "\n".join(lines)
+
+
+  def _refusal(self) -> str:
+    """What the vetting refuses in any changed or new file (tests too: a
+    failure's message would carry what a test read back to the policy)."""
+    task, original = self._task, self._task.buggy.files()
+    for path, text in sorted(self.workspace.items()):
+      if text != original.get(path):
+        allowed = [original[path], task.reference.get(
+            path, original[path])] if path in original else [""]
+        why = vetting.refusal(text, allowed, path)
+        if why:
+          return why
+    return ""
+
+
+def _cut(text: str, chars: int) -> str:
+  mark = "[truncated]"
+  return text if len(text) <= chars else text[:chars - len(mark)] + mark

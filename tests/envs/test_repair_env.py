@@ -1,0 +1,112 @@
+"""The repair environment (`env.name = 'repair'`, issue 39 item 2): tools on
+a per-episode workspace, the visible tests, the grade on submission, the
+config's tasks with disjoint splits."""
+
+import json
+
+import pytest
+import sandbox_pools
+
+from sao_jax.envs import build
+from sao_jax.envs import function_tasks
+from sao_jax.envs import repair_env
+from sao_jax.grading import functions
+from sao_jax.grading import repair
+from sao_jax.tokenization.chat_template import SAO_MARKUP
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def pool():
+  try:
+    repair.workspace("colorsys")
+  except repair.WorkspaceMissing as e:
+    pytest.skip(str(e))
+  p = sandbox_pools.grading_pool(wall_s=4.0)
+  yield p
+  p.close()
+
+
+def _call(name, **arguments):
+  return SAO_MARKUP.format_tool_call(json.dumps({"name": name,
+                                                 "arguments": arguments}))
+
+
+def _result(step):
+  text = step.observation
+  return text[text.index(SAO_MARKUP.result_prefix) +
+              len(SAO_MARKUP.result_prefix):text.rindex(
+                  SAO_MARKUP.result_suffix)]
+
+
+def test_an_episode_reads_runs_fixes_and_is_graded(pool):
+  tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["colorsys"], 2)
+  env = repair_env.RepairEnv(tasks, max_tool_calls=10)
+  prompt = env.reset(0)
+  task = tasks.task(0)
+  path, = task.buggy.sources
+  assert path in prompt and "test_colorsys.py" in prompt
+  assert _result(env.step(_call("read_file", path=path))).startswith(
+      task.buggy.sources[path][:40].strip())
+  before = _result(env.step(_call("run_tests")))
+  assert f"{len(task.broken)} failed" in before, before
+  assert task.broken[0] in before
+  # Mistakes are observations, not episode ends.
+  for bad, want in ((_call("read_file", path="../etc/passwd"), "error:"),
+                    (_call("str_replace", path=path, old="", new="x"),
+                     "error:"),
+                    (SAO_MARKUP.format_tool_call("not json"), "error:"),
+                    (_call("write_file", path="test_colorsys.py",
+                           content="import os\nprint(open('x').read())\n"),
+                     "wrote")):
+    step = env.step(bad)
+    assert not step.done and _result(step).startswith(want), _result(step)
+  assert _result(env.step(_call("run_tests"))).startswith("refused:")
+  env.step(_call("write_file", path="test_colorsys.py",
+                 content=task.buggy.tests["test_colorsys.py"]))
+  env.step(_call("write_file", path=path, content=task.reference[path]))
+  after = _result(env.step(_call("run_tests")))
+  assert after.startswith(f"{len(task.passing)} passed, 0 failed"), after
+  final = env.step(SAO_MARKUP.format_assistant_turn("Fixed."))
+  assert final.done and final.reward == 1.0, final.info
+  assert env.workspace is None  # The workspace ended with the episode.
+  # The next episode of the same task starts from the buggy tree again.
+  env.reset(0)
+  assert env.workspace == task.buggy.files()
+  over = [env.step(_call("read_file", path=path)) for _ in range(11)][-1]
+  assert "more than 10 tool calls" in _result(over)
+  final = env.step(SAO_MARKUP.format_assistant_turn("Done."))
+  assert final.done and final.reward == 0.0
+  assert "the bug broke" in final.info["repair_why"]
+
+
+def test_an_edited_test_file_does_not_reach_the_grade(pool):
+  tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["colorsys"], 1)
+  env = repair_env.RepairEnv(tasks)
+  env.reset(0)
+  env.step(_call("write_file", path="test_colorsys.py",
+                 content="import unittest\n"))
+  assert _result(env.step(_call("run_tests"))).startswith("0 passed")
+  assert env.step(SAO_MARKUP.format_assistant_turn("ok")).reward == 0.0
+
+
+def test_repair_tasks_from_the_config(pool, monkeypatch):
+  from configs import base  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(function_tasks._GRADERS, ("bwrap", 1),  # pylint: disable=protected-access
+                      functions.FunctionGrader(pool))
+  cfg = base.get_config()
+  cfg.env.name, cfg.env.code_sandbox, cfg.env.code_workers = (
+      "repair", "bwrap", 1)
+  cfg.env.size, cfg.env.eval_size = 3, 1
+  cfg.env.dataset_config = {"workspaces": ["colorsys", "fnmatch"]}
+  train, held = build.build_tasks(cfg.env)
+  assert (len(train), len(held)) == (3, 1)
+  seeds = [train.task(i).seed for i in range(3)]
+  assert all(s % 10 != 9 for s in seeds) and held.task(0).seed % 10 == 9
+  assert {train.task(i).name for i in range(3)} <= {"colorsys", "fnmatch"}
+  env = build.make_envs(cfg.env, train, 1)[0]
+  assert isinstance(env, repair_env.RepairEnv) and env.max_tool_calls == 4
+  assert "colorsys.py" in env.reset(0) or "fnmatch.py" in env.reset(0)
+  with pytest.raises(ValueError, match="workspaces"):
+    repair_env.RepairTasks(train.grader, ["numpy"], 1)
