@@ -61,8 +61,8 @@ root = os.path.join(os.getcwd(), "ws")
 for path, text in SPEC["files"].items():
   full = os.path.join(root, path)
   os.makedirs(os.path.dirname(full), exist_ok=True)
-  with open(full, "w") as f:
-    f.write(text)
+  with open(full, "wb") as f:  # UTF-8, as the host's vetting parsed it.
+    f.write(text.encode("utf-8"))
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:  # The runner: the pipe's write end and /dev/null only.
@@ -146,8 +146,8 @@ while not done and time.monotonic() < deadline:
       twice.append(name)
     else:
       results[name] = status
-      if detail:
-        details[name] = detail
+      if detail and len(details) < 32:
+        details[name] = str(detail)[-1500:]
 try:
   os.kill(pid, signal.SIGKILL)
 except OSError:
@@ -315,6 +315,8 @@ class RepairGrader:
     if not self.vet:
       return ""
     for path, text in edits.items():
+      if path in task.buggy.sources and not isinstance(text, str):
+        return f"{path}: not text"
       if path in task.buggy.sources and text != task.buggy.sources[path]:
         why = vetting.refusal(text, [task.buggy.sources[path],
                                      task.reference[path]], path)

@@ -112,21 +112,29 @@ def refusal(candidate: str, allowed: list[str], path: str = "") -> str:
   """Why `candidate` (a module's new text) may not run beside the tests, or
   '' when it may; `allowed`: the texts whose capability units it may hold
   (the buggy module and the reference)."""
+  if not isinstance(candidate, str):
+    return f"{path}: not text"
   try:
-    tree = ast.parse(candidate)
+    # As the importer reads the file (UTF-8 bytes, honouring a coding
+    # declaration), and as text: a declared codec (utf-7, say) that makes
+    # the two differ would hide code from a vetting of the text alone.
+    tree = ast.parse(candidate.encode("utf-8"))
+    if ast.dump(tree) != ast.dump(ast.parse(candidate)):
+      return (f"{path}: its coding declaration changes what Python reads; "
+              "write UTF-8 without one")
+    trees = [ast.parse(text) for text in allowed]
+    bound = frozenset().union(*(_import_names(t) for t in trees + [tree]))
+    ok = {dump for t in trees for _, _, dump in _units(t)}
+    for node, header, dump in _units(tree):
+      names = _names_in(header, bound)
+      if names and dump not in ok:
+        line = getattr(node, "lineno", "?")
+        return (f"{path}:{line}: a new or changed statement names "
+                f"{sorted(set(names))[:4]}; statements that name imports, "
+                "dunders, sys/os/unittest or introspection must stay as "
+                "they were")
   except SyntaxError as e:
     return f"{path}: does not parse ({e.msg}, line {e.lineno})"
-  except (ValueError, RecursionError) as e:
-    return f"{path}: does not parse ({type(e).__name__})"
-  trees = [ast.parse(text) for text in allowed]
-  bound = frozenset().union(*(_import_names(t) for t in trees + [tree]))
-  ok = {dump for t in trees for _, _, dump in _units(t)}
-  for node, header, dump in _units(tree):
-    names = _names_in(header, bound)
-    if names and dump not in ok:
-      line = getattr(node, "lineno", "?")
-      return (f"{path}:{line}: a new or changed statement names "
-              f"{sorted(set(names))[:4]}; statements that name imports, "
-              "dunders, sys/os/unittest or introspection must stay as they "
-              "were")
+  except (ValueError, RecursionError, MemoryError) as e:  # Null bytes, depth,
+    return f"{path}: does not parse ({type(e).__name__})"  # unencodable.
   return ""

@@ -104,10 +104,17 @@ def test_plain_fixes_are_not_refused(fix):
     "exec(open('/usr/lib/python3.11/textwrap.py').read())\n",
     "def g():\n  raise SystemExit\n",
     "def f(a, b):\n  return a + b\n",  # Fine: no capability named.
+    "#+AAo-import os+AAo-os._exit(0)\n",  # Hidden by a utf-7 declaration.
+    "x = 1\0\n",
+    "x = " + "(" * 400 + "1" + ")" * 400 + "\n",
 ])
 def test_capabilities_named_anew_are_refused(attack):
-  why = vetting.refusal(_BUGGY + attack, [_BUGGY, _REFERENCE], "m.py")
-  if attack.startswith("def f("):
+  if attack.startswith("#+AAo"):  # Python reads `import os` here.
+    attack = "# -*- coding: utf-7 -*-\n" + _BUGGY + attack
+  else:
+    attack = _BUGGY + attack
+  why = vetting.refusal(attack, [_BUGGY, _REFERENCE], "m.py")
+  if attack.endswith("def f(a, b):\n  return a + b\n"):
     assert why == ""
   else:
     assert why.startswith("m.py:"), attack

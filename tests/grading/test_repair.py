@@ -126,6 +126,9 @@ def _attacks(task):
           "_main.SPEC['deadline_s'] = 0\n"),
   }
   out = {name: {path: buggy + "\n" + text} for name, text in tail.items()}
+  # What the importer reads differs from the text: a utf-7 declaration.
+  out["coding_cookie"] = {path: "# -*- coding: utf-7 -*-\n" + buggy +
+                          "\n#+AAo-import os+AAo-os._exit(0)\n"}
   out["edit_tests"] = {"test_colorsys.py": "import unittest\n"}
   out["delete_tests"] = {path: buggy, "test_colorsys.py": None}
   return out
