@@ -88,24 +88,23 @@ def _names_in(header, bound: frozenset[str]) -> list[str]:
 
 
 def _words(node: ast.AST) -> list[str]:
-  if isinstance(node, ast.Name):
-    return [node.id]
-  if isinstance(node, ast.Attribute):
-    return [node.attr]
-  if isinstance(node, ast.keyword) and node.arg:
-    return [node.arg]
-  if isinstance(node, ast.arg):
-    return [node.arg]
-  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-    return [node.name]
-  if isinstance(node, (ast.Global, ast.Nonlocal)):
-    return list(node.names)
-  if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+  """The identifiers a node holds: every text field (a name, an attribute,
+  a keyword, a match pattern's attribute or capture, ...), and of a string
+  constant the dunders and frame attributes it holds."""
+  if isinstance(node, ast.Constant):
+    if not isinstance(node.value, (str, bytes)):
+      return []
     text = node.value if isinstance(node.value, str) else node.value.decode(
         "latin-1")  # Dunders and frames only: format strings reach them.
     return [w for w in _WORD.findall(text) if w.startswith("__") or
             w.startswith(_FRAME_PREFIXES)]
-  return []
+  out = []
+  for _, value in ast.iter_fields(node):
+    if isinstance(value, str):
+      out.append(value)
+    elif isinstance(value, list):
+      out += [v for v in value if isinstance(v, str)]
+  return out
 
 
 def refusal(candidate: str, allowed: list[str], path: str = "") -> str:

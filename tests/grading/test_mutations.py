@@ -105,6 +105,9 @@ def test_plain_fixes_are_not_refused(fix):
     "def g():\n  raise SystemExit\n",
     "def f(a, b):\n  return a + b\n",  # Fine: no capability named.
     "#+AAo-import os+AAo-os._exit(0)\n",  # Hidden by a utf-7 declaration.
+    ("def g():\n  match (i for i in [1]):\n"  # No Attribute node.
+     "    case object(gi_frame=fr):\n      return fr\n"),
+    "def g(x):\n  match x:\n    case {'a': 1, **__dict__}:\n      pass\n",
     "x = 1\0\n",
     "x = " + "(" * 400 + "1" + ")" * 400 + "\n",
 ])
