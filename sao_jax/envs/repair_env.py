@@ -8,7 +8,9 @@ nothing either). The policy calls tools, in every template as a JSON
 object `{"name": TOOL, "arguments": {...}}` inside the template's call
 markup:
 
-- `read_file` {path}: the file's text (cut to `observation_chars`);
+- `read_file` {path, start?, end?}: the file's text, or its lines start to
+  end (1-based, inclusive; every observation is cut to
+  `observation_chars`);
 - `write_file` {path, content}: replaces or makes a file;
 - `str_replace` {path, old, new}: replaces the one occurrence of `old`;
 - `run_tests` {}: the workspace's visible tests, run in the grading sandbox
@@ -40,7 +42,8 @@ _PROMPT = (
     "The Python package below has a bug: some of its tests fail. Find and "
     "fix it in the source (not in the tests). Files: {files}. The failing "
     "tests are among those in {tests}.\n\nTools (call one at a time, as a "
-    'JSON object {{"name": ..., "arguments": {{...}}}}): read_file {{"path"}}'
+    'JSON object {{"name": ..., "arguments": {{...}}}}): read_file {{"path", '
+    '"start", "end"}} (lines; optional)'
     ', write_file {{"path", "content"}}, str_replace {{"path", "old", '
     '"new"}}, run_tests {{}}. Answer without a tool call to submit.')
 
@@ -182,11 +185,17 @@ class RepairEnv(Environment):
       raise TypeError(f"{path!r} is not a path in the workspace")
     return norm
 
-  def _read_file(self, path: str) -> str:
+  def _read_file(self, path: str, start: int = 1,
+                 end: int | None = None) -> str:
     path = self._path(path)
     if path not in self.workspace:
       return f"error: no file {path}; files: {sorted(self.workspace)}"
-    return self.workspace[path]
+    text = self.workspace[path]
+    if (start, end) == (1, None):
+      return text
+    if not isinstance(start, int) or not isinstance(end, (int, type(None))):
+      return "error: start and end are line numbers"
+    return "".join(text.splitlines(keepends=True)[max(start, 1) - 1:end])
 
   def _write_file(self, path: str, content: str) -> str:
     path = self._path(path)
@@ -198,7 +207,7 @@ class RepairEnv(Environment):
     return f"wrote {path} ({len(content)} chars)"
 
   def _str_replace(self, path: str, old: str, new: str) -> str:
-    text = self._read_file(path)
+    text = self._read_file(path)  # The whole file.
     path = self._path(path)
     if path not in self.workspace:
       return text

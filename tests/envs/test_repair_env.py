@@ -42,13 +42,16 @@ def _result(step):
 
 def test_an_episode_reads_runs_fixes_and_is_graded(pool):
   tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["colorsys"], 2)
-  env = repair_env.RepairEnv(tasks, max_tool_calls=10)
+  env = repair_env.RepairEnv(tasks, max_tool_calls=11)
   prompt = env.reset(0)
   task = tasks.task(0)
   path, = task.buggy.sources
   assert path in prompt and "test_colorsys.py" in prompt
   assert _result(env.step(_call("read_file", path=path))).startswith(
       task.buggy.sources[path][:40].strip())
+  lines = task.buggy.sources[path].splitlines(keepends=True)
+  assert _result(env.step(_call("read_file", path=path, start=3, end=5))
+                 ).strip() == "".join(lines[2:5]).strip()
   before = _result(env.step(_call("run_tests")))
   assert f"{len(task.broken)} failed" in before, before
   assert task.broken[0] in before
@@ -74,8 +77,8 @@ def test_an_episode_reads_runs_fixes_and_is_graded(pool):
   # The next episode of the same task starts from the buggy tree again.
   env.reset(0)
   assert env.workspace == task.buggy.files()
-  over = [env.step(_call("read_file", path=path)) for _ in range(11)][-1]
-  assert "more than 10 tool calls" in _result(over)
+  over = [env.step(_call("read_file", path=path)) for _ in range(12)][-1]
+  assert "more than 11 tool calls" in _result(over)
   final = env.step(SAO_MARKUP.format_assistant_turn("Done."))
   assert final.done and final.reward == 0.0
   assert "the bug broke" in final.info["repair_why"]
