@@ -93,6 +93,14 @@ class RepairTasks:
             self._tasks.append(found)
       return self._tasks[index]
 
+  def entry(self, index: int) -> dict[str, Any]:
+    """Refused: a repair episode's demonstration is a sequence of tool
+    calls, which `envs/demonstrations.py` cannot write yet."""
+    raise NotImplementedError(
+        f"repair task {index}: the repair tasks have no demonstration yet "
+        "(SFT warm start and derived lengths need one); set train.sft_steps"
+        "=0 and the length settings (sampler.max_new_tokens, ...) by hand.")
+
   def prompt_id(self, index: int) -> int:
     t = self.task(index)
     return zlib.crc32(f"{t.name}/{t.seed}".encode()) & 0x7FFFFFFF

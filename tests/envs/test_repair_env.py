@@ -111,5 +111,7 @@ def test_repair_tasks_from_the_config(pool, monkeypatch):
   env = build.make_envs(cfg.env, train, 1)[0]
   assert isinstance(env, repair_env.RepairEnv) and env.max_tool_calls == 4
   assert "colorsys.py" in env.reset(0) or "fnmatch.py" in env.reset(0)
+  with pytest.raises(NotImplementedError, match="sft_steps=0"):
+    train.entry(0)  # No demonstrations yet: said, not an AttributeError.
   with pytest.raises(ValueError, match="workspaces"):
     repair_env.RepairTasks(train.grader, ["numpy"], 1)

@@ -29,10 +29,13 @@ def grader():
 
 @pytest.fixture(scope="module")
 def task(grader):
-  """colorsys, seed 1: `(maxc - b) / rangec` made `* rangec`."""
-  t = grader.task("colorsys", 1)
-  assert t is not None and t.mutation.kind == "change_operator", t
-  return t
+  """colorsys's first kept bug from seed 1 on (with CPython 3.11.7's
+  colorsys, seed 1: `(maxc - b) / rangec` made `* rangec`)."""
+  for seed in range(1, 20):
+    t = grader.task("colorsys", seed)
+    if t is not None:
+      return t
+  raise AssertionError("no colorsys bug kept in seeds 1-19")
 
 
 def test_kept_bugs_break_tests_reference_1_buggy_0(grader):
@@ -54,7 +57,7 @@ def test_kept_bugs_break_tests_reference_1_buggy_0(grader):
       assert grader.grade(t, t.reference).passed, (name, seed)
       bad = grader.grade(t, {})
       assert not bad.passed and "the bug broke" in bad.why, (name, seed, bad)
-  assert len(kept) >= 12 and dropped, (kept, dropped)
+  assert len(kept) >= 9 and dropped, (kept, dropped)  # Here: 13 and 5.
   # A dropped seed did mutate the module: its bug broke no test.
   name, seed = dropped[0]
   assert mutations.mutate(repair.workspace(name).sources[
