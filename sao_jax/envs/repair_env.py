@@ -50,12 +50,15 @@ _PROMPT = (
 
 NAME = "repair"
 HELDOUT_EVERY = 10  # Seeds = 9 mod 10 are held out, the others train.
+SEEDS_PER_TASK = 16  # Seeds an index may try before it gives up.
 
 
 class RepairTasks:
-  """The kept repair tasks of `names` x the split's seeds from `first_seed`
-  on, found lazily (a seed whose bug breaks no test is passed over); the
-  two splits' seeds are disjoint whatever `first_seed`."""
+  """Repair tasks of `names`, found per index: task `index` is workspace
+  `names[index % len(names)]` with the first kept bug among its own
+  `SEEDS_PER_TASK` seeds of the split (from `first_seed` on), so an index
+  costs a few sandbox calls whatever its value. The splits' seeds are
+  disjoint (held out: = 9 mod 10) whatever `first_seed`."""
 
   name = NAME
 
@@ -71,27 +74,37 @@ class RepairTasks:
     self.names = tuple(names)
     self.size = size
     self.split = split
-    self._next = first_seed
-    self._tasks: list[repair.RepairTask] = []
+    self.first_seed = first_seed
+    self._tasks: dict[int, repair.RepairTask] = {}
     self._lock = threading.Lock()
 
   def __len__(self) -> int:
     return self.size
 
+  def seed(self, k: int) -> int:
+    """The split's k-th seed."""
+    if self.split == "heldout":
+      return HELDOUT_EVERY * k + HELDOUT_EVERY - 1
+    per = HELDOUT_EVERY - 1
+    return HELDOUT_EVERY * (k // per) + k % per
+
   def task(self, index: int) -> repair.RepairTask:
     if not 0 <= index < self.size:
       raise IndexError(f"repair task {index} of {self.size}")
     with self._lock:
-      while len(self._tasks) <= index:
-        seed, self._next = self._next, self._next + 1
-        if (seed % HELDOUT_EVERY == HELDOUT_EVERY - 1) != (
-            self.split == "heldout"):
-          continue
-        for name in self.names:  # One kept bug per workspace and seed.
-          found = self.grader.task(name, seed)
-          if found is not None:
-            self._tasks.append(found)
-      return self._tasks[index]
+      if index in self._tasks:
+        return self._tasks[index]
+    name = self.names[index % len(self.names)]
+    first = self.first_seed + index * SEEDS_PER_TASK
+    for k in range(first, first + SEEDS_PER_TASK):
+      found = self.grader.task(name, self.seed(k))
+      if found is not None:
+        with self._lock:
+          self._tasks[index] = found
+        return found
+    last = self.seed(first + SEEDS_PER_TASK - 1)
+    raise RuntimeError(f"repair task {index}: no bug of {name} among seeds "
+                       f"{self.seed(first)}..{last} breaks a test")
 
   def entry(self, index: int) -> dict[str, Any]:
     """Refused: a repair episode's demonstration is a sequence of tool

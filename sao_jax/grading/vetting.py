@@ -10,7 +10,8 @@ the reference already holds, character for character as an AST. A
 capability is an import; a module name bound by an import; a name such as
 `sys`, `unittest`, `getattr`, `open`, `exec`; any dunder name, attribute or
 keyword; a frame, code, generator or traceback attribute; a string holding
-a dunder or a frame attribute (format strings reach attributes). A fix that changes such a unit must restore the reference's.
+a dunder or a frame attribute (format strings reach attributes). A fix
+that changes such a unit must restore the reference's.
 """
 
 from __future__ import annotations

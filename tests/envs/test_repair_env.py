@@ -107,7 +107,12 @@ def test_repair_tasks_from_the_config(pool, monkeypatch):
   assert (len(train), len(held)) == (3, 1)
   seeds = [train.task(i).seed for i in range(3)]
   assert all(s % 10 != 9 for s in seeds) and held.task(0).seed % 10 == 9
-  assert {train.task(i).name for i in range(3)} <= {"colorsys", "fnmatch"}
+  assert [train.task(i).name for i in range(3)] == ["colorsys", "fnmatch",
+                                                    "colorsys"]
+  assert len(set(seeds)) == 3 and train.task(2) is train.task(2)
+  assert sorted({train.seed(k) for k in range(40)}) == [
+      s for s in range(50) if s % 10 != 9][:40]
+  assert [held.seed(k) for k in range(3)] == [9, 19, 29]
   env = build.make_envs(cfg.env, train, 1)[0]
   assert isinstance(env, repair_env.RepairEnv) and env.max_tool_calls == 4
   assert "colorsys.py" in env.reset(0) or "fnmatch.py" in env.reset(0)
