@@ -82,6 +82,9 @@ setuptools.setup(
     # configs/ and experiments/ are not installed: they are run from the
     # checkout (`--config=configs/NAME.py`), which puts them on sys.path.
     packages=setuptools.find_packages(include=["sao_jax", "sao_jax.*"]),
+    # The repair workspaces shipped as text (sao_jax/grading/repair.py).
+    package_data={"sao_jax.grading": ["workspaces/*/*.py.txt",
+                                      "workspaces/*/*/*.py.txt"]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -3,7 +3,8 @@
 
 A workspace is a small real package with its test suite: a pure-Python
 module of CPython's standard library and its unittest file from the `test`
-package (on Debian: apt package `libpython3.11-testsuite`). A task is the
+package (on Debian: apt package `libpython3.11-testsuite`), or a package
+shipped in grading/workspaces/ with its tests. A task is the
 workspace with one bug (`mutations.mutate`, picked by the seed) that makes
 at least one test fail, both found by running the tests in the sandbox.
 The reference source stays on the host.
@@ -33,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import secrets
 import sysconfig
 import threading
@@ -46,11 +48,16 @@ from sao_jax.grading.functions import CHANNEL_PREAMBLE
 from sao_jax.grading.functions import harness_answer
 from sao_jax.sandbox.pool import SandboxPool
 
-# name -> (the module's file, its test module); pure Python, tests that need
-# unittest only (not test.support).
-WORKSPACES = {"textwrap": ("textwrap.py", "test_textwrap"),
-              "colorsys": ("colorsys.py", "test_colorsys"),
-              "fnmatch": ("fnmatch.py", "test_fnmatch")}
+# Standard-library workspaces, name -> (the module's file, its test module):
+# pure Python, tests that need unittest only (not test.support).
+STDLIB = {"textwrap": ("textwrap.py", "test_textwrap"),
+          "colorsys": ("colorsys.py", "test_colorsys"),
+          "fnmatch": ("fnmatch.py", "test_fnmatch")}
+# Packages shipped here (grading/workspaces/NAME: a package and top-level
+# test_*.py files, each stored as FILE.py.txt), which need no apt package.
+SHIPPED = ("ledger",)
+WORKSPACES = (*sorted(STDLIB), *SHIPPED)
+_SHIPPED_DIR = os.path.join(os.path.dirname(__file__), "workspaces")
 TESTSUITE_APT = "libpython3.11-testsuite"
 _DEADLINE_S = 0.75  # Of the call's wall: the checker answers before it.
 
@@ -83,26 +90,37 @@ if pid == 0:  # The runner: the pipe's write end and /dev/null only.
     sys.modules.pop(name, None)
 
   class Result(unittest.TestResult):
+    """One line per test, at its end: its worst outcome (subtests too)."""
+    RANK = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
     def __init__(self):
       super().__init__()
-      self.bad = set()
+      self.now = {}
+    def _note(self, test, status, detail=""):
+      if not isinstance(test, unittest.TestCase):  # setUpClass & co.
+        put(str(test), status, detail)
+        return
+      old = self.now.get(test.id())
+      if old is None or self.RANK[status] > self.RANK[old[0]]:
+        self.now[test.id()] = (status, detail)
+    def stopTest(self, test):
+      super().stopTest(test)
+      status, detail = self.now.pop(test.id(), ("error", "no outcome"))
+      put(test.id(), status, detail)
     def addSubTest(self, test, sub, err):
       if err is not None:
-        self.bad.add(test.id())
-        put(test.id(), "fail", self._exc_info_to_string(err, test))
+        self._note(test, "fail", self._exc_info_to_string(err, test))
     def addSuccess(self, test):
-      if test.id() not in self.bad:
-        put(test.id(), "pass")
+      self._note(test, "pass")
     def addFailure(self, test, err):
-      put(test.id(), "fail", self._exc_info_to_string(err, test))
+      self._note(test, "fail", self._exc_info_to_string(err, test))
     def addError(self, test, err):
-      put(test.id(), "error", self._exc_info_to_string(err, test))
+      self._note(test, "error", self._exc_info_to_string(err, test))
     def addSkip(self, test, reason):
-      put(test.id(), "skip", reason)
+      self._note(test, "skip", reason)
     def addExpectedFailure(self, test, err):
-      put(test.id(), "pass")
+      self._note(test, "pass")
     def addUnexpectedSuccess(self, test):
-      put(test.id(), "fail", "unexpected success")
+      self._note(test, "fail", "unexpected success")
 
   suite = unittest.TestSuite()
   try:
@@ -177,10 +195,12 @@ class Workspace:
 
 
 def workspace(name: str) -> Workspace:
-  """The clean workspace `name` (a key of WORKSPACES)."""
+  """The clean workspace `name` (one of WORKSPACES)."""
   if name not in WORKSPACES:
-    raise ValueError(f"repair workspace {name!r}: one of {sorted(WORKSPACES)}")
-  module, test = WORKSPACES[name]
+    raise ValueError(f"repair workspace {name!r}: one of {list(WORKSPACES)}")
+  if name in SHIPPED:
+    return _shipped(name)
+  module, test = STDLIB[name]
   lib = sysconfig.get_paths()["stdlib"]
   test_path = os.path.join(lib, "test", test + ".py")
   if not os.path.exists(test_path):
@@ -192,6 +212,38 @@ def workspace(name: str) -> Workspace:
   with open(test_path) as f:
     tests = f.read()
   return Workspace(name, {module: source}, {test + ".py": tests}, (test,))
+
+
+def _shipped(name: str) -> Workspace:
+  root = os.path.join(_SHIPPED_DIR, name)
+  sources, tests = {}, {}
+  for folder, dirs, files in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+    for f in sorted(files):
+      if f.endswith(".py.txt"):  # Stored as text: not the repo's Python.
+        path = os.path.relpath(os.path.join(folder, f), root)[:-4]
+        with open(os.path.join(folder, f)) as fh:
+          (tests if "/" not in path and f.startswith("test_") else
+           sources)[path] = fh.read()
+  return Workspace(name, sources, tests,
+                   tuple(sorted(p[:-3] for p in tests)))
+
+
+def buggy_workspace(clean: Workspace, seed: int
+                    ) -> tuple[Workspace, str, mutations.Mutation] | None:
+  """`clean` with the bug of `seed` (the seed picks the file too, among
+  those with a mutation site): (workspace, path, mutation), or None."""
+  paths = [p for p, text in sorted(clean.sources.items())
+           if any(mutations.sites(text).values())]
+  if not paths:
+    return None
+  path = paths[random.Random(seed).randrange(len(paths))]
+  bug = mutations.mutate(clean.sources[path], seed)
+  if bug is None:
+    return None
+  text, mutation = bug
+  return (dataclasses.replace(clean, sources={**clean.sources, path: text}),
+          path, mutation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +258,7 @@ class RepairTask:
   mutation: mutations.Mutation
   broken: tuple[str, ...]
   passing: tuple[str, ...]
+  path: str = ""  # The file the bug is in.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +285,7 @@ def run_tests(pool: SandboxPool, files: dict[str, str],
   """Runs the unittest `modules` on the tree `files` in one call."""
   result = pool.run(_HARNESS % repr(json.dumps({
       "files": files, "modules": list(modules), "canary": canary,
-      "evict": [p[:-3].replace("/", ".") for p in files if p.endswith(".py")],
+      "evict": [_module_name(p) for p in files if p.endswith(".py")],
       "deadline_s": pool.limits.wall_s * _DEADLINE_S})))
   got = harness_answer(result.stdout)
   if result.sandbox_error or got is None or not isinstance(
@@ -289,12 +342,10 @@ class RepairGrader:
     no test fail (or makes the tests hang)."""
     clean = workspace(name)
     passing = self.reference_passing(clean)
-    (path, source), = clean.sources.items()
-    bug = mutations.mutate(source, seed)
+    bug = buggy_workspace(clean, seed)
     if bug is None:
       return None
-    text, mutation = bug
-    buggy = dataclasses.replace(clean, sources={path: text})
+    buggy, path, mutation = bug
     run = run_tests(self.pool, buggy.files(), buggy.test_modules)
     if not run.done:
       return None
@@ -302,7 +353,7 @@ class RepairGrader:
     if not broken:
       return None
     return RepairTask(name, seed, buggy, dict(clean.sources), mutation,
-                      broken, passing)
+                      broken, passing, path)
 
   def tree(self, task: RepairTask, edits: dict[str, str]) -> dict[str, str]:
     """The tree a candidate is graded on: the task's tests, and the edited
@@ -346,6 +397,11 @@ class RepairGrader:
                          f"({broken} of the {len(task.broken)} the bug "
                          f"broke): {failing[:3]}")
     return RepairGrade(True)
+
+
+def _module_name(path: str) -> str:
+  name = path[:-3].replace("/", ".")
+  return name[:-len(".__init__")] if name.endswith(".__init__") else name
 
 
 def _canaries_right(run: TestRun, canary: str) -> bool:

@@ -19,10 +19,6 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def pool():
-  try:
-    repair.workspace("colorsys")
-  except repair.WorkspaceMissing as e:
-    pytest.skip(str(e))
   p = sandbox_pools.grading_pool(wall_s=4.0)
   yield p
   p.close()
@@ -41,12 +37,13 @@ def _result(step):
 
 
 def test_an_episode_reads_runs_fixes_and_is_graded(pool):
-  tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["colorsys"], 2)
+  tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["ledger"], 2,
+                                 first_seed=1)  # Seed 0's bug hangs.
   env = repair_env.RepairEnv(tasks, max_tool_calls=11)
   prompt = env.reset(0)
   task = tasks.task(0)
-  path, = task.buggy.sources
-  assert path in prompt and "test_colorsys.py" in prompt
+  path = task.path
+  assert path in prompt and "test_ledger.py" in prompt
   assert _result(env.step(_call("read_file", path=path))).startswith(
       task.buggy.sources[path][:40].strip())
   lines = task.buggy.sources[path].splitlines(keepends=True)
@@ -60,14 +57,14 @@ def test_an_episode_reads_runs_fixes_and_is_graded(pool):
                     (_call("str_replace", path=path, old="", new="x"),
                      "error:"),
                     (SAO_MARKUP.format_tool_call("not json"), "error:"),
-                    (_call("write_file", path="test_colorsys.py",
+                    (_call("write_file", path="test_ledger.py",
                            content="import os\nprint(open('x').read())\n"),
                      "wrote")):
     step = env.step(bad)
     assert not step.done and _result(step).startswith(want), _result(step)
   assert _result(env.step(_call("run_tests"))).startswith("refused:")
-  env.step(_call("write_file", path="test_colorsys.py",
-                 content=task.buggy.tests["test_colorsys.py"]))
+  env.step(_call("write_file", path="test_ledger.py",
+                 content=task.buggy.tests["test_ledger.py"]))
   env.step(_call("write_file", path=path, content=task.reference[path]))
   after = _result(env.step(_call("run_tests")))
   assert after.startswith(f"{len(task.passing)} passed, 0 failed"), after
@@ -85,10 +82,11 @@ def test_an_episode_reads_runs_fixes_and_is_graded(pool):
 
 
 def test_an_edited_test_file_does_not_reach_the_grade(pool):
-  tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["colorsys"], 1)
+  tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["ledger"], 1,
+                                 first_seed=1)
   env = repair_env.RepairEnv(tasks)
   env.reset(0)
-  env.step(_call("write_file", path="test_colorsys.py",
+  env.step(_call("write_file", path="test_ledger.py",
                  content="import unittest\n"))
   assert _result(env.step(_call("run_tests"))).startswith("0 passed")
   assert env.step(SAO_MARKUP.format_assistant_turn("ok")).reward == 0.0
@@ -102,20 +100,20 @@ def test_repair_tasks_from_the_config(pool, monkeypatch):
   cfg.env.name, cfg.env.code_sandbox, cfg.env.code_workers = (
       "repair", "bwrap", 1)
   cfg.env.size, cfg.env.eval_size = 3, 1
-  cfg.env.dataset_config = {"workspaces": ["colorsys", "fnmatch"]}
+  cfg.env.seed = 1  # Seed 0's bug hangs the tests (3 s to find out).
+  cfg.env.dataset_config = {"workspaces": ["ledger"]}
   train, held = build.build_tasks(cfg.env)
   assert (len(train), len(held)) == (3, 1)
   seeds = [train.task(i).seed for i in range(3)]
   assert all(s % 10 != 9 for s in seeds) and held.task(0).seed % 10 == 9
-  assert [train.task(i).name for i in range(3)] == ["colorsys", "fnmatch",
-                                                    "colorsys"]
+  assert [train.task(i).name for i in range(3)] == ["ledger"] * 3
   assert len(set(seeds)) == 3 and train.task(2) is train.task(2)
   assert sorted({train.seed(k) for k in range(40)}) == [
       s for s in range(50) if s % 10 != 9][:40]
   assert [held.seed(k) for k in range(3)] == [9, 19, 29]
   env = build.make_envs(cfg.env, train, 1)[0]
   assert isinstance(env, repair_env.RepairEnv) and env.max_tool_calls == 4
-  assert "colorsys.py" in env.reset(0) or "fnmatch.py" in env.reset(0)
+  assert "ledger/book.py" in env.reset(0)
   with pytest.raises(NotImplementedError, match="sft_steps=0"):
     train.entry(0)  # No demonstrations yet: said, not an AttributeError.
   with pytest.raises(ValueError, match="workspaces"):
