@@ -163,10 +163,13 @@ def _span(lines: list[str], node: ast.AST) -> tuple[int, int]:
   starts = [0]
   for line in lines:
     starts.append(starts[-1] + len(line))
-  b = lambda ln, col: starts[ln - 1] + len(
-      lines[ln - 1].encode()[:col].decode(errors="replace"))
-  return (b(node.lineno, node.col_offset),
-          b(node.end_lineno, node.end_col_offset))
+
+  def offset(lineno: int, col: int) -> int:  # col: UTF-8 bytes.
+    return starts[lineno - 1] + len(
+        lines[lineno - 1].encode()[:col].decode(errors="replace"))
+
+  return (offset(node.lineno, node.col_offset),
+          offset(node.end_lineno, node.end_col_offset))
 
 
 def _apply(source: str, node: ast.AST, mutant) -> str | None:

@@ -130,3 +130,13 @@ def test_a_changed_statement_naming_sys_must_be_the_references():
   assert vetting.refusal(
       "import sys\n\ndef f():\n  return 1 + sys.maxsize\n", [buggy, ref])
   assert vetting.refusal("def f(:\n", [buggy, ref]).endswith("line 1)")
+
+
+def test_spans_count_utf8_bytes():
+  """Column offsets are UTF-8 bytes: text before the site that is not
+  ASCII must not shift the splice."""
+  source = 'def f(n):\n  return "héllo→" * (n - 1)\n'
+  outs = {mutations.mutate(source, seed)[0] for seed in range(40)}
+  assert 'def f(n):\n  return "héllo→" * (n + 1)\n' in outs, outs
+  assert 'def f(n):\n  return "héllo→" * (1 - n)\n' in outs, outs
+  assert all("héllo→" in o and ast.parse(o) for o in outs), outs
