@@ -88,7 +88,8 @@ class Tiny:
   why: str = ""
 
 
-_CI_INSTALL = ".ci/run phases 2-3 (README's install and test commands, verbatim)"
+_CI_INSTALL = (".ci/run phases 2-3 (README's install and test commands and its "
+               "'Rollout engines' install, verbatim)")
 
 # Script, module or program of a documented command -> its tiny form. A
 # `sao_jax.main` command with another config may have its own entry,
