@@ -51,3 +51,15 @@ def main_args(repo: str, workdir, overrides: dict) -> list[str]:
       value = "(" + ",".join(repr(v) for v in value) + ",)"
     args.append(f"--config.{key}={value}")
   return args
+
+
+def arithmetic_tokenizer(directory):
+  """A 294-piece SentencePiece model trained on 100 of the tiny task's
+  problems (seed 0), written to ``directory``: the sampler and fault tests'
+  tokenizer."""
+  # pylint: disable-next=g-import-not-at-top
+  from sao_jax.tokenization import tokenizer as tok_lib
+  corpus = tok_lib.task_corpus(("basic_arithmetic",), n=100, seed=0)
+  return tok_lib.train_tokenizer(corpus, directory / "t.model",
+                                 TINY_OVERRIDES["tokenizer.vocab_size"],
+                                 seed=0)

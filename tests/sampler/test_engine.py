@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import StalenessPolicy
 from sao_jax.envs import base
@@ -26,6 +25,7 @@ from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.train import metrics as metrics_lib
 
 import tiny_models
+import tiny_settings
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +34,7 @@ _TEMPERATURE = 0.7
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-  corpus = tok_lib.task_corpus(("basic_arithmetic",), n=100, seed=0)
-  return tok_lib.train_tokenizer(
-      corpus, tmp_path_factory.mktemp("tok") / "t.model", 294, seed=0)
+  return tiny_settings.arithmetic_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

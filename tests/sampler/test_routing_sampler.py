@@ -26,8 +26,8 @@ from sao_jax.sampler import interface
 from sao_jax.sampler import rollout
 from sao_jax.sampler.process import SamplerStats
 from sao_jax.sampler.sampling import SamplingParams
-from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.train import step as step_lib
+import tiny_settings
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +39,7 @@ LIMITS = rollout.RolloutLimits(max_turns=3, max_total_tokens=96,
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-  corpus = tok_lib.task_corpus(("basic_arithmetic",), n=100, seed=0)
-  return tok_lib.train_tokenizer(
-      corpus, tmp_path_factory.mktemp("tok") / "t.model", 294, seed=0)
+  return tiny_settings.arithmetic_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def _cfg(vocab: int, router: str = "softmax") -> ModelConfig:

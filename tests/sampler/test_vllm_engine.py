@@ -36,11 +36,11 @@ from sao_jax.sampler import supervisor
 from sao_jax.sampler import vllm_engine
 from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.sampler.stats import SamplerStats
-from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
 
 import tiny_models
+import tiny_settings
 from tiny_settings import tiny_config
 
 needs_vllm = pytest.mark.skipif(
@@ -95,9 +95,7 @@ class _EchoEnv(base.Environment):
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-  corpus = tok_lib.task_corpus(("basic_arithmetic",), n=100, seed=0)
-  return tok_lib.train_tokenizer(
-      corpus, tmp_path_factory.mktemp("tok") / "t.model", 294, seed=0)
+  return tiny_settings.arithmetic_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

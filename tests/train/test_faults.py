@@ -27,7 +27,6 @@ import pytest
 
 from configs import base
 from sao_jax import config_validation as cv
-from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.data import stream as stream_lib
 from sao_jax.envs import base as base_env
 from sao_jax.ipc import segment
@@ -384,9 +383,7 @@ class _FixedEnv(base_env.Environment):
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-  corpus = tok_lib.task_corpus(("basic_arithmetic",), n=100, seed=0)
-  return tok_lib.train_tokenizer(
-      corpus, tmp_path_factory.mktemp("tok") / "t.model", 294, seed=0)
+  return tiny_settings.arithmetic_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def test_hung_env_step_becomes_an_error_row_and_others_go_on(tok):

@@ -93,6 +93,23 @@ def base_to_hf(cfg: Any, arch: str, model_type: str) -> dict[str, Any]:
   return out
 
 
+def deepseek_moe_to_hf(cfg: Any) -> dict[str, Any]:
+  """The config.json keys of a DeepSeek-style MoE (sigmoid routing by groups,
+  routed scaling, shared experts after dense first layers), as DeepSeek-V3
+  and GLM-4.5 spell them."""
+  moe = cfg.moe
+  return {
+      "n_routed_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+      "moe_intermediate_size": moe.intermediate_size,
+      "norm_topk_prob": moe.norm_topk_prob, "n_group": moe.n_group,
+      "topk_group": moe.topk_group,
+      "routed_scaling_factor": moe.routed_scaling_factor,
+      "n_shared_experts": moe.n_shared_experts,
+      "first_k_dense_replace": cfg.first_dense_layers,
+      "num_nextn_predict_layers": 0,
+  }
+
+
 def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
                  qk_norm: tuple[bool, ...] = (False,), sliding: bool = False,
                  router: str | None = None, partial_rotary: bool = False,

@@ -60,7 +60,6 @@ def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
 def to_hf(cfg: Any) -> dict[str, Any]:
   """The HF DeepSeek-V3 config.json dict of `cfg`."""
   common.check_export(cfg, ARCH, router="sigmoid", mla=True)
-  moe = cfg.moe
   return {
       **common.base_to_hf(cfg, ARCH, "deepseek_v3"),
       "head_dim": cfg.qk_rope_head_dim,
@@ -68,14 +67,7 @@ def to_hf(cfg: Any) -> dict[str, Any]:
       "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
       "kv_lora_rank": cfg.kv_lora_rank, "q_lora_rank": cfg.q_lora_rank or None,
       "rope_interleave": True, "attention_bias": False,
-      "n_routed_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
-      "moe_intermediate_size": moe.intermediate_size,
-      "norm_topk_prob": moe.norm_topk_prob, "n_group": moe.n_group,
-      "topk_group": moe.topk_group,
-      "routed_scaling_factor": moe.routed_scaling_factor,
-      "n_shared_experts": moe.n_shared_experts,
-      "first_k_dense_replace": cfg.first_dense_layers,
-      "num_nextn_predict_layers": 0,
+      **common.deepseek_moe_to_hf(cfg),
   }
 
 

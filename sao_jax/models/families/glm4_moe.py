@@ -44,20 +44,11 @@ def to_hf(cfg: Any) -> dict[str, Any]:
   common.check_export(cfg, ARCH, qkv_bias=(False, True),
                       qk_norm=(False, True), router="sigmoid",
                       partial_rotary=True)
-  moe = cfg.moe
   factor = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
   return {
       **common.base_to_hf(cfg, ARCH, "glm4_moe"),
       "attention_bias": cfg.qkv_bias, "use_qk_norm": cfg.qk_norm,
-      "n_routed_experts": moe.num_experts,
-      "num_experts_per_tok": moe.top_k,
-      "moe_intermediate_size": moe.intermediate_size,
-      "norm_topk_prob": moe.norm_topk_prob, "n_group": moe.n_group,
-      "topk_group": moe.topk_group,
-      "routed_scaling_factor": moe.routed_scaling_factor,
-      "n_shared_experts": moe.n_shared_experts,
-      "first_k_dense_replace": cfg.first_dense_layers,
-      "num_nextn_predict_layers": 0,
+      **common.deepseek_moe_to_hf(cfg),
       "rope_parameters": {**common.rope_parameters(cfg),
                           "partial_rotary_factor": factor},
   }
