@@ -14,7 +14,6 @@ from sao_jax.envs import base
 from sao_jax.envs import longtail
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.models.config import ModelConfig
-from sao_jax.models.logprobs import token_logprobs
 from sao_jax.models.transformer import Transformer
 from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler import feed as feed_lib
@@ -26,6 +25,7 @@ from sao_jax.train import metrics as metrics_lib
 
 import tiny_models
 import tiny_settings
+import trajectory_logp
 
 pytestmark = pytest.mark.slow
 
@@ -104,16 +104,6 @@ def _run(tok, model, *, slots, episodes, start=0, swap_after=None,
   return out, stats, feed
 
 
-def _reference_logp(trajs, cfg, params):
-  t_max = max(t.length for t in trajs)
-  toks = np.zeros((len(trajs), t_max), np.int32)
-  mask = np.zeros((len(trajs), t_max), bool)
-  for i, t in enumerate(trajs):
-    toks[i, :t.length], mask[i, :t.length] = t.tokens, True
-  return np.asarray(token_logprobs(params, cfg, jnp.asarray(toks),
-                                   jnp.asarray(mask), _TEMPERATURE))
-
-
 @pytest.mark.parametrize("kv_on_swap", ["recompute", "keep"])
 def test_rollout_logp_matches_trainer_under_each_tokens_version(
     tok, model, kv_on_swap):
@@ -121,7 +111,8 @@ def test_rollout_logp_matches_trainer_under_each_tokens_version(
   trajs, stats, _ = _run(tok, model, slots=3, episodes=10, swap_after=6,
                          kv_on_swap=kv_on_swap)
   assert sorted(t.group_id for t in trajs) == list(range(10))  # Each once.
-  refs = {v: _reference_logp(trajs, cfg, p) for v, p in params.items()}
+  refs = {v: trajectory_logp.trainer_logp(trajs, cfg, p, _TEMPERATURE)
+          for v, p in params.items()}
   crossed = refilled = 0
   for i, t in enumerate(trajs):
     am = t.action_mask.astype(bool)

@@ -12,7 +12,6 @@ from sao_jax.envs import base
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.envs import tool_env
 from sao_jax.models.config import ModelConfig
-from sao_jax.models.logprobs import token_logprobs
 from sao_jax.models.transformer import Transformer
 from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler import interface
@@ -22,6 +21,7 @@ from sao_jax.sampler.stats import SamplerStats
 from sao_jax.data.trajectory import FinishReason
 from sao_jax.data.trajectory import NO_VERSION
 import scripted_policy
+import trajectory_logp
 
 
 @pytest.fixture(scope="module")
@@ -170,13 +170,7 @@ def test_native_rollout_multi_turn_logprobs_and_versions(tok):
   trajs = interface.run_episodes(engine, [5, 6])
   assert [t.prompt_id for t in trajs] == [5, 6]
   assert [t.group_id for t in trajs] == [0, 1]
-  t_max = max(t.length for t in trajs)
-  toks = np.zeros((len(trajs), t_max), np.int32)
-  mask = np.zeros((len(trajs), t_max), bool)
-  for i, t in enumerate(trajs):
-    toks[i, :t.length], mask[i, :t.length] = t.tokens, True
-  refs = {v: np.asarray(token_logprobs(p, cfg, jnp.asarray(toks),
-                                       jnp.asarray(mask), temperature))
+  refs = {v: trajectory_logp.trainer_logp(trajs, cfg, p, temperature)
           for v, p in versions.items()}
   checked = {0: 0, 1: 0}
   for i, t in enumerate(trajs):

@@ -27,7 +27,6 @@ from sao_jax.data.trajectory import FinishReason
 from sao_jax.envs import base
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.logprobs import policy_token_stats
-from sao_jax.models.logprobs import token_logprobs
 from sao_jax.models.transformer import Transformer
 from sao_jax.models.transformer import positions_from_mask
 from sao_jax.sampler import interface
@@ -42,6 +41,7 @@ from sao_jax.train import metrics as metrics_lib
 import tiny_models
 import tiny_settings
 from tiny_settings import tiny_config
+import trajectory_logp
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -143,20 +143,10 @@ def engine(tok, model):
   eng.stop()
 
 
-def _trainer_logp(trajs, cfg, params, temperature=TEMPERATURE):
-  t_max = max(t.length for t in trajs)
-  toks = np.zeros((len(trajs), t_max), np.int32)
-  mask = np.zeros((len(trajs), t_max), bool)
-  for i, t in enumerate(trajs):
-    toks[i, :t.length], mask[i, :t.length] = t.tokens, True
-  return np.asarray(token_logprobs(params, cfg, jnp.asarray(toks),
-                                   jnp.asarray(mask), temperature))
-
-
 def _check_logp(trajs, cfg, params, version, atol=2e-4):
   """Every action token of ``version`` has the trainer's log-prob; returns
   the number checked and the largest gap."""
-  ref = _trainer_logp(trajs, cfg, params)
+  ref = trajectory_logp.trainer_logp(trajs, cfg, params, TEMPERATURE)
   n, gap = 0, 0.0
   for i, t in enumerate(trajs):
     sel = t.action_mask.astype(bool) & (t.policy_version == version)
@@ -185,7 +175,7 @@ def test_logprobs_are_the_trainers_and_a_push_changes_them(engine, model):
   n0, gap0 = _check_logp(trajs, cfg, params[0], 0)
   assert n0 >= 30
   # The same tokens under version 1's weights would have other log-probs.
-  other = _trainer_logp(trajs, cfg, params[1])
+  other = trajectory_logp.trainer_logp(trajs, cfg, params[1], TEMPERATURE)
   am = trajs[0].action_mask.astype(bool)
   assert np.abs(other[0, :trajs[0].length][am]
                 - trajs[0].rollout_logp[am]).max() > 1e-2
@@ -230,11 +220,7 @@ def test_greedy_evaluation_through_the_interface(engine, model):
     trajs = interface.run_episodes(eng, [0, 1])
   finally:
     eng.settings = saved
-  t_max = max(t.length for t in trajs)
-  toks = np.zeros((len(trajs), t_max), np.int32)
-  mask = np.zeros((len(trajs), t_max), bool)
-  for i, t in enumerate(trajs):
-    toks[i, :t.length], mask[i, :t.length] = t.tokens, True
+  toks, mask = trajectory_logp.padded(trajs)
   stats = policy_token_stats(params[0], cfg, jnp.asarray(toks),
                              positions_from_mask(jnp.asarray(mask)),
                              jnp.asarray(mask), with_argmax=True)
