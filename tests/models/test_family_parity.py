@@ -569,33 +569,32 @@ def test_tiny_config_converts_and_refuses(name):
       ModelConfig.from_hf_config(hf_cfg | items)
 
 
-# ---------------------------------------------- sliding windows --------------
+# ------------------------------- sliding windows, NoPE layers --------------
+
+# A feature's CHECKS name -> the ModelConfig field that turns it off.
+_FEATURE_OFF = {"sliding_window": ("sliding_window", 0),
+                "nope_layers": ("nope_layers", ())}
 
 
-@pytest.mark.parametrize("reference,layout",
-                         _rows("sliding_window", lambda f: f.layouts),
+def _feature_rows() -> list[Any]:
+  return [pytest.param(feature, *p.values, id=f"{feature}-{p.id}",
+                       marks=p.marks)
+          for feature in _FEATURE_OFF
+          for p in _rows(feature, lambda f: f.layouts)]
+
+
+@pytest.mark.parametrize("feature,reference,layout", _feature_rows(),
                          indirect=["reference"])
-def test_sliding_window_applies(reference, layout):
-  """Without the window the logits differ from transformers'."""
+def test_feature_applies(feature, reference, layout):
+  """With the feature off (no window; RoPE in every layer) the logits differ
+  from transformers'."""
   config, params = _load(reference.path, layout)
   tokens, mask, positions = reference.batch
-  full = hf_reference.our_logits(
-      dataclasses.replace(_in_layout(config, layout), sliding_window=0),
+  field, off = _FEATURE_OFF[feature]
+  without = hf_reference.our_logits(
+      dataclasses.replace(_in_layout(config, layout), **{field: off}),
       params, tokens, mask, positions)
-  assert np.abs(full[mask] - reference.want[mask]).max() > 1e-2
-
-
-@pytest.mark.parametrize("reference,layout",
-                         _rows("nope_layers", lambda f: f.layouts),
-                         indirect=["reference"])
-def test_nope_layers_apply(reference, layout):
-  """With RoPE in every layer the logits differ from transformers'."""
-  config, params = _load(reference.path, layout)
-  tokens, mask, positions = reference.batch
-  roped = hf_reference.our_logits(
-      dataclasses.replace(_in_layout(config, layout), nope_layers=()),
-      params, tokens, mask, positions)
-  assert np.abs(roped[mask] - reference.want[mask]).max() > 1e-2
+  assert np.abs(without[mask] - reference.want[mask]).max() > 1e-2
 
 
 @pytest.mark.parametrize("reference,attn",
