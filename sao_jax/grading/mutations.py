@@ -79,11 +79,20 @@ def _binop(node):
     yield new
 
 
-def _flip(node):
-  if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(
-      node.ops[0]) in _FLIP:
+def _compare_to(node, table):
+  """A copy of a one-operator comparison with its operator mapped by
+  `table`, or None."""
+  if (isinstance(node, ast.Compare) and len(node.ops) == 1
+      and type(node.ops[0]) in table):
     new = copy.copy(node)
-    new.ops = [_FLIP[type(node.ops[0])]()]
+    new.ops = [table[type(node.ops[0])]()]
+    return new
+  return None
+
+
+def _flip(node):
+  new = _compare_to(node, _FLIP)
+  if new is not None:
     yield new
   elif isinstance(node, ast.BoolOp):
     new = copy.copy(node)
@@ -92,10 +101,8 @@ def _flip(node):
 
 
 def _boundary(node):
-  if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(
-      node.ops[0]) in _BOUNDARY:
-    new = copy.copy(node)
-    new.ops = [_BOUNDARY[type(node.ops[0])]()]
+  new = _compare_to(node, _BOUNDARY)
+  if new is not None:
     yield new
 
 
