@@ -148,7 +148,7 @@ def test_int_for_float_and_placeholder_are_accepted(config):
     ({"rl.loss": "sa0"}, "config.rl.loss: expected a registered loss"),
     ({"rl.advantage": "gea"}, "config.rl.advantage: expected one of"),
     ({"env.name": "gym"}, "config.env.name: expected a registered env "
-     "('code', 'evolving', 'reasoning_gym', 'tool', 'tool_longtail'), got 'gym'"),
+     "('code', 'evolving', 'reasoning_gym', 'repair', 'tool', 'tool_longtail'), got 'gym'"),
     ({"env.dataset": "chainsum"}, "config.env.dataset: expected a "
      "reasoning_gym dataset name or 'codeio', got 'chainsum' (did you mean "
      "'chain_sum'?)"),
