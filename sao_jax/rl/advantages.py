@@ -13,16 +13,15 @@ observations; they return 0 on non-action tokens. Trajectory-level estimators
 (group baselines, running mean) take one scalar reward per trajectory, ``[N]``;
 spread them over tokens with ``broadcast_to_tokens``.
 
-``ESTIMATORS`` names the estimators a config may pick (``config.rl.advantage``,
-``sao_jax.rl.registry.LossSpec.advantage``): the critic's
-(``losses.CRITIC_ESTIMATORS``: ``decoupled_gae``, SAO, α=1.5; ``vapo_gae``,
-``decoupled_gae`` with α=0.05; ``gae``), ``group_zscore``, ``group_mean``,
-``rloo``, ``batch_whiten`` (``reinforce_pp_advantages``), ``running_mean``.
+Every estimator a config may pick (``config.rl.advantage``, ``LossSpec.
+advantage``), the critic's included, is an ``Estimator`` in the table at the
+end (``register_advantage`` adds one; ``available_advantages`` lists them).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
 
 import flax.struct
 import jax
@@ -30,14 +29,9 @@ import jax.numpy as jnp
 
 from sao_jax.rl import losses
 from sao_jax.rl import metrics as rl_metrics
+from sao_jax.rl import segments
 
 Array = jax.Array
-
-# Estimators that compare trajectories of one prompt group (the functions
-# here), and every estimator a config may name.
-GROUP_ESTIMATORS = ("group_zscore", "group_mean", "rloo")
-ESTIMATORS = losses.CRITIC_ESTIMATORS + GROUP_ESTIMATORS + (
-    "batch_whiten", "running_mean")
 
 
 # ----------------------------------------------------------------------------
@@ -279,3 +273,178 @@ def overlong_penalty(lengths: Array, *, max_len: int, cache_len: int) -> Array:
   soft = (start - length) / float(cache_len)
   return jnp.where(length <= start, 0.0,
                    jnp.where(length <= max_len, soft, -1.0))
+
+
+# ----------------------------------------------------------------------------
+# The estimators a config may name: one table, one signature.
+# ----------------------------------------------------------------------------
+
+
+def trajectory_rewards(batch: Mapping[str, Array], rewards: Array
+                       ) -> tuple[Array, Array | None, Callable[[Array], Array]]:
+  """Per-trajectory returns ``[N]``, which entries hold a trajectory (None:
+  all) and the map spreading ``[N]`` values over their tokens ``[B, T]``:
+  N = B rows, or B·S slots of packed rows (an empty slot has ``length`` 0)."""
+  if "segment_ids" not in batch:
+    return rewards.sum(-1), None, lambda x: x[:, None]
+  seg = batch["segment_ids"]
+  shape = batch["length"].shape
+  per = segments.segment_sum(rewards, seg, shape[1]).reshape(-1)
+  return per, (batch["length"] > 0).reshape(-1), (
+      lambda x: segments.to_tokens(x.reshape(shape), seg))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+  """A batch as every estimator reads it; a packed row's trajectories (with
+  ``segment_ids``) are rows of their own to each.
+
+  Attributes:
+    batch: The batch itself (``group_index``, ``prompt_id``, ... by name).
+    rewards: [B, T] float32 rewards on action tokens, 0 elsewhere.
+    mask: [B, T] float32, 1 on action tokens.
+    values: [B, T] the critic's V before each token (0 without a critic).
+    segment_ids: The packed rows' segment ids; None: one trajectory a row.
+    num_slots: Trajectories a row holds at most (1 unpacked).
+    seq_reward: [N] each trajectory's summed reward.
+    valid: [N] bool, which entries hold a trajectory; None: all.
+    spread: Spreads [N] per-trajectory values over their tokens, [B, T].
+  """
+
+  batch: Mapping[str, Array]
+  rewards: Array
+  mask: Array
+  values: Array
+  segment_ids: Array | None
+  num_slots: int
+  seq_reward: Array
+  valid: Array | None
+  spread: Callable[[Array], Array]
+
+  @classmethod
+  def of(cls, batch: Mapping[str, Array], values: Array) -> "Rollouts":
+    mask = batch["action_mask"].astype(jnp.float32)
+    rewards = batch["rewards"].astype(jnp.float32) * mask
+    seg = batch.get("segment_ids")
+    slots = batch["length"].shape[1] if seg is not None else 1
+    return cls(batch, rewards, mask, values, seg, slots,
+               *trajectory_rewards(batch, rewards))
+
+  def on_actions(self, seq_values: Array) -> Array:
+    """Per-trajectory values [N] on their action tokens, 0 elsewhere."""
+    return jnp.where(self.mask > 0, self.spread(seq_values), 0.0)
+
+
+# The step's settings (``train.step.StepConfig``: ``gamma``, ``lam_critic``,
+# ``lam_policy_alpha``, ``max_groups``), as estimators read them.
+Settings = Any
+# fn(settings, rollouts, state) -> (advantages [B, T], new state).
+EstimatorFn = Callable[[Settings, Rollouts, Any], tuple[Array, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  """A registered advantage estimator.
+
+  Attributes:
+    fn: ``fn(settings, rollouts, state) -> (advantages, new_state)``,
+      advantages [B, T] and 0 off action tokens; ``state`` is
+      ``TrainState.running_mean`` (None unless a run keeps one), passed
+      through by an estimator that keeps none.
+    description: One line for listings.
+    uses_critic: Whether it reads ``Rollouts.values`` (the step evaluates and
+      trains the critic only then).
+  """
+
+  fn: EstimatorFn
+  description: str
+  uses_critic: bool = False
+
+
+def critic_gae(cfg: Settings, x: Rollouts) -> tuple[Array, Array]:
+  """GAE with λ_critic: (advantages, returns), the returns being the value
+  targets of every estimator (``losses.gae``)."""
+  return losses.gae(x.rewards, x.values, x.mask, gamma=cfg.gamma,
+                    lam=cfg.lam_critic, segment_ids=x.segment_ids)
+
+
+def _decoupled(alpha: Callable[[Settings], float]) -> EstimatorFn:
+  def fn(cfg, x, state):
+    adv, _ = losses.decoupled_gae(
+        x.rewards, x.values, x.mask, gamma=cfg.gamma, alpha=alpha(cfg),
+        lam_critic=cfg.lam_critic, segment_ids=x.segment_ids,
+        num_slots=x.num_slots)
+    return adv, state
+  return fn
+
+
+def _per_group(group_fn: Callable[[Array, Array, int], Array]) -> EstimatorFn:
+  def fn(cfg, x, state):
+    group = x.batch["group_index"].reshape(-1)
+    if x.valid is not None:  # Empty slots join no group (index out of range).
+      group = jnp.where(x.valid, group, cfg.max_groups)
+    return x.on_actions(group_fn(x.seq_reward, group, cfg.max_groups)), state
+  return fn
+
+
+def _batch_whiten(cfg: Settings, x: Rollouts, state: Any):
+  return reinforce_pp_advantages(x.rewards, x.mask, gamma=cfg.gamma,
+                                 segment_ids=x.segment_ids), state
+
+
+def _running_mean(cfg: Settings, x: Rollouts, state: Any):
+  del cfg  # k and the table's rows are the state's.
+  if state is None:
+    raise ValueError("advantage='running_mean' needs TrainState.running_mean "
+                     "(adv_lib.running_mean_init(num_prompts, k)).")
+  # One table row per prompt: n consecutive prompt ids (a task set's item
+  # seeds) fall on n distinct rows; one row pools every prompt ('global').
+  ids = x.batch["prompt_id"].reshape(-1) % state.count.shape[0]
+  seq_adv, state = running_mean_advantages(state, ids, x.seq_reward,
+                                           valid=x.valid)
+  return x.on_actions(seq_adv), state
+
+
+_ESTIMATORS: dict[str, Estimator] = {
+    "decoupled_gae": Estimator(
+        _decoupled(lambda cfg: cfg.lam_policy_alpha),
+        "SAO: λ_policy = 1 − 1/(α·l) for advantages, λ_critic for targets",
+        uses_critic=True),
+    "gae": Estimator(lambda cfg, x, state: (critic_gae(cfg, x)[0], state),
+                     "GAE with λ_critic (Schulman 2016)", uses_critic=True),
+    "vapo_gae": Estimator(_decoupled(lambda cfg: losses.VAPO_ALPHA),
+                          "VAPO: decoupled GAE with α = 0.05",
+                          uses_critic=True),
+    "group_zscore": Estimator(_per_group(group_zscore),
+                              "GRPO: (r − mean_g) / (std_g + ε)"),
+    "group_mean": Estimator(_per_group(group_mean), "Dr. GRPO: r − mean_g"),
+    "rloo": Estimator(_per_group(rloo), "RLOO: r − leave-one-out mean_g"),
+    "batch_whiten": Estimator(_batch_whiten,
+                              "REINFORCE++: batch-whitened reward-to-go"),
+    "running_mean": Estimator(_running_mean,
+                              "r − mean of the prompt's last k rewards"),
+}
+# The built-in names (``available_advantages`` adds those registered later).
+ESTIMATORS = tuple(_ESTIMATORS)
+
+
+def register_advantage(name: str, estimator: Estimator) -> None:
+  """Adds ``estimator`` under ``name``; refuses to silently replace one."""
+  if name in _ESTIMATORS:
+    raise ValueError(f"Advantage estimator {name!r} is already registered.")
+  _ESTIMATORS[name] = estimator
+
+
+def available_advantages() -> tuple[str, ...]:
+  """Registered estimator names, sorted."""
+  return tuple(sorted(_ESTIMATORS))
+
+
+def get_advantage(name: str) -> Estimator:
+  """The ``Estimator`` registered under ``name``; raises listing known names."""
+  try:
+    return _ESTIMATORS[name]
+  except KeyError:
+    raise ValueError(
+        f"Unknown advantage estimator {name!r}; known: "
+        f"{', '.join(available_advantages())}.") from None

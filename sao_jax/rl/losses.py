@@ -53,10 +53,6 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
 SAO_ALPHA = 1.5
 VAPO_ALPHA = 0.05
 
-# The estimators that need a critic (token-level, from values); the names are
-# the functions here ('vapo_gae' is ``decoupled_gae`` with ``VAPO_ALPHA``).
-CRITIC_ESTIMATORS = ("decoupled_gae", "gae", "vapo_gae")
-
 
 # --- Helpers (shared with sao_jax.rl.baselines) ---
 

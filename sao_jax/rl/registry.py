@@ -1,10 +1,8 @@
 """Config name -> policy loss, with one call signature for every algorithm.
 
 ``config.rl.loss`` picks the algorithm (docs/design/math.md "Baselines for
-ablations"). The train step resolves it once, when it is built
-(``LossSpec.bind`` with the hyper-parameters of ``config.rl``, and the names of
-the inputs it reads), and calls the loss function itself. Elsewhere (tests,
-tools)::
+ablations"). The train step resolves it once, when it is built, and calls it
+on each batch (inside the jitted step) as tests and tools do::
 
   loss_fn = registry.get_loss_fn(config.rl.loss, config.rl)
   loss, metrics = loss_fn(logp, registry.PolicyBatch(rollout_logp=..., ...))
@@ -88,7 +86,7 @@ class LossSpec:
     inputs: Per positional argument between ``logp`` and ``advantages``, the
       ``PolicyBatch`` field it is (``read_input``).
     advantage: The advantage estimator it pairs with (one of
-      ``advantages.ESTIMATORS``).
+      ``advantages.available_advantages()``).
     description: One line for listings.
     hparams: The tunable keyword arguments.
     overrides: Defaults of tunables that differ from ``fn``'s own.
@@ -176,7 +174,8 @@ _REGISTRY: dict[str, LossSpec] = {
                          "REINFORCE++ (Hu 2025): PPO clip on batch-whitened "
                          "advantages", **_KL),
 }
-assert all(s.advantage in advantages.ESTIMATORS for s in _REGISTRY.values())
+assert all(s.advantage in advantages.available_advantages()
+           for s in _REGISTRY.values())
 
 
 def known_losses() -> tuple[str, ...]:

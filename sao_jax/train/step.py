@@ -10,12 +10,14 @@ Per batch of single-rollout trajectories ``[B, T]``:
    registered with (``LossSpec.advantage``) unless the config names another
    (``rl.advantage``, e.g. the DIS-only ablation's plain GAE); SAO's is
    decoupled skip-observation GAE (λ_critic for targets, λ_policy = 1 − 1/(α·l)
-   for advantages, Eqs. 4–5; ``rl/losses.py``, the others ``rl/advantages.py``),
-   computed once from the pre-update critic.
+   for advantages, Eqs. 4–5; ``rl/losses.py``), computed once from the
+   pre-update critic. Every estimator is an entry of ``rl/advantages.py``'s
+   table; the step looks it up (``compute_advantages``).
 3. ``critic_updates_per_step`` critic steps on the value loss ("faster value
    update", paper §3.2), optionally with attention frozen (masked updates).
 4. Unless still in critic warm-up, one policy step on the registered loss
-   (SAO: DIS against the sampler's rollout log-probs, Eqs. 1–3), with the
+   (SAO: DIS against the sampler's rollout log-probs, Eqs. 1–3), called as
+   ``registry.get_loss_fn`` returns it, on a ``registry.PolicyBatch``, with the
    trainer's log-probs computed at the sampler's temperature. Policy version
    = number of policy optimizer steps.
 
@@ -85,8 +87,8 @@ class StepConfig:
   Attributes:
     loss: Registered loss name (``sao_jax.rl.registry``).
     loss_hparams: Sorted (key, value) pairs overriding the loss defaults.
-    advantage: Estimator name (one of ``ESTIMATORS``); None: the one the loss
-      is registered with (``registry.LossSpec.advantage``).
+    advantage: Estimator name (``advantages.available_advantages()``); None:
+      the one the loss is registered with (``registry.LossSpec.advantage``).
     gamma: Discount.
     lam_critic: λ for value targets (and for plain 'gae' advantages).
     lam_policy_alpha: α of the length-adaptive λ_policy (decoupled_gae).
@@ -117,11 +119,8 @@ class StepConfig:
   router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
-    registry.get_spec(self.loss)  # Raises listing the known names.
-    if self.estimator not in adv_lib.ESTIMATORS:
-      raise ValueError(
-          f"Unknown advantage estimator {self.estimator!r}; known: "
-          f"{', '.join(adv_lib.ESTIMATORS)}.")
+    registry.get_spec(self.loss)  # Each raises listing the known names.
+    adv_lib.get_advantage(self.estimator)
 
   @property
   def estimator(self) -> str:
@@ -137,30 +136,11 @@ class StepConfig:
 
   @property
   def uses_critic(self) -> bool:
-    return self.estimator in loss_lib.CRITIC_ESTIMATORS
+    return adv_lib.get_advantage(self.estimator).uses_critic
 
-
-@dataclasses.dataclass(frozen=True)
-class PolicyLoss:
-  """The registered loss, resolved once when the step is built.
-
-  ``fn`` is the loss function (``rl/losses.py`` for SAO, ``rl/baselines.py``
-  for the methods it is compared with) with the algorithm's settings and
-  hyper-parameters bound (``LossSpec.bind``); ``inputs`` and ``keywords``
-  name the arrays it takes between ``logp`` and ``advantages`` and by
-  keyword. The step calls ``fn`` itself: the registry is not on the
-  per-batch path (docs/design/data_path.md "File by file").
-  """
-
-  fn: Callable[..., tuple[Array, dict[str, Array]]]
-  inputs: tuple[str, ...]
-  keywords: tuple[str, ...]
-
-  @classmethod
-  def resolve(cls, cfg: StepConfig) -> "PolicyLoss":
-    spec = registry.get_spec(cfg.loss)
-    hparams = registry.resolve_hparams(cfg.loss, dict(cfg.loss_hparams))
-    return cls(spec.bind(**hparams), spec.inputs, spec.batch_kwargs)
+  def loss_fn(self) -> registry.LossFn:
+    """``fn(logp, registry.PolicyBatch) -> (loss, metrics)``, hparams bound."""
+    return registry.get_loss_fn(self.loss, dict(self.loss_hparams))
 
 
 def _model_inputs(batch: Batch) -> tuple[Array, dict[str, Array]]:
@@ -218,69 +198,15 @@ def _policy_logp(policy: transformer.Transformer, params: Any, batch: Batch,
   return jnp.where(starts, 0.0, logp), jnp.where(starts, 0.0, ent), moe
 
 
-def trajectory_rewards(batch: Batch, rewards: Array
-                       ) -> tuple[Array, Array | None, Callable[[Array], Array]]:
-  """Per-trajectory returns ``[N]``, which entries hold a trajectory (None:
-  all) and the map spreading ``[N]`` values over their tokens ``[B, T]``.
-
-  Unpacked: N = B rows. Packed: N = B·S slots (``data.packing``), an empty
-  slot (``length`` 0) holding no trajectory.
-  """
-  if "segment_ids" not in batch:
-    return rewards.sum(-1), None, lambda x: x[:, None]
-  seg = batch["segment_ids"]
-  shape = batch["length"].shape
-  per = segments.segment_sum(rewards, seg, shape[1]).reshape(-1)
-  return per, (batch["length"] > 0).reshape(-1), (
-      lambda x: segments.to_tokens(x.reshape(shape), seg))
-
-
 def compute_advantages(cfg: StepConfig, batch: Batch, values: Array,
                        running_mean: adv_lib.RunningMeanState | None
                        ) -> tuple[Array, Array, Any]:
-  """(policy advantages, value targets, new running-mean state) per estimator.
-
-  Per trajectory: on packed rows (``segment_ids``) every estimator works on
-  each packed trajectory as on a row of its own.
-  """
-  mask = batch["action_mask"].astype(jnp.float32)
-  rewards = batch["rewards"].astype(jnp.float32) * mask
-  seq_reward, valid, spread = trajectory_rewards(batch, rewards)
-  seg = batch.get("segment_ids")
-  slots = batch["length"].shape[1] if seg is not None else 1
-  _, returns = loss_lib.gae(rewards, values, mask, gamma=cfg.gamma,
-                           lam=cfg.lam_critic, segment_ids=seg)
-  estimator = cfg.estimator
-  if estimator in ("decoupled_gae", "vapo_gae"):
-    alpha = (cfg.lam_policy_alpha if estimator == "decoupled_gae"
-             else loss_lib.VAPO_ALPHA)
-    adv, returns = loss_lib.decoupled_gae(
-        rewards, values, mask, gamma=cfg.gamma, alpha=alpha,
-        lam_critic=cfg.lam_critic, segment_ids=seg, num_slots=slots)
-  elif estimator == "gae":
-    adv, _ = loss_lib.gae(rewards, values, mask, gamma=cfg.gamma,
-                         lam=cfg.lam_critic, segment_ids=seg)
-  elif estimator in adv_lib.GROUP_ESTIMATORS:
-    fn = getattr(adv_lib, estimator)
-    group = batch["group_index"].reshape(-1)
-    if valid is not None:  # Empty slots join no group (index out of range).
-      group = jnp.where(valid, group, cfg.max_groups)
-    seq_adv = fn(seq_reward, group, cfg.max_groups)
-    adv = jnp.where(mask > 0, spread(seq_adv), 0.0)
-  elif estimator == "batch_whiten":
-    adv = adv_lib.reinforce_pp_advantages(rewards, mask, gamma=cfg.gamma,
-                                          segment_ids=seg)
-  else:  # running_mean
-    if running_mean is None:
-      raise ValueError("advantage='running_mean' needs TrainState.running_mean "
-                       "(adv_lib.running_mean_init(num_prompts, k)).")
-    # One table row per prompt: n consecutive prompt ids (a task set's item
-    # seeds) fall on n distinct rows; one row pools every prompt ('global').
-    ids = batch["prompt_id"].reshape(-1) % running_mean.count.shape[0]
-    seq_adv, running_mean = adv_lib.running_mean_advantages(
-        running_mean, ids, seq_reward, valid=valid)
-    adv = jnp.where(mask > 0, spread(seq_adv), 0.0)
-  return adv, returns, running_mean
+  """(policy advantages, value targets, new running-mean state) of the
+  estimator ``cfg.estimator`` names (``advantages.get_advantage``)."""
+  rollouts = adv_lib.Rollouts.of(batch, values)
+  adv, running_mean = adv_lib.get_advantage(cfg.estimator).fn(
+      cfg, rollouts, running_mean)
+  return adv, adv_lib.critic_gae(cfg, rollouts)[1], running_mean
 
 
 def _critic_update(critic, tx, cfg: StepConfig, state: TrainState,
@@ -306,7 +232,7 @@ def _critic_update(critic, tx, cfg: StepConfig, state: TrainState,
   return state, metrics
 
 
-def _policy_update(policy, tx, cfg: StepConfig, policy_loss: PolicyLoss,
+def _policy_update(policy, tx, cfg: StepConfig, loss_fn: registry.LossFn,
                    state: TrainState, batch: Batch, adv: Array):
   mask = batch["action_mask"]
   ref_logp = None
@@ -319,11 +245,9 @@ def _policy_update(policy, tx, cfg: StepConfig, policy_loss: PolicyLoss,
     logp, ent, moe = _policy_logp(policy, p, batch, cfg.temperature,
                                   cfg.routing_replay)
     sg = jax.lax.stop_gradient(logp)
-    inputs = {"rollout_logp": batch["rollout_logp"], "old_logp": sg,
-              "prox_logp": sg, "ref_logp": ref_logp}
-    loss, m = policy_loss.fn(
-        logp, *(inputs[k] for k in policy_loss.inputs), adv, mask,
-        **{k: inputs[k] for k in policy_loss.keywords})
+    loss, m = loss_fn(logp, registry.PolicyBatch(
+        rollout_logp=batch["rollout_logp"], advantages=adv, mask=mask,
+        old_logp=sg, prox_logp=sg, ref_logp=ref_logp))
     m = dict(m)
     m["entropy"] = rl_metrics.masked_mean(ent, mask)
     # The train/inference mismatch DIS masks (and routing replay narrows).
@@ -375,8 +299,8 @@ def _is_finite(metrics: Mapping[str, Array], new_state: TrainState) -> Array:
 
 def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
                cfg: StepConfig, policy_tx: optax.GradientTransformation,
-               value_tx: optax.GradientTransformation, policy_loss: PolicyLoss,
-               update_policy: bool) -> tuple[TrainState, dict[str, Array]]:
+               value_tx: optax.GradientTransformation,
+               loss_fn: registry.LossFn, update_policy: bool) -> tuple[TrainState, dict[str, Array]]:
   """One SAO step (see module docstring). Pure; jit it with ``make_step``."""
   old_state = state
   policy = transformer.Transformer(model_config)
@@ -401,11 +325,12 @@ def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
                                    length=cfg.critic_updates_per_step)
     metrics = jax.tree.map(lambda m: m[-1], per_step)
   if update_policy:
-    state, pm = _policy_update(policy, policy_tx, cfg, policy_loss, state,
-                               batch, adv)
+    state, pm = _policy_update(policy, policy_tx, cfg, loss_fn, state, batch,
+                               adv)
     metrics.update(pm)
   state = state.replace(running_mean=running_mean)
-  seq_reward, valid, _ = trajectory_rewards(batch, batch["rewards"] * mask)
+  seq_reward, valid, _ = adv_lib.trajectory_rewards(batch,
+                                                    batch["rewards"] * mask)
   real = batch["attention_mask"].astype(jnp.float32)
   metrics.update({
       "reward/mean": (seq_reward.mean() if valid is None
@@ -433,10 +358,10 @@ def make_step(model_config: ModelConfig, cfg: StepConfig,
               state_sharding: Any = None, batch_sharding: Any = None
               ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
   """``jax.jit(train_step)`` with shardings and the state donated; the loss
-  is resolved here, once (``PolicyLoss.resolve``)."""
+  is resolved here, once (``StepConfig.loss_fn``)."""
   fn = functools.partial(train_step, model_config=model_config, cfg=cfg,
                          policy_tx=policy_tx, value_tx=value_tx,
-                         policy_loss=PolicyLoss.resolve(cfg),
+                         loss_fn=cfg.loss_fn(),
                          update_policy=update_policy)
   kwargs = {}
   if state_sharding is not None:
