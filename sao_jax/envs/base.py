@@ -57,6 +57,20 @@ class Environment(abc.ABC):
   def step(self, action_text: str) -> StepResult:
     """Consumes one action segment; returns (observation, reward, done, info)."""
 
+  @classmethod
+  def from_config(cls, env_cfg: Any, tasks: Any, *,
+                  reward: str | None = None) -> "Environment":
+    """An instance over `tasks`, set up from `env_cfg` (the `config.env`
+    section) by `config_kwargs`; `reward` overrides `env.reward`."""
+    return cls(tasks, **cls.config_kwargs(env_cfg, reward))
+
+  @classmethod
+  def config_kwargs(cls, env_cfg: Any, reward: str | None) -> dict[str, Any]:
+    """The constructor's keywords from `config.env`: an environment with
+    settings of its own adds them to its base class's (`super()`)."""
+    del reward  # Read by the environments that score with a rule.
+    return {"instruction": env_cfg.get("instruction", "")}
+
   def set_template(self, template: ChatTemplate) -> None:
     """Writes prompts and observations in the policy tokenizer's template."""
     self.template = template

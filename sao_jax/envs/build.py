@@ -56,30 +56,12 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
     name: Override of ``env_cfg.name`` (evaluation of the evolving env uses
       the plain reasoning-gym scorer for quality).
     reward: Override of ``env_cfg.reward`` (held-out accuracy is 'exact').
+
+  Each instance is the registered class's ``from_config(env_cfg, tasks)``:
+  the class reads its own settings (``Environment.config_kwargs``).
   """
-  name = env_cfg.name if name is None else name
-  kwargs: dict[str, Any] = {"instruction": env_cfg.get("instruction", "")}
-  if name in ("reasoning_gym", "tool", "tool_longtail", "code"):  # Evolving: binary quality already.
-    kwargs["answer"] = env_cfg.get("answer", "whole")
-    kwargs["reward"] = reward or env_cfg.get("reward", "exact")
-  if name in ("tool", "tool_longtail", "code"):
-    kwargs["max_tool_calls"] = env_cfg.max_tool_calls
-  if name == "code":  # Hidden tests: the tool sees no task data either.
-    kwargs["pool"] = code_env.shared_pool(
-        env_cfg, packages=env_cfg.dataset != function_tasks.NAME)
-    kwargs["observation_chars"] = int(env_cfg.code_observation_chars)
-  if name == repair_env.NAME:
-    kwargs["max_tool_calls"] = env_cfg.max_tool_calls
-    kwargs["observation_chars"] = int(env_cfg.code_observation_chars)
-  if name == "tool_longtail":
-    kwargs["min_tokens"] = int(env_cfg.longtail_min_tokens)
-    kwargs["levels"] = int(env_cfg.longtail_levels)
-    kwargs["tool_calls"] = int(env_cfg.longtail_tool_calls)
-    kwargs["tool_latency_s"] = float(env_cfg.longtail_tool_latency_s)
-  elif name == "evolving":
-    kwargs["styles"] = tuple(env_cfg.styles)
-    kwargs["switch_at"] = tuple(env_cfg.style_change_steps)
-  return [registry.make_env(name, tasks, **kwargs) for _ in range(n)]
+  env = registry.get_env(env_cfg.name if name is None else name)
+  return [env.from_config(env_cfg, tasks, reward=reward) for _ in range(n)]
 
 
 def publish_metrics(stats: Any) -> None:

@@ -29,6 +29,7 @@ import math
 import threading
 from typing import Any
 
+from sao_jax.envs import function_tasks
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
 from sao_jax.envs.tool_env import ToolCallingEnv
 from sao_jax.sandbox.limits import CallResult
@@ -180,6 +181,14 @@ class CodeEnv(ToolCallingEnv):
     super().__init__(tasks, instruction, max_tool_calls, answer, reward)
     self.observation_chars = observation_chars
     self.pool = pool
+
+  @classmethod
+  def config_kwargs(cls, env_cfg: Any, reward: str | None) -> dict[str, Any]:
+    # Hidden tests: the tool sees no task data either.
+    return {**super().config_kwargs(env_cfg, reward),
+            "pool": shared_pool(
+                env_cfg, packages=env_cfg.dataset != function_tasks.NAME),
+            "observation_chars": int(env_cfg.code_observation_chars)}
 
   def refuse(self, reason: str) -> str:
     with _POOLS_LOCK:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 from sao_jax.envs.base import final_answer
 from sao_jax.envs.base import StepResult
@@ -78,6 +78,13 @@ class EvolvingEnv(ReasoningGymEnv):
       raise ValueError(f"switch_at={self.switch_at} must strictly increase.")
     self.name = tasks.name + "+evolving"
     self._version = 0
+
+  @classmethod
+  def config_kwargs(cls, env_cfg: Any, reward: str | None) -> dict[str, Any]:
+    # Its reward is its own (binary quality): no answer or reward rule.
+    return {**super(ReasoningGymEnv, cls).config_kwargs(env_cfg, reward),
+            "styles": tuple(env_cfg.styles),
+            "switch_at": tuple(env_cfg.style_change_steps)}
 
   def set_policy_version(self, version: int) -> None:
     self._version = int(version)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Any
 
 from sao_jax.envs.base import StepResult
 from sao_jax.envs.tool_env import calculate
@@ -69,6 +70,14 @@ class LongTailToolEnv(ToolEnv):
     self.fixed_length_actions = self.tool_calls > 0
     self._budget: int | None = None
     self._calls_left = 0
+
+  @classmethod
+  def config_kwargs(cls, env_cfg: Any, reward: str | None) -> dict[str, Any]:
+    return {**super().config_kwargs(env_cfg, reward),
+            "min_tokens": int(env_cfg.longtail_min_tokens),
+            "levels": int(env_cfg.longtail_levels),
+            "tool_calls": int(env_cfg.longtail_tool_calls),
+            "tool_latency_s": float(env_cfg.longtail_tool_latency_s)}
 
   def reset(self, task: int) -> str:
     self._budget = self.min_tokens << length_level(task, self.levels)

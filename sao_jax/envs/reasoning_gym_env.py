@@ -129,6 +129,12 @@ class ReasoningGymEnv(Environment):
     self.instruction = instruction
     self._index: int | None = None
 
+  @classmethod
+  def config_kwargs(cls, env_cfg: Any, reward: str | None) -> dict[str, Any]:
+    return {**super().config_kwargs(env_cfg, reward),
+            "answer": env_cfg.get("answer", "whole"),
+            "reward": reward or env_cfg.get("reward", "exact")}
+
   def question(self, index: int) -> str:
     return self.tasks.entry(index)["question"] + self.instruction
 

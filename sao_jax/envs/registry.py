@@ -1,8 +1,14 @@
-"""Environment factories by name (configs pick environments by string)."""
+"""Environments by name (configs pick environments by string).
+
+An entry is an `Environment` class: `build.make_envs` makes its instances with
+`from_config(config.env, tasks)`, the class reading its own settings from
+the section (`Environment.config_kwargs`). Adding an environment is its class
+and one entry here (or a `register_env` call).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from sao_jax.envs.base import Environment
 from sao_jax.envs.code_env import CodeEnv
@@ -12,7 +18,7 @@ from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
 from sao_jax.envs.repair_env import RepairEnv
 from sao_jax.envs.tool_env import ToolEnv
 
-EnvFactory = Callable[..., Environment]
+EnvFactory = type[Environment]
 _REGISTRY: dict[str, EnvFactory] = {
     "reasoning_gym": ReasoningGymEnv,
     "tool": ToolEnv,
@@ -34,12 +40,16 @@ def available_envs() -> tuple[str, ...]:
   return tuple(sorted(_REGISTRY))
 
 
-def make_env(name: str, *args: Any, **kwargs: Any) -> Environment:
-  """A new environment instance, e.g. make_env('tool', tasks, max_tool_calls=2)."""
+def get_env(name: str) -> EnvFactory:
+  """The class registered under `name`; raises listing the registered ones."""
   try:
-    factory = _REGISTRY[name]
+    return _REGISTRY[name]
   except KeyError:
     raise KeyError(
         f"Unknown environment {name!r}; registered: {available_envs()}."
     ) from None
-  return factory(*args, **kwargs)
+
+
+def make_env(name: str, *args: Any, **kwargs: Any) -> Environment:
+  """A new environment instance, e.g. make_env('tool', tasks, max_tool_calls=2)."""
+  return get_env(name)(*args, **kwargs)

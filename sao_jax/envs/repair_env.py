@@ -149,6 +149,12 @@ class RepairEnv(Environment):
     self._task: repair.RepairTask | None = None
     self._calls = 0
 
+  @classmethod
+  def config_kwargs(cls, env_cfg: Any, reward: str | None) -> dict[str, Any]:
+    return {**super().config_kwargs(env_cfg, reward),
+            "max_tool_calls": env_cfg.max_tool_calls,
+            "observation_chars": int(env_cfg.code_observation_chars)}
+
   def reset(self, task: int) -> str:
     self._task = self.tasks.task(task)
     self.prompt_id = self.tasks.prompt_id(task)

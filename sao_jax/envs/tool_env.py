@@ -108,6 +108,11 @@ class ToolCallingEnv(ReasoningGymEnv):
     self.max_tool_calls = max_tool_calls
     self._calls = 0
 
+  @classmethod
+  def config_kwargs(cls, env_cfg: Any, reward: str | None) -> dict[str, Any]:
+    return {**super().config_kwargs(env_cfg, reward),
+            "max_tool_calls": env_cfg.max_tool_calls}
+
   def reset(self, task: int) -> str:
     self._calls = 0
     return super().reset(task)

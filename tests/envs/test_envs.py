@@ -4,11 +4,14 @@ import operator
 
 import hypothesis
 from hypothesis import strategies as st
+import ml_collections
 import pytest
 import reasoning_gym
 
+from configs import base as base_config
 from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import base
+from sao_jax.envs import build
 from sao_jax.envs import evolving
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.envs import registry
@@ -169,3 +172,57 @@ def test_registry():
     registry.make_env("nope")
   with pytest.raises(ValueError, match="already registered"):
     registry.register_env("tool", tool_env.ToolEnv)
+
+
+@pytest.mark.parametrize("name,want", [
+    ("reasoning_gym", {"answer_rule": "last_number", "reward": "exact"}),
+    ("tool", {"max_tool_calls": 3, "answer_rule": "last_number"}),
+    ("tool_longtail", {"max_tool_calls": 3, "min_tokens": 4, "levels": 2,
+                       "tool_calls": 1, "tool_latency_s": 0.5}),
+    ("evolving", {"styles": ("plain", "boxed"), "switch_at": (7,)}),
+])
+def test_make_envs_reads_each_env_settings_from_its_section(tasks, name, want):
+  env_cfg = base_config.get_config().env
+  env_cfg.update(name=name, instruction=" Go.", answer="last_number",
+                 reward="score", max_tool_calls=3, longtail_min_tokens=4,
+                 longtail_levels=2, longtail_tool_calls=1,
+                 longtail_tool_latency_s=0.5, styles=("plain", "boxed"),
+                 style_change_steps=(7,))
+  envs = build.make_envs(env_cfg, tasks, 2, reward="exact")
+  assert len(envs) == 2 and envs[0] is not envs[1]
+  assert type(envs[0]) is registry.get_env(name)
+  for key, value in {"instruction": " Go.", **want}.items():
+    assert getattr(envs[0], key) == value, key
+
+
+class _ToyEnv(base.Environment):
+  """Echo the task's answer for a reward of `bonus` (a setting of its own)."""
+
+  def __init__(self, tasks, instruction="", bonus=0.0):
+    self.tasks, self.instruction, self.bonus = tasks, instruction, bonus
+
+  @classmethod
+  def config_kwargs(cls, env_cfg, reward):
+    return {**super().config_kwargs(env_cfg, reward),
+            "bonus": float(env_cfg.toy_bonus)}
+
+  def reset(self, task):
+    self.prompt_id, self._answer = task, self.tasks.entry(task)["answer"]
+    return self.tasks.entry(task)["question"] + self.instruction
+
+  def step(self, action_text):
+    ok = base.final_answer(action_text) == self._answer
+    return base.StepResult("", self.bonus if ok else 0.0, True, {})
+
+
+def test_a_new_env_is_one_registry_entry(tasks, monkeypatch):
+  # Registered and built from its config section, nothing else touched.
+  monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+  registry.register_env("toy", _ToyEnv)
+  env_cfg = ml_collections.ConfigDict(
+      {"name": "toy", "instruction": " (toy)", "toy_bonus": 0.5})
+  env = build.make_envs(env_cfg, tasks, 1)[0]
+  assert env.reset(3) == tasks.entry(3)["question"] + " (toy)"
+  assert env.step(tasks.entry(3)["answer"]).reward == 0.5
+  env.reset(3)
+  assert env.step("no").reward == 0.0
