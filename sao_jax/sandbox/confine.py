@@ -1,6 +1,7 @@
 """What the sandbox's processes do to themselves and to their scratch
-(docs/design/sandbox.md "A clean slate per call"): Landlock, the seccomp
-filter, capabilities, and the wipe between calls.
+(docs/design/sandbox.md "A clean slate per call"): the server's own
+confinement, the call's limits, Landlock, the seccomp filter, capabilities,
+and the wipe between calls.
 
 Stdlib only: in the sandbox this file is not imported from the repository
 but handed to the interpreter by launcher.py, as module
@@ -9,9 +10,11 @@ but handed to the interpreter by launcher.py, as module
 
 import ctypes
 import os
+import resource
 import struct
 
 LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 4, 38, 36
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -28,6 +31,41 @@ _SCOPE_UNIX_AND_SIGNAL = 3
 def prctl(option, arg):
   if LIBC.prctl(option, arg, 0, 0, 0) != 0:
     raise OSError(ctypes.get_errno(), f"prctl({option})")
+
+
+def confine_server(uid, landlock_paths):
+  """The pristine parent's own confinement: the unprivileged `uid` (when
+  started as root), no new privileges, not dumpable, child subreaper, no
+  core files, and Landlock to `landlock_paths` ({"ro": ..., "rw": ...}; the
+  fallback) when given."""
+  if uid is not None and os.getuid() == 0:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+  prctl(_PR_SET_NO_NEW_PRIVS, 1)
+  prctl(_PR_SET_DUMPABLE, 0)
+  prctl(_PR_SET_CHILD_SUBREAPER, 1)
+  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+  if landlock_paths:
+    landlock(landlock_paths["ro"], landlock_paths["rw"])
+
+
+def limit_call(limits, seccomp, per_call_ns):
+  """The call's process: capabilities dropped (it holds all of its own user
+  namespace's when `per_call_ns`), the `seccomp` filter, the rlimits of
+  `limits` (a `Limits.as_dict()`)."""
+  if per_call_ns:
+    drop_capabilities()
+  load_seccomp(seccomp)
+  mib = 1 << 20
+  for res, value in ((resource.RLIMIT_AS, limits["memory_mb"] * mib),
+                     (resource.RLIMIT_NPROC, limits["processes"]),
+                     (resource.RLIMIT_NOFILE, limits["open_files"]),
+                     (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mib),
+                     (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(res, (value, value))
+  cpu = int(limits["cpu_s"])
+  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 
 
 def landlock(ro_paths, rw_paths):

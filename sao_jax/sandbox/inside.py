@@ -47,7 +47,6 @@ except ImportError:  # On the host (pool.py reads the names above).
   from sao_jax.sandbox import confine  # pylint: disable=g-import-not-at-top
 
 _LIBC = confine.LIBC
-_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 4, 38, 36
 # CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC: the namespaces of each call.
 _CALL_NAMESPACES = 0x10000000 | 0x20000000 | 0x08000000
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
@@ -97,7 +96,6 @@ def _read_exact(n):
 
 def _child(code, cfg, out_w, err_w):
   """Runs one call (in the forked child); never returns."""
-  lim = cfg["limits"]
   status = 1
   try:
     _LIBC.prctl(_PR_SET_NAME, cfg["name"], 0, 0, 0)  # P's, not C's.
@@ -107,20 +105,9 @@ def _child(code, cfg, out_w, err_w):
     os.dup2(err_w, 2)
     os.closerange(3, 1 << 20)
     os.chdir(cfg["scratch"])
-    if cfg["per_call_ns"]:
-      confine.drop_capabilities()
-    confine.load_seccomp(cfg["seccomp"])
+    confine.limit_call(cfg["limits"], cfg["seccomp"], cfg["per_call_ns"])
     os.environ.clear()
     os.environ.update(cfg["env"])
-    mib = 1 << 20
-    for res, value in ((resource.RLIMIT_AS, lim["memory_mb"] * mib),
-                       (resource.RLIMIT_NPROC, lim["processes"]),
-                       (resource.RLIMIT_NOFILE, lim["open_files"]),
-                       (resource.RLIMIT_FSIZE, lim["file_size_mb"] * mib),
-                       (resource.RLIMIT_CORE, 0)):
-      resource.setrlimit(res, (value, value))
-    cpu = int(lim["cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
       signal.signal(sig, signal.SIG_DFL)
     sys.stdin = open(0, "r", closefd=False)  # pylint: disable=consider-using-with
@@ -251,17 +238,7 @@ def _call(code, cfg):
 
 def _confine(cfg):
   """P's own set-up (module docstring); returns the preloaded modules."""
-  uid = cfg.get("uid")
-  if uid is not None and os.getuid() == 0:
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-  confine.prctl(_PR_SET_NO_NEW_PRIVS, 1)
-  confine.prctl(_PR_SET_DUMPABLE, 0)
-  confine.prctl(_PR_SET_CHILD_SUBREAPER, 1)
-  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  if cfg.get("landlock"):
-    confine.landlock(cfg["landlock"]["ro"], cfg["landlock"]["rw"])
+  confine.confine_server(cfg.get("uid"), cfg.get("landlock"))
   sys.path.extend(cfg.get("sys_path", ()))
   preloaded = []
   for name in cfg.get("preload", ()):
