@@ -1,9 +1,11 @@
 """Checks that the top-level BUILD file matches the Python files of the repo.
 
-Every `.py` file under sao_jax/, configs/, experiments/ and tests/ must be named
-in BUILD (so Bazel builds and tests it), BUILD must name only files that exist,
-each target's `deps` must provide every `sao_jax` module its sources import, and
-each test file's Bazel tags must equal the pytest markers it uses (so
+Every `.py` file under sao_jax/, configs/, experiments/ and tests/ must be in
+a target's srcs, BUILD's globs evaluated here over the tree (so Bazel builds
+and tests it; each sao_jax/ module in one py_library, each test file in a
+py_test), the files BUILD names literally must exist, each target's `deps`
+must provide every `sao_jax` module its sources import, and each test file's
+Bazel tags must equal the pytest markers it uses (so
 `bazel test //:fast_tests` skips exactly the slow/multiprocess files).
 
 Runs both under plain pytest (against the checkout) and under Bazel (against the
@@ -83,25 +85,58 @@ def _markers_used(test_file: pathlib.Path) -> set[str]:
 @dataclasses.dataclass
 class _Target:
   name: str
+  kind: str
   srcs: list[str]
   deps: list[str]
+  tags: list[str]
+  args: list[str]
 
 
-def _targets(build_text: str) -> dict[str, _Target]:
-  """Evaluates BUILD (Starlark is Python here) with recording rule stand-ins."""
+def _glob(root: pathlib.Path):
+  """Bazel's `glob` over the files under `root` (`**`: any folders)."""
+
+  def files(patterns) -> set[str]:
+    out = set()
+    for pattern in patterns:
+      if pattern.endswith("/**"):
+        pattern += "/*"
+      out.update(p.relative_to(root).as_posix() for p in root.glob(pattern)
+                 if p.is_file())
+    return out
+
+  def glob(include, exclude=(), **_):
+    return sorted(files(include) - files(exclude))
+
+  return glob
+
+
+def _targets(build_text: str, root: pathlib.Path | None = None
+             ) -> dict[str, _Target]:
+  """Evaluates BUILD (Starlark is Python here) with recording rule stand-ins
+  and its globs over `root` (default: the tree under test)."""
   targets = {}
 
-  def rule(name: str, srcs: list[str] = (), deps: list[str] = (), **_):
-    targets[":" + name] = _Target(":" + name, list(srcs), list(deps))
+  def rule(kind):
+    def record(name: str, srcs: list[str] = (), deps: list[str] = (),
+               tags: list[str] = (), args: list[str] = (), **_):
+      targets[":" + name] = _Target(":" + name, kind, list(srcs), list(deps),
+                                    list(tags), list(args))
+    return record
 
   def ignore(*_, **__):
     return []
 
-  scope = {"py_library": rule, "py_binary": rule, "py_test": rule,
-           "filegroup": rule, "test_suite": ignore, "package": ignore,
-           "glob": ignore, "exports_files": ignore}
+  scope = {kind: rule(kind) for kind in (
+      "py_library", "py_binary", "py_test", "filegroup")}
+  scope.update(test_suite=ignore, package=ignore, exports_files=ignore,
+               glob=_glob(_repo_root() if root is None else root))
   exec(compile(build_text, "BUILD", "exec"), scope)  # pylint: disable=exec-used
   return targets
+
+
+def _srcs(targets: dict[str, _Target], kind: str | None = None) -> set[str]:
+  return {s for t in targets.values() if kind in (None, t.kind)
+          for s in t.srcs}
 
 
 def _module_files(root: pathlib.Path, dotted: str) -> Iterator[str]:
@@ -188,11 +223,33 @@ def test_every_python_file_is_in_build():
   root = _repo_root()
   found = _python_files(root)
   assert "tests/test_build_coverage.py" in found, f"scanned the wrong tree: {root}"
-  missing = sorted(found - _quoted_paths(_build_text()))
+  missing = sorted(found - _srcs(_targets(_build_text())))
   assert not missing, (
-      "Python files not named in any BUILD target: " + ", ".join(missing) +
-      ". Add each to its folder's py_library srcs (a test file: one line in "
-      "PYTEST_FILES; an experiment: EXPERIMENT_SCRIPTS; a config: CONFIG_FILES).")
+      "Python files in no BUILD target's srcs: " + ", ".join(missing) +
+      ". A new folder of sao_jax/ needs its own py_library (a glob of it).")
+
+
+def test_coverage_check_sees_a_file_no_glob_covers(tmp_path: pathlib.Path):
+  for path in ("sao_jax/a.py", "sao_jax/sub/b.py", "sao_jax/sub/c.txt"):
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text("")
+  narrow = 'py_library(name = "x", srcs = glob(["sao_jax/*.py"]))'
+  assert _srcs(_targets(narrow, tmp_path)) == {"sao_jax/a.py"}
+  deep = ('py_library(name = "x", srcs = glob(["sao_jax/**/*.py"], '
+          'exclude = ["sao_jax/a.py"]), data = glob(["sao_jax/**"]))')
+  assert _srcs(_targets(deep, tmp_path)) == {"sao_jax/sub/b.py"}
+
+
+def test_each_module_is_in_one_library():
+  owners = collections.defaultdict(list)
+  for target in _targets(_build_text()).values():
+    if target.kind == "py_library":
+      for src in target.srcs:
+        owners[src].append(target.name)
+  twice = sorted(f"{src}: {', '.join(names)}" for src, names in owners.items()
+                 if len(names) > 1)
+  assert not twice, "Files in the srcs of several py_library: " + "; ".join(
+      twice)
 
 
 def test_build_names_only_existing_files():
@@ -204,29 +261,35 @@ def test_build_names_only_existing_files():
       ". Remove or rename them in BUILD.")
 
 
+def _test_files() -> set[str]:
+  return {p for p in _python_files(_repo_root())
+          if re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", p)}
+
+
 def test_every_test_file_has_a_test_target():
-  listed = {entry[0] for entry in _assigned_literal(_build_text(),
-                                                    "PYTEST_FILES")}
-  test_files = {p for p in _python_files(_repo_root())
-                if re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", p)}
-  unlisted = sorted(test_files - listed)
-  assert not unlisted, (
-      "Test files without a py_test (one line in PYTEST_FILES of BUILD): " +
-      ", ".join(unlisted))
+  run = {a for t in _targets(_build_text()).values() if t.kind == "py_test"
+         for a in t.args}
+  unlisted = sorted(_test_files() - run)
+  assert not unlisted, "Test files no py_test runs: " + ", ".join(unlisted)
 
 
 def test_test_tags_equal_pytest_markers():
   root = _repo_root()
   wrong = []
-  for test_file, _, markers in _assigned_literal(_build_text(), "PYTEST_FILES"):
-    if not (root / test_file).is_file():
-      continue  # Reported by test_build_names_only_existing_files.
+  for target in _targets(_build_text()).values():
+    if target.kind != "py_test":
+      continue
+    (test_file,) = target.args
+    markers = set(target.tags) - {"cpu:2"}
     used = _markers_used(root / test_file)
-    if used != set(markers):
+    if used != markers:
       wrong.append(f"{test_file}: BUILD says {sorted(markers)}, "
                    f"the file uses {sorted(used)}")
-  assert not wrong, ("Fix the markers column of PYTEST_FILES in BUILD: " +
+  stale = sorted(set(_assigned_literal(_build_text(), "TEST_MARKERS")) -
+                 _test_files())
+  assert not wrong, ("Fix the file's line in TEST_MARKERS of BUILD: " +
                      "; ".join(wrong))
+  assert not stale, "TEST_MARKERS names no test file: " + ", ".join(stale)
 
 
 def test_pytest_args_follow_bazel_test_env():
