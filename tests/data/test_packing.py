@@ -198,6 +198,35 @@ def test_running_mean_packed_equal_unpacked_and_skips_empty_slots():
   np.testing.assert_allclose(su.buffer, sp.buffer, atol=TOL)
 
 
+def test_a_registered_estimator_runs_in_the_step_on_packed_rows(monkeypatch):
+  # One register_advantage call adds an estimator (docs/design/extending.md):
+  # the step's config takes its name, and on packed rows it sees each
+  # trajectory as a row of its own with nothing written for packing.
+  monkeypatch.setattr(adv_lib, "_ESTIMATORS", dict(adv_lib._ESTIMATORS))
+
+  def sign_of_reward(cfg, x, state):  # A toy: the sign of each return.
+    del cfg
+    return x.on_actions(jnp.sign(x.seq_reward)), state
+
+  adv_lib.register_advantage("toy_sign",
+                             adv_lib.Estimator(sign_of_reward, "toy"))
+  with pytest.raises(ValueError, match="already registered"):
+    adv_lib.register_advantage("toy_sign", adv_lib.Estimator(
+        sign_of_reward, "toy"))
+  cfg = step_lib.StepConfig(loss="grpo", advantage="toy_sign")
+  assert not cfg.uses_critic
+  un, pk = _both()
+  au, _, _ = step_lib.compute_advantages(cfg, un, jnp.zeros_like(
+      un["rewards"]), None)
+  ap, _, _ = step_lib.compute_advantages(cfg, pk, jnp.zeros_like(
+      pk["rewards"]), None)
+  mask = np.asarray(un["action_mask"], np.float32)
+  want = np.sign((np.asarray(un["rewards"]) * mask).sum(-1))[:, None] * mask
+  np.testing.assert_array_equal(np.asarray(au), want)
+  assert np.any(want > 0) and np.any(want < 0)
+  pi.same_per_trajectory(au, un, ap, pk)
+
+
 def test_dis_and_value_losses_and_gradients_packed_equal_unpacked():
   un, pk = _both(seed=1)
   out = {}
