@@ -65,6 +65,7 @@ def make_envs(env_cfg: Any, tasks: ReasoningGymTasks, n: int,
 
 
 def publish_metrics(stats: Any) -> None:
-  """Copies this process's environment counters (the code tool's) into
-  `stats` (the sampler's shared counters, written to TensorBoard)."""
+  """Puts this process's environment counters (the code tool's, each with
+  its merge rule) into `stats` (the sampler's shared counters, written to
+  TensorBoard; ``sampler/stats.py``)."""
   code_env.publish(stats)

@@ -38,9 +38,15 @@ from sao_jax.sandbox.pool import SandboxPool
 
 TOOL_NAME = "python"
 SAO_CALL_OPEN = "<|tool_call|>"  # chat_template.SAO_MARKUP.call_open.
-STAT_FIELDS = ("code_calls", "code_exec_s_p50", "code_exec_s_p99",
-               "code_timeouts", "code_memory_kills", "code_truncations",
-               "code_refusals", "code_sandbox_errors")
+# The tool's counters in the sampler's shared stats (``sampler/<name>`` in
+# TensorBoard), each with how a run's samplers' values merge
+# (``sampler/stats.py``): counts summed, the exec-time quantiles (over recent
+# calls) the current sampler's.
+COUNTERS = {"code_calls": "sum", "code_exec_s_p50": "last",
+            "code_exec_s_p99": "last", "code_timeouts": "sum",
+            "code_memory_kills": "sum", "code_truncations": "sum",
+            "code_refusals": "sum", "code_sandbox_errors": "sum"}
+STAT_FIELDS = tuple(COUNTERS)
 _POOLS: dict[tuple, SandboxPool] = {}
 _POOLS_LOCK = threading.Lock()
 _REFUSALS = [0]
@@ -162,10 +168,10 @@ def tool_stats() -> dict[str, float]:
 
 
 def publish(stats: Any) -> None:
-  """Copies `tool_stats()` into the attributes of `stats` (SamplerStats)."""
+  """Puts `tool_stats()` into `stats` (the sampler's `SamplerStats`)."""
   if _POOLS:
     for name, value in tool_stats().items():
-      setattr(stats, name, float(value))
+      stats.put(name, COUNTERS[name], float(value))
 
 
 class CodeEnv(ToolCallingEnv):

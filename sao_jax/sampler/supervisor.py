@@ -20,7 +20,8 @@ consumed twice (``episodes_consumed_twice`` in the summary stays 0).
 ``RestartPolicy`` bounds it (``sampler.max_restarts`` per trainer process,
 ``sampler.max_restarts_per_window`` within ``sampler.restart_window_s``);
 past it the run stops with the dead sampler's ``SamplerDiedError``.
-``stats`` sums the counters of all the run's samplers and adds
+``stats`` merges the counters of all the run's samplers (each as declared:
+summed, the largest or the newest sampler's; ``sampler/stats.py``) and adds
 ``restarts`` and ``downtime_s`` (from noticing a death to the new sampler's
 first record): ``sampler/restarts``, ``sampler/downtime_s``.
 """
@@ -36,9 +37,7 @@ from absl import logging
 from sao_jax.data import consumed as consumed_lib
 from sao_jax.ipc import ring as ring_lib
 from sao_jax.sampler import process as process_lib
-
-# Counters that are not summed over a run's samplers: the newest one's.
-_NOT_SUMMED = ("alive", "heartbeat", "phase", "weights_version")
+from sao_jax.sampler import stats as stats_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +77,33 @@ class RunSamplerStats(process_lib.SamplerStats):
   def as_dict(self) -> dict[str, float]:
     return {**super().as_dict(), "sampler/restarts": float(self.restarts),
             "sampler/downtime_s": float(self.downtime_s)}
+
+
+# The counters of a run's replaced samplers, merged: name -> (merge, value).
+Retired = dict[str, tuple[str, float]]
+
+
+def retire(past: Retired, stats: stats_lib.SamplerStats,
+           **overrides: float) -> None:
+  """Merges a replaced sampler's counters (`overrides` by name) into `past`."""
+  for name, merge, value in stats.counters():
+    value = overrides.get(name, value)
+    before = past[name][1] if name in past else None
+    past[name] = merge, stats_lib.merged(merge, before, value)
+
+
+def run_counters(past: Retired, now: stats_lib.SamplerStats
+                 ) -> RunSamplerStats:
+  """The run's counters: `past` merged with the current sampler's, `now`;
+  the ``LAST`` of a counter `now` has not set yet is left out."""
+  out = RunSamplerStats()
+  for name, (merge, value) in past.items():
+    if merge != stats_lib.LAST:
+      out.put(name, merge, value)
+  for name, merge, value in now.counters():
+    before = past[name][1] if name in past else None
+    out.put(name, merge, stats_lib.merged(merge, before, value))
+  return out
 
 
 class _Reader:
@@ -132,7 +158,7 @@ class SupervisedSampler:
     self.reader = _Reader(self)
     self._step = 0
     self._stopping = False
-    self._past = {name: 0.0 for name, _ in process_lib.SamplerStats._fields_}
+    self._past: Retired = {}
     self._restart_times: list[float] = []
     self._down_since: float | None = None
     self.downtime_s = 0.0
@@ -144,16 +170,9 @@ class SupervisedSampler:
 
   @property
   def stats(self) -> RunSamplerStats:
-    """The counters of every sampler of this run, summed (a snapshot)."""
-    now = self.handle.stats
-    out = RunSamplerStats()
-    for name, _ in process_lib.SamplerStats._fields_:
-      value = getattr(now, name)
-      if name not in _NOT_SUMMED:
-        value += self._past[name]
-      elif name == "weights_version":
-        value = max(value, self._past[name])
-      setattr(out, name, value)
+    """The counters of every sampler of this run, each merged as it was
+    declared (``stats.SUM``, ``MAX``, ``LAST``; a snapshot)."""
+    out = run_counters(self._past, self.handle.stats)
     out.restarts, out.downtime_s = float(self.restarts), self.downtime()
     return out
 
@@ -233,14 +252,8 @@ class SupervisedSampler:
       self._down_since = now
     old_stats, old_ring = self.handle.stats, self.ring
     written = old_ring.stats()["lanes"][0]["records_written"]
-    for name, _ in process_lib.SamplerStats._fields_:
-      value = getattr(old_stats, name)
-      if name == "episodes":  # Counted at commit, not after a SIGKILL.
-        value = written
-      if name == "weights_version":
-        self._past[name] = max(self._past[name], value)
-      elif name not in _NOT_SUMMED:
-        self._past[name] += value
+    # Its episodes are counted at commit, not after a SIGKILL.
+    retire(self._past, old_stats, episodes=written)
     start_episode, skip = self._consumed.resume_plan()
     logging.warning(
         "%s\nRestarting the sampler (restart %d of at most %d): at episode "

@@ -3,7 +3,6 @@ observations, scoring, limits, metrics and config."""
 
 import json
 import os
-import types
 
 import pytest
 
@@ -14,6 +13,7 @@ from sao_jax.envs import code_env
 from sao_jax.envs.base import ChatTemplate
 from sao_jax.envs.base import SAO_MARKUP
 from sao_jax.envs.reasoning_gym_env import ReasoningGymTasks
+from sao_jax.sampler.stats import SamplerStats
 from sao_jax.sandbox import probe
 from sao_jax.sandbox.limits import CallResult
 
@@ -141,9 +141,11 @@ def test_timeouts_refusals_and_metrics(sandboxed):
   assert after["code_refusals"] - before["code_refusals"] == 1
   assert 0 < after["code_exec_s_p50"] <= after["code_exec_s_p99"]
   assert after["code_exec_s_p99"] >= cfg.env.code_wall_s
-  stats = types.SimpleNamespace()
+  stats = SamplerStats()
   build.publish_metrics(stats)
-  assert {f: getattr(stats, f) for f in code_env.STAT_FIELDS} == after
+  assert {n: v for n, _, v in stats.counters()
+          if n in code_env.COUNTERS} == after
+  assert stats.as_dict()["sampler/code_calls"] == after["code_calls"]
 
 
 class _CharTokenizer:

@@ -8,6 +8,7 @@ their own: one of their own would compile every run's decode loop cold.
 test_loop.py checks that ``sampler.compilation_cache_dir`` is used."""
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import textwrap
 
 import pytest
 
+from sao_jax.sampler import stats as stats_lib
 from sao_jax.sampler import supervisor
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
@@ -37,6 +39,38 @@ def test_restart_policy_bounds_per_run_and_per_window():
       [], 0.0)
   unbounded_window = supervisor.RestartPolicy(3, 1.0, 0)
   assert unbounded_window.refusal([5.0, 5.0], 5.0) == ""
+
+
+def test_counters_merge_over_a_restart_as_each_was_declared():
+  # In shared memory, as the sampler process and the trainer hold them.
+  ctx = multiprocessing.get_context("spawn")
+  old, new = (ctx.Value(stats_lib.SamplerStats, lock=False) for _ in "ab")
+  old.episodes, old.busy_s, old.weights_version, old.alive = 9, 2.0, 5, -1
+  # Another component's counters, declared where they are written.
+  old.put("code_calls", "sum", 3)
+  old.put("code_exec_s_p50", "last", 0.5)
+  old.put("toy_peak", "max", 7)
+  past = {}
+  supervisor.retire(past, old, episodes=4)  # 4 committed before the kill.
+  new.episodes, new.busy_s, new.weights_version, new.alive = 2, 1.0, 3, 1
+  new.put("code_calls", "sum", 1)
+  new.put("toy_peak", "max", 2)
+  run = supervisor.run_counters(past, new)
+  got = run.as_dict()
+  assert (got["sampler/episodes"], got["sampler/busy_s"]) == (6, 3.0)
+  assert got["sampler/weights_version"] == 5 and run.alive == 1
+  assert (got["sampler/code_calls"], got["sampler/toy_peak"]) == (4, 7)
+  assert "sampler/code_exec_s_p50" not in got  # The new one's, not yet set.
+  assert "sampler/alive" not in got
+  new.put("code_exec_s_p50", "last", 0.25)
+  assert supervisor.run_counters(past, new).as_dict()[
+      "sampler/code_exec_s_p50"] == 0.25
+  assert [n for n, _, _ in new.counters()][-3:] == [
+      "code_calls", "toy_peak", "code_exec_s_p50"]
+  with pytest.raises(ValueError, match="merge 'max' is not sum"):
+    new.put("episodes", "max", 1)
+  with pytest.raises(ValueError, match="one of sum, max, last"):
+    new.put("toy_peak", "mean", 1)
 
 
 def _kill_sampler_after(monkeypatch, steps):
