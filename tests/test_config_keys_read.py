@@ -54,7 +54,7 @@ _METHODS = frozenset(("get", "get_ref", "items", "keys", "values", "lock",
 
 def _dynamic_reads() -> set[str]:
   reads = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
-  # setup.model_config_from spreads config.model.moe into MoeConfig.
+  # ModelConfig.from_config spreads config.model.moe into MoeConfig.
   reads |= {f"model.moe.{f.name}" for f in dataclasses.fields(MoeConfig)}
   reads |= {f"rl.{k}" for name in registry.known_losses()
             for k in registry.get_spec(name).defaults}

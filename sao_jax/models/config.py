@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from sao_jax import ranges
 # Re-exported: every caller catches it from here.
 from sao_jax.models.families.errors import UnsupportedConfigError  # pylint: disable=unused-import
 from sao_jax.models.families import registry as family_registry
@@ -36,6 +37,33 @@ LAYERS_AXIS = "layers"
 
 # `MoeConfig.router` values (models/layers/moe.py).
 ROUTERS = ("softmax", "sigmoid")
+# `ModelConfig.dtype` / `param_dtype` values.
+DTYPES = ("float32", "bfloat16", "float16")
+
+# The allowed values of single `ModelConfig` fields (`ranges`), checked by
+# `ModelConfig` and, as config.model.<field>, by config_validation.
+FIELD_RULES = {
+    **{k: ranges.POSITIVE for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+        "num_heads", "num_kv_heads", "head_dim", "attention_block_q",
+        "attention_block_kv")},
+    "rope_theta": ranges.GT0, "rms_norm_eps": ranges.GT0,
+    "dtype": ranges.one_of(DTYPES), "param_dtype": ranges.one_of(DTYPES),
+    "logits_chunk": ranges.Rule(
+        lambda v: ranges.is_int(v) and v >= 0,
+        "an int >= 0 (tokens per chunk of the log-probs; 0: full logits)"),
+    "attention": ranges.one_of(ATTENTION_IMPLEMENTATIONS),
+    "remat_policy": ranges.one_of(REMAT_POLICIES),
+    "scan_layers": ranges.Rule(lambda v: isinstance(v, bool), "True or False"),
+    "sliding_window": ranges.Rule(
+        lambda v: v >= 0, "an int >= 0 (attention window in tokens; 0: none)"),
+    "norm_style": ranges.one_of(NORM_STYLES),
+    "mlp_activation": ranges.one_of(MLP_ACTIVATIONS),
+    "local_rope_theta": ranges.Rule(lambda v: v >= 0,
+                                    "float >= 0 (0: rope_theta)"),
+    "query_pre_attn_scalar": ranges.Rule(lambda v: v >= 0,
+                                         "float >= 0 (0: head_dim)"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,15 +217,24 @@ class ModelConfig:
   norm_style: str = "llama"
   mlp_activation: str = "silu"
 
+  @classmethod
+  def from_config(cls, model: Any, **overrides: Any) -> "ModelConfig":
+    """From a config's ``model`` section (``moe`` with 0 experts: a dense
+    model); `overrides` replace fields."""
+    fields = {f.name: model[f.name] for f in dataclasses.fields(cls)
+              if f.name != "moe"}
+    moe = model.moe
+    fields["moe"] = MoeConfig(**moe) if int(moe.num_experts) else None
+    return cls(**{**fields, **overrides})
+
   def __post_init__(self):
+    ranges.check_fields(self, FIELD_RULES)
     object.__setattr__(self, "rope_scaling",
                        rope_lib.normalize_scaling(self.rope_scaling))
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(
-          f"num_heads={self.num_heads} must be a multiple of "
-          f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
-      )
-    jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)  # Fail early on typos.
+    ranges.Rule(
+        lambda v: v % self.num_kv_heads == 0,
+        f"a multiple of num_kv_heads={self.num_kv_heads} (grouped-query "
+        "attention)").check("num_heads", self.num_heads)
     if not 0 <= self.first_dense_layers <= self.num_layers:
       raise ValueError(f"first_dense_layers={self.first_dense_layers} must be "
                        f"in [0, num_layers={self.num_layers}].")
@@ -225,28 +262,6 @@ class ModelConfig:
                        "fields; set kv_lora_rank > 0 with them.")
     if self.qk_norm_full_width and not self.qk_norm:
       raise ValueError("qk_norm_full_width=True needs qk_norm=True.")
-    if self.norm_style not in NORM_STYLES:
-      raise ValueError(f"norm_style={self.norm_style!r}; expected one of "
-                       f"{NORM_STYLES}.")
-    if self.mlp_activation not in MLP_ACTIVATIONS:
-      raise ValueError(f"mlp_activation={self.mlp_activation!r}; expected "
-                       f"one of {MLP_ACTIVATIONS}.")
-    if self.sliding_window < 0:
-      raise ValueError(f"sliding_window={self.sliding_window} must be >= 0 "
-                       "(0: no window).")
-    if self.logits_chunk < 0:
-      raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 "
-                       "(0: full-vocab logits).")
-    if self.attention not in ATTENTION_IMPLEMENTATIONS:
-      raise ValueError(f"attention={self.attention!r}; expected one of "
-                       f"{ATTENTION_IMPLEMENTATIONS}.")
-    if min(self.attention_block_q, self.attention_block_kv) < 1:
-      raise ValueError(
-          f"attention_block_q={self.attention_block_q} and attention_block_kv="
-          f"{self.attention_block_kv} must be positive.")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of "
-                       f"{REMAT_POLICIES}.")
 
   def _check_mla(self) -> None:
     """ValueError for MLA settings the latent attention cannot run."""

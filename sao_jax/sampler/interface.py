@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from sao_jax import ranges
 from sao_jax.data.trajectory import Trajectory
 from sao_jax.sampler import feed as feed_lib
 from sao_jax.sampler import rollout
@@ -34,6 +35,14 @@ from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.sampler.stats import SamplerStats
 
 KV_ON_SWAP = ("keep", "recompute")
+# The allowed value of each `EngineOptions` field (`ranges`); config_validation
+# checks sampler.<field> with them (num_slots there may be 0: batch_size).
+FIELD_RULES = {
+    **{k: ranges.POSITIVE for k in (
+        "num_slots", "decode_chunk", "env_threads", "n_rollouts")},
+    "weight_poll_tokens": ranges.NONNEG,
+    "kv_on_swap": ranges.one_of(KV_ON_SWAP),
+}
 
 # () -> (params, version): the newest published weights (None, None before
 # the first publication). In the sampler process: the weight slot.
@@ -54,14 +63,7 @@ class EngineOptions:
   row_subsets: bool = True
 
   def __post_init__(self):
-    if self.kv_on_swap not in KV_ON_SWAP:
-      raise ValueError(f"sampler.kv_on_swap={self.kv_on_swap!r}: expected one "
-                       f"of {KV_ON_SWAP}.")
-    if self.num_slots < 1 or self.decode_chunk < 1 or self.env_threads < 1:
-      raise ValueError(
-          f"sampler.num_slots={self.num_slots}, decode_chunk="
-          f"{self.decode_chunk}, env_threads={self.env_threads}: each must "
-          "be >= 1.")
+    ranges.check_fields(self, FIELD_RULES)
     if self.num_slots % self.n_rollouts:
       raise ValueError(
           f"sampler.num_slots={self.num_slots} is not a multiple of "

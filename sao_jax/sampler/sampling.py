@@ -24,8 +24,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from sao_jax import ranges
+
 Array = jax.Array
 _NEG_INF = -jnp.inf
+# The allowed value of each `SamplingParams` field (`ranges`; temperature
+# unless greedy); config_validation checks sampler.<field> with them.
+FIELD_RULES = {
+    "temperature": ranges.GT0,
+    "top_p": ranges.Rule(lambda v: 0 < v <= 1, "float in (0, 1]"),
+    "top_k": ranges.Rule(lambda v: v >= 0, "int >= 0 (0 disables top-k)"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +58,8 @@ class SamplingParams:
   truncated_logprobs: bool = False
 
   def __post_init__(self):
-    if not self.greedy and not self.temperature > 0:
-      raise ValueError(
-          f"temperature={self.temperature} must be > 0; use greedy=True for "
-          "argmax decoding.")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p={self.top_p} must be in (0, 1].")
-    if self.top_k < 0:
-      raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it).")
+    ranges.check_fields(self, {k: rule for k, rule in FIELD_RULES.items()
+                               if not (self.greedy and k == "temperature")})
 
   @property
   def truncates(self) -> bool:

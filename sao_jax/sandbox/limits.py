@@ -6,6 +6,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sao_jax import ranges
+
+
+# The allowed value of each `Limits` field (`ranges`); config_validation checks
+# env.code_<field> with them.
+FIELD_RULES = {
+    "wall_s": ranges.FINITE_GT0,
+    "total_memory_mb": ranges.Rule(
+        lambda v: ranges.is_int(v) and v >= 0,
+        "an int >= 0 (0: no memory cgroup)"),
+    **{k: ranges.POSITIVE for k in (
+        "cpu_s", "memory_mb", "processes", "open_files", "file_size_mb",
+        "scratch_mb", "output_bytes")},
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -35,10 +50,7 @@ class Limits:
   output_bytes: int = 65536
 
   def __post_init__(self):
-    for f in dataclasses.fields(self):
-      value = getattr(self, f.name)
-      if not value >= 0 or (value == 0 and f.name != "total_memory_mb"):
-        raise ValueError(f"sandbox limit {f.name}={value!r} must be > 0.")
+    ranges.check_fields(self, FIELD_RULES)
 
   def as_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)

@@ -52,6 +52,8 @@ _GAPS = {
 _LANDLOCK_GAPS = ("a network namespace (socket() is denied instead)",
                   "a mount namespace (Landlock limits what it may open)")
 START_TIMEOUT_S = 30.0
+# `SandboxPool` modes (module docstring; config.env.code_mode).
+MODES = ("warm", "strict")
 
 
 class SandboxError(RuntimeError):
@@ -244,8 +246,8 @@ class SandboxPool:
                mode: str = "warm", mechanism: str = "auto",
                preload: tuple[str, ...] = (), namespaces: bool = True,
                packages: bool = True):
-    if mode not in ("warm", "strict"):
-      raise ValueError(f"sandbox mode {mode!r}: use 'warm' or 'strict'.")
+    if mode not in MODES:
+      raise ValueError(f"sandbox mode {mode!r}: use one of {MODES}.")
     if workers < 1:
       raise ValueError(f"sandbox workers={workers} must be >= 1.")
     self.limits = limits or Limits()

@@ -16,6 +16,8 @@ import optax
 
 # Substrings of a parameter path that mark it as an attention parameter.
 ATTENTION_PATH_KEYS = ("attn", "attention", "q_proj", "k_proj", "v_proj", "o_proj")
+# `make_schedule`'s schedules after the warm-up (config.optim.schedule).
+SCHEDULES = ("constant", "cosine")
 
 
 def make_schedule(lr: float, *, warmup_steps: int, schedule: str,
@@ -26,8 +28,7 @@ def make_schedule(lr: float, *, warmup_steps: int, schedule: str,
   elif schedule == "cosine":
     after = optax.cosine_decay_schedule(lr, max(1, total_steps - warmup_steps))
   else:
-    raise ValueError(
-        f"Unknown schedule {schedule!r}; use 'constant' or 'cosine'.")
+    raise ValueError(f"Unknown schedule {schedule!r}; use one of {SCHEDULES}.")
   if warmup_steps <= 0:
     return after
   warm = optax.linear_schedule(0.0, lr, warmup_steps)

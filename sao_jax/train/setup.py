@@ -30,7 +30,6 @@ from sao_jax.envs import reasoning_gym_env
 from sao_jax.envs import task_sizing
 from sao_jax.models import transformer
 from sao_jax.models.config import ModelConfig
-from sao_jax.models.config import MoeConfig
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import registry
 from sao_jax.train import checkpoint as ckpt_lib
@@ -40,17 +39,13 @@ from sao_jax.train import optim
 from sao_jax.train import step as step_lib
 from sao_jax.train import warm_start
 
-_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 StepFn = Callable[[step_lib.TrainState, Any], tuple[step_lib.TrainState, Any]]
 
 
 def model_config(config: Any) -> ModelConfig:
   """``ModelConfig`` from ``config.model`` (``model.moe`` with 0 experts: a
   dense model)."""
-  fields = {k: config.model[k] for k in _MODEL_FIELDS if k != "moe"}
-  moe = config.model.moe
-  fields["moe"] = MoeConfig(**moe) if int(moe.num_experts) else None
-  return ModelConfig(**fields)
+  return ModelConfig.from_config(config.model)
 
 
 def model_config_from(config: Any, tokenizer: text_tokenizer.TextTokenizer

@@ -223,7 +223,7 @@ def test_chunked_memory_does_not_hold_the_logits():
 
 
 def test_logits_chunk_is_validated():
-  with pytest.raises(ValueError, match="logits_chunk=-1 must be >= 0"):
+  with pytest.raises(ValueError, match="logits_chunk=-1: expected an int >= 0"):
     _cfg(False, -1)
   config = cv.base_config()
   config.model.logits_chunk = -2

@@ -75,7 +75,7 @@ def test_remat_recomputes_and_gives_the_same_gradients(policy, scan):
 
 
 def test_unknown_remat_policy_is_refused():
-  with pytest.raises(ValueError, match="remat_policy='dots'; expected one of"):
+  with pytest.raises(ValueError, match="remat_policy='dots': expected one of"):
     dataclasses.replace(CFG, remat_policy="dots")
 
 
