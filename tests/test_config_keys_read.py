@@ -6,7 +6,8 @@ config_validation.py (which checks keys, it does not use them) reads it:
 * as an attribute, subscript or ``.get`` of the section: ``config.rl.gamma``,
   ``c.rl["gamma"]``, or through a local alias (``t = config.train;
   t.sft_steps``);
-* inside a function that is handed the section (``SECTION_FUNCTIONS``), as an
+* inside a function that is handed the section (``SECTION_FUNCTIONS``; or a
+  method of a name in ``SECTION_METHODS``, whatever its class), as an
   attribute of its parameter or ``_get(param, "leaf")``;
 * or dynamically, where the code spreads a whole group (``DYNAMIC_READS``):
   the ModelConfig fields, the hyper-parameters of the registered losses, the
@@ -45,6 +46,9 @@ SECTION_FUNCTIONS = {
     ("envs/code_env.py", "limits_from_config"): "env",
     ("envs/code_env.py", "shared_pool"): "env",
 }
+# Method name -> the section it is handed, in whatever class defines it:
+# each environment reads its own settings (``Environment.config_kwargs``).
+SECTION_METHODS = {"config_kwargs": "env"}
 
 
 # ConfigDict methods: calling one reads no key.
@@ -120,9 +124,11 @@ def package_reads(package: pathlib.Path = _PKG,
     tree = ast.parse(path.read_text(), filename=str(path))
     reads |= _reads_in(tree, sections, {})
     for node in ast.walk(tree):
-      section = SECTION_FUNCTIONS.get((rel, getattr(node, "name", None)))
+      name = getattr(node, "name", None)
+      section = SECTION_FUNCTIONS.get((rel, name)) or SECTION_METHODS.get(name)
       if section and isinstance(node, ast.FunctionDef):
-        param = node.args.args[0].arg
+        param = next(a.arg for a in node.args.args
+                     if a.arg not in ("self", "cls"))
         reads |= {f"{section}.{k.split('.', 1)[1]}"
                   for k in _reads_in(node, {section}, {param: section})}
   return reads
