@@ -178,6 +178,16 @@ assert all(s.advantage in advantages.available_advantages()
            for s in _REGISTRY.values())
 
 
+def register_loss(name: str, spec: LossSpec) -> None:
+  """Adds ``spec`` under ``name``; refuses to silently replace one."""
+  if name in _REGISTRY:
+    raise ValueError(f"Loss {name!r} is already registered.")
+  if spec.advantage not in advantages.available_advantages():
+    raise ValueError(f"Loss {name!r}: unknown advantage estimator "
+                     f"{spec.advantage!r}.")
+  _REGISTRY[name] = spec
+
+
 def known_losses() -> tuple[str, ...]:
   """Registered algorithm names, sorted."""
   return tuple(sorted(_REGISTRY))

@@ -2,6 +2,7 @@
 (masked tokens never matter, jit, empty rows, extreme ratios), plus the
 aggregation and the critic loss."""
 
+import dataclasses
 import functools
 
 import hypothesis
@@ -145,6 +146,32 @@ def test_registry_dispatch_defaults_and_overrides():
                                   no_old.replace(prox_logp=None))
   assert registry.get_spec("vapo").advantage == "vapo_gae"
   assert registry.get_spec("sao").advantage == "decoupled_gae"
+
+
+def _toy_loss(logp, rollout_logp, advantages, mask, *, scale=1.0):
+  """−scale · mean over action tokens of A · logp (no ratio, no clip)."""
+  del rollout_logp
+  loss = -scale * losses.aggregate(advantages * logp, mask)
+  return loss, {"toy_scale": jnp.float32(scale)}
+
+
+def test_a_new_loss_is_one_register_loss_call(monkeypatch):
+  # The train step calls its loss as get_loss_fn returns it, on a PolicyBatch.
+  monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+  spec = registry.LossSpec(_toy_loss, ("rollout_logp",), "group_zscore",
+                           "toy", hparams=("scale",))
+  registry.register_loss("toy", spec)
+  with pytest.raises(ValueError, match="already registered"):
+    registry.register_loss("toy", spec)
+  with pytest.raises(ValueError, match="unknown advantage estimator 'gea'"):
+    registry.register_loss("toy2", dataclasses.replace(spec, advantage="gea"))
+  logp, rollout, adv, mask = fixed_inputs(12)
+  loss, metrics = registry.get_loss_fn("toy", {"scale": 2.0})(
+      jnp.asarray(logp), make_batch(logp, rollout, adv, mask))
+  on = mask > 0
+  np.testing.assert_allclose(float(loss), -2.0 * (adv * logp)[on].mean(),
+                             rtol=1e-5)
+  assert float(metrics["toy_scale"]) == 2.0 and "toy" in registry.known_losses()
 
 
 # ----------------------------------------------------------------------------
