@@ -9,16 +9,8 @@ import ml_collections
 import pytest
 
 from sao_jax import config_validation as cv
-from sao_jax import ranges
-from sao_jax.models import config as model_config
 from sao_jax.rl import registry
-from sao_jax.sampler import interface
-from sao_jax.sampler import sampling
-from sao_jax.sandbox import limits
-from sao_jax.sandbox import pool
-from sao_jax.sandbox import probe
 from sao_jax.tokenization import tokenizer
-from sao_jax.train import optim
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _BASE = str(_REPO / "configs" / "base.py")
@@ -234,48 +226,6 @@ def test_inconsistent_values(config, updates, expected):
     section, key = path.split(".")
     config[section][key] = value
   assert _error(config).startswith(expected)
-
-
-# A key -> the rule the module that uses its setting defines for it.
-_OWNER_RULES = {
-    "model.attention": model_config.FIELD_RULES["attention"],
-    "model.hidden_size": model_config.FIELD_RULES["hidden_size"],
-    "sampler.kv_on_swap": interface.FIELD_RULES["kv_on_swap"],
-    "sampler.top_p": sampling.FIELD_RULES["top_p"],
-    "env.code_wall_s": limits.FIELD_RULES["wall_s"],
-    "env.code_sandbox": ranges.one_of(probe.MECHANISMS),
-    "env.code_mode": ranges.one_of(pool.MODES),
-    "optim.schedule": ranges.one_of(optim.SCHEDULES),
-}
-
-
-@pytest.mark.parametrize("path,bad", [
-    ("model.attention", "flash"), ("model.hidden_size", -8),
-    ("sampler.kv_on_swap", "drop"), ("sampler.top_p", 1.5),
-    ("env.code_wall_s", float("inf")), ("env.code_sandbox", "docker"),
-    ("env.code_mode", "lukewarm"), ("optim.schedule", "linear")])
-def test_ranges_come_from_the_code_that_uses_them(config, path, bad):
-  """The config check words a key's range as the owning module's rule does,
-  and that rule refuses the value."""
-  rule = _OWNER_RULES[path]
-  assert not rule.ok(bad)
-  section, key = path.split(".")
-  config[section][key] = bad
-  assert _error(config) == (
-      f"config.{path}: expected {rule.expected}, got {bad!r}")
-
-
-def test_model_section_is_checked_as_model_config(config):
-  """ModelConfig's rules across fields refuse the config before start-up."""
-  config.model.moe.num_experts = 4
-  config.model.moe.top_k = 8
-  config.model.moe.intermediate_size = 64
-  assert _error(config) == (
-      "config.model: MoE top_k=8 must be in [1, num_experts=4].")
-  config.model.moe.top_k = 2
-  cv.validate_config(config)
-  config.model.rotary_dim = 3
-  assert _error(config).startswith("config.model: rotary_dim=3 must be even")
 
 
 def test_routing_replay_passes_with_experts(config):
