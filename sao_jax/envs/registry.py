@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sao_jax import registry as registry_lib
 from sao_jax.envs.base import Environment
 from sao_jax.envs.code_env import CodeEnv
 from sao_jax.envs.evolving import EvolvingEnv
@@ -19,35 +20,30 @@ from sao_jax.envs.repair_env import RepairEnv
 from sao_jax.envs.tool_env import ToolEnv
 
 EnvFactory = type[Environment]
-_REGISTRY: dict[str, EnvFactory] = {
+_REGISTRY = registry_lib.Registry[EnvFactory]("environment", {
     "reasoning_gym": ReasoningGymEnv,
     "tool": ToolEnv,
     "evolving": EvolvingEnv,
     "tool_longtail": LongTailToolEnv,
     "code": CodeEnv,  # Sandboxed Python (envs/code_env.py).
     "repair": RepairEnv,  # Repository repair (envs/repair_env.py).
-}
+}, how="register_env (docs/design/extending.md)")
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
   """Adds `factory` under `name`; refuses to silently replace one."""
-  if name in _REGISTRY:
-    raise ValueError(f"Environment {name!r} is already registered.")
-  _REGISTRY[name] = factory
+  _REGISTRY.register(name, factory)
 
 
 def available_envs() -> tuple[str, ...]:
-  return tuple(sorted(_REGISTRY))
+  """Registered environment names, sorted."""
+  return _REGISTRY.names()
 
 
 def get_env(name: str) -> EnvFactory:
-  """The class registered under `name`; raises listing the registered ones."""
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise KeyError(
-        f"Unknown environment {name!r}; registered: {available_envs()}."
-    ) from None
+  """The class registered under `name`; raises (a KeyError) listing the
+  registered ones."""
+  return _REGISTRY.get(name)
 
 
 def make_env(name: str, *args: Any, **kwargs: Any) -> Environment:

@@ -27,6 +27,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from sao_jax import registry as registry_lib
 from sao_jax.rl import losses
 from sao_jax.rl import metrics as rl_metrics
 from sao_jax.rl import segments
@@ -405,7 +406,8 @@ def _running_mean(cfg: Settings, x: Rollouts, state: Any):
   return x.on_actions(seq_adv), state
 
 
-_ESTIMATORS: dict[str, Estimator] = {
+# The built-in estimators (``available_advantages`` adds those registered).
+ESTIMATORS: dict[str, Estimator] = {
     "decoupled_gae": Estimator(
         _decoupled(lambda cfg: cfg.lam_policy_alpha),
         "SAO: λ_policy = 1 − 1/(α·l) for advantages, λ_critic for targets",
@@ -424,27 +426,21 @@ _ESTIMATORS: dict[str, Estimator] = {
     "running_mean": Estimator(_running_mean,
                               "r − mean of the prompt's last k rewards"),
 }
-# The built-in names (``available_advantages`` adds those registered later).
-ESTIMATORS = tuple(_ESTIMATORS)
+_ESTIMATORS = registry_lib.Registry[Estimator](
+    "advantage estimator", ESTIMATORS,
+    how="register_advantage (docs/design/extending.md)")
 
 
 def register_advantage(name: str, estimator: Estimator) -> None:
   """Adds ``estimator`` under ``name``; refuses to silently replace one."""
-  if name in _ESTIMATORS:
-    raise ValueError(f"Advantage estimator {name!r} is already registered.")
-  _ESTIMATORS[name] = estimator
+  _ESTIMATORS.register(name, estimator)
 
 
 def available_advantages() -> tuple[str, ...]:
   """Registered estimator names, sorted."""
-  return tuple(sorted(_ESTIMATORS))
+  return _ESTIMATORS.names()
 
 
 def get_advantage(name: str) -> Estimator:
   """The ``Estimator`` registered under ``name``; raises listing known names."""
-  try:
-    return _ESTIMATORS[name]
-  except KeyError:
-    raise ValueError(
-        f"Unknown advantage estimator {name!r}; known: "
-        f"{', '.join(available_advantages())}.") from None
+  return _ESTIMATORS.get(name)

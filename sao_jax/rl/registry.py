@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 import flax.struct
 import jax
 
+from sao_jax import registry as registry_lib
 from sao_jax.rl import advantages
 from sao_jax.rl import baselines
 from sao_jax.rl import losses
@@ -128,7 +129,7 @@ _CLIP_HIGHER = {"eps_high": 0.28}  # DAPO's ε_h (ε_l stays 0.2).
 _KL = {"hparams": ("eps_low", "eps_high", "kl_coef"),
        "batch_kwargs": ("ref_logp",)}
 
-_REGISTRY: dict[str, LossSpec] = {
+_BUILT_IN: dict[str, LossSpec] = {
     "sao": _DIS("decoupled_gae",
                 "SAO: DIS (Eqs. 1-3) + critic with decoupled GAE"),
     "dis": _DIS("decoupled_gae", "alias of 'sao'"),
@@ -174,33 +175,32 @@ _REGISTRY: dict[str, LossSpec] = {
                          "REINFORCE++ (Hu 2025): PPO clip on batch-whitened "
                          "advantages", **_KL),
 }
-assert all(s.advantage in advantages.available_advantages()
-           for s in _REGISTRY.values())
+_REGISTRY = registry_lib.Registry[LossSpec](
+    "loss", {}, plural="losses",
+    how="register_loss (docs/design/extending.md)")
 
 
 def register_loss(name: str, spec: LossSpec) -> None:
-  """Adds ``spec`` under ``name``; refuses to silently replace one."""
-  if name in _REGISTRY:
-    raise ValueError(f"Loss {name!r} is already registered.")
+  """Adds ``spec`` under ``name``; refuses to silently replace one, or one
+  whose advantage estimator is not registered."""
   if spec.advantage not in advantages.available_advantages():
     raise ValueError(f"Loss {name!r}: unknown advantage estimator "
                      f"{spec.advantage!r}.")
-  _REGISTRY[name] = spec
+  _REGISTRY.register(name, spec)
+
+
+for _name, _spec in _BUILT_IN.items():
+  register_loss(_name, _spec)
 
 
 def known_losses() -> tuple[str, ...]:
   """Registered algorithm names, sorted."""
-  return tuple(sorted(_REGISTRY))
+  return _REGISTRY.names()
 
 
 def get_spec(name: str) -> LossSpec:
   """The ``LossSpec`` registered under ``name``; raises listing known names."""
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise ValueError(
-        f"Unknown loss {name!r}; known losses: {', '.join(known_losses())}."
-    ) from None
+  return _REGISTRY.get(name)
 
 
 def resolve_hparams(name: str, config: Optional[Any] = None) -> dict[str, Any]:

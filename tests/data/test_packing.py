@@ -202,7 +202,7 @@ def test_a_registered_estimator_runs_in_the_step_on_packed_rows(monkeypatch):
   # One register_advantage call adds an estimator (docs/design/extending.md):
   # the step's config takes its name, and on packed rows it sees each
   # trajectory as a row of its own with nothing written for packing.
-  monkeypatch.setattr(adv_lib, "_ESTIMATORS", dict(adv_lib._ESTIMATORS))
+  monkeypatch.setattr(adv_lib, "_ESTIMATORS", adv_lib._ESTIMATORS.copy())
 
   def sign_of_reward(cfg, x, state):  # A toy: the sign of each return.
     del cfg

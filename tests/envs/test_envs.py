@@ -217,7 +217,7 @@ class _ToyEnv(base.Environment):
 
 def test_a_new_env_is_one_registry_entry(tasks, monkeypatch):
   # Registered and built from its config section, nothing else touched.
-  monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+  monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
   registry.register_env("toy", _ToyEnv)
   env_cfg = ml_collections.ConfigDict(
       {"name": "toy", "instruction": " (toy)", "toy_bonus": 0.5})

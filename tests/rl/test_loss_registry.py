@@ -157,7 +157,7 @@ def _toy_loss(logp, rollout_logp, advantages, mask, *, scale=1.0):
 
 def test_a_new_loss_is_one_register_loss_call(monkeypatch):
   # The train step calls its loss as get_loss_fn returns it, on a PolicyBatch.
-  monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+  monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
   spec = registry.LossSpec(_toy_loss, ("rollout_logp",), "group_zscore",
                            "toy", hparams=("scale",))
   registry.register_loss("toy", spec)

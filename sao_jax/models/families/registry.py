@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from sao_jax.registry import Registry
 from sao_jax.models.families.errors import UnsupportedConfigError
 
 # (our norm name, HF module name) of a decoder layer's norms: Llama's two.
@@ -57,18 +58,20 @@ class Family:
   skipped: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
 
 
-_FAMILIES: dict[str, Family] = {}
+# By HF architecture. A name not here is refused as UnsupportedConfigError
+# with the supported ones (`get`, `of_hf_config`): a checkpoint's config.json
+# names it.
+_FAMILIES = Registry[Family](
+    "model family", how="a module of sao_jax/models/families/ "
+    "(docs/design/extending.md)", plural="model families")
 
 
 def register(family: Family) -> Family:
   """Adds `family` (called once by its module at import)."""
-  if family.architecture in _FAMILIES:
-    raise ValueError(f"family {family.architecture!r} is already registered.")
   if family.model_type in {f.model_type for f in _FAMILIES.values()}:
     raise ValueError(f"model_type {family.model_type!r} is already "
                      "registered by another family.")
-  _FAMILIES[family.architecture] = family
-  return family
+  return _FAMILIES.register(family.architecture, family)
 
 
 def architectures() -> tuple[str, ...]:
@@ -77,7 +80,7 @@ def architectures() -> tuple[str, ...]:
 
 
 def families() -> tuple[Family, ...]:
-  return tuple(_FAMILIES.values())
+  return _FAMILIES.values()
 
 
 def get(arch: str) -> Family:
@@ -85,7 +88,7 @@ def get(arch: str) -> Family:
   if arch not in _FAMILIES:
     raise UnsupportedConfigError(
         f"Unsupported architecture {arch!r}; supported: {list(_FAMILIES)}.")
-  return _FAMILIES[arch]
+  return _FAMILIES.get(arch)
 
 
 def of_hf_config(hf: Mapping[str, Any]) -> Family:
@@ -97,7 +100,7 @@ def of_hf_config(hf: Mapping[str, Any]) -> Family:
     if bad:
       raise UnsupportedConfigError(
           f"Unsupported architecture {bad}; supported: {list(_FAMILIES)}.")
-    return _FAMILIES[archs[0]]
+    return _FAMILIES.get(archs[0])
   model_type = hf.get("model_type")
   for family in _FAMILIES.values():
     if family.model_type == model_type:
