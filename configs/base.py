@@ -198,6 +198,10 @@ def get_config() -> ml_collections.ConfigDict:
   # (sao_jax/sampler/interface.py; README "Rollout engines"): 'native' (our
   # JAX decoder, every backend) or 'vllm' (the vllm extra).
   config.sampler.engine = "native"
+  # vLLM only: torch.compile its model (vLLM's default); False runs it eager
+  # (`enforce_eager`), which starts in seconds instead of compiling C++ kernels
+  # on a CPU (tests, short runs).
+  config.sampler.vllm_compile = True
   # Continuous batching (sao_jax/sampler/engine.py): episodes in flight (0:
   # batch_size); a finished episode's slot takes the next prompt at once
   # (refill=False: the slots start together when all are free, the batch

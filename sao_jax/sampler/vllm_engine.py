@@ -117,7 +117,9 @@ class VllmRollout:
     self.envs, self.tokenizer, self.weights = list(envs), tokenizer, weights
     self.stats, self.seed = stats, int(seed)
     self.model_config = model_config
-    self.engine_args = dict(engine_args or {})
+    self.engine_args = {
+        "enforce_eager": not config.sampler.vllm_compile,
+        **(engine_args or {})}
     self.arch = arch or model_config.hf_architecture()
     self.stop_ids = tuple(rollout.default_stop_ids(tokenizer)
                           if settings.stop_ids is None else settings.stop_ids)

@@ -56,7 +56,8 @@ LIMITS = rollout.RolloutLimits(max_turns=3, max_total_tokens=96,
 def _config(**sampler):
   c = ml_collections.ConfigDict()
   c.sampler = ml_collections.ConfigDict(
-      {"top_p": 1.0, "top_k": 0, "engine": "vllm", **sampler})
+      {"top_p": 1.0, "top_k": 0, "engine": "vllm", "vllm_compile": False,
+       **sampler})
   c.model = ml_collections.ConfigDict({"routing_replay": "off"})
   return c
 
@@ -136,8 +137,7 @@ def engine(tok, model):
           stop_ids=tuple(range(4, tok.vocab_size, 9))),
       config=_config(), model_config=cfg, tokenizer=tok,
       envs=[_EchoEnv(i) for i in range(SLOTS)], weights=weights,
-      stats=SamplerStats(), seed=5,
-      engine_args={"enforce_eager": True})  # No compile: a faster start.
+      stats=SamplerStats(), seed=5)  # vllm_compile=False: a faster start.
   eng.start()
   yield eng, weights
   eng.stop()
@@ -269,7 +269,8 @@ def test_async_sao_run_survives_a_sampler_kill(tmp_path, monkeypatch):
   before = _vllm_processes()
   killed = _kill_sampler_at(monkeypatch, 2)
   config = tiny_config(**{
-      "sampler.engine": "vllm", "model.hidden_size": 64,
+      "sampler.engine": "vllm", "sampler.vllm_compile": False,
+      "model.hidden_size": 64,
       "model.head_dim": 32, "train.mode": "async", "train.num_steps": 3,
       # No episode ahead of the trainer's step: the steps after the kill
       # need the new sampler.
