@@ -25,7 +25,7 @@ def _config(**overrides):
       "env.step_timeout_s": 30.0, "env.eval_size": 16,
       "sampler.max_new_tokens": 0, "sampler.max_total_tokens": 0,
       "train.max_seq_len": 0, "train.sft_max_len": 0,
-      "train.sft_steps": 400, "train.sft_batch_size": 32,
+      "train.sft_steps": 250, "train.sft_batch_size": 32,
       "train.sft_lr": 3e-3, "train.sft_tool_frac": 1.0,
       "model.hidden_size": 64, "model.intermediate_size": 128,
       "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2,
