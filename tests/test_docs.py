@@ -1,7 +1,8 @@
 """The documents stay in step with the tree.
 
-README's layout table names every package directory and top-level module
-under ``sao_jax/``, and no cell of README's tables runs past 300 characters.
+README is a user's page: at most 200 lines before its reference tables
+(``## Layout``); its layout table names every package directory and top-level
+module under ``sao_jax/``, and no cell of its tables runs past 300 characters.
 Every file under ``docs/`` that a source or document cites exists, and a section
 title quoted right after it (``docs/design/sandbox.md "Code tool"``) is one
 of that file's headings; inside ``docs/design/`` the same holds for the
@@ -16,6 +17,7 @@ import pytest
 
 _CITING_DIRS = ("configs", "docs", "experiments", "sao_jax", "tests")
 _MAX_CELL = 300
+_MAX_README_LINES = 200  # before "## Layout": the user's page.
 # `docs/<path>.md`, optionally followed by quoted section titles ("A" and "B").
 _CITATION = re.compile(r"(?<![\w/])(docs/[\w./-]+?\.md)")
 _TITLE = re.compile(r'^(?:,|\s|and)*"([^"\n]+)"')
@@ -65,6 +67,16 @@ def test_readme_layout_names_every_package_and_top_level_module():
   assert not missing, (
       f"README.md's layout table does not name {missing}: add a row (a "
       "package) or the module to the `sao_jax/` row")
+
+
+def test_readme_is_a_short_page_before_its_reference_tables():
+  lines = (ROOT / "README.md").read_text().splitlines()
+  assert "## Layout" in lines
+  before = lines.index("## Layout")
+  assert before <= _MAX_README_LINES, (
+      f"README.md has {before} lines before '## Layout' (at most "
+      f"{_MAX_README_LINES}): move explanation into docs/design/<topic>.md "
+      "and dated figures into BENCHMARKS.md or experiments/RESULTS.md")
 
 
 def test_readme_table_cells_are_short():
