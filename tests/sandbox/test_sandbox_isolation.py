@@ -204,7 +204,12 @@ def _heap_secret(rng):
   secret = "SAOHEAP" + "".join(rng.choice("0123456789abcdef")
                                for _ in range(24))
   digest = hashlib.sha256(secret.encode()).hexdigest()
-  return (f"answer = {secret!r}\nprint(answer * 1000)\n", (), (), (digest,))
+  # 500 copies in the request itself (31 kB, under malloc's mmap threshold):
+  # a non-pristine server's freed request buffer keeps some of them whatever
+  # else reused part of its heap since (a single copy was once overwritten,
+  # in a suite run on a loaded machine).
+  return (f"answer = {secret!r}\n# {secret * 500}\nprint(answer * 1000)\n",
+          (), (), (digest,))
 
 
 def _leftover_process(rng):
