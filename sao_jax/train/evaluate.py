@@ -5,11 +5,15 @@ engine, its one episode loop) with the same environments, greedy decoding
 and the current policy params, in the trainer process. Accuracy is
 the share of problems whose answer gets reasoning-gym's full credit
 (``score_answer`` = 1; the 'exact' reward rule), whatever partial credit the
-training reward (``env.reward``) pays.
+training reward (``env.reward``) pays. Given ``scores_dir``, each evaluation
+also keeps its per-problem scores there as ``v<version>.json`` (paired
+standard errors between runs that answer the same problems; see
+``experiments/paper_comparison.py``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -27,11 +31,29 @@ from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.sampler.stats import SamplerStats
 from sao_jax.data.trajectory import FinishReason
+from sao_jax.train import metrics as metrics_lib
+
+
+def write_scores(scores_dir: str, version: int, step: int,
+                 scores: list[float]) -> str:
+  """Writes one evaluation's per-problem scores (in task order) atomically to
+  ``<scores_dir>/v<version>.json``; a re-evaluated version overwrites its file.
+
+  Returns:
+    The file's path.
+  """
+  os.makedirs(scores_dir, exist_ok=True)
+  path = os.path.join(scores_dir, f"v{version}.json")
+  metrics_lib.write_json_atomic(path, {
+      "version": int(version), "step": int(step),
+      "scores": [float(s) for s in scores], "problems": len(scores)})
+  return path
 
 
 def evaluate(params: Any, model_config: ModelConfig, config: Any,
              tokenizer: tok_lib.Tokenizer, tasks: ReasoningGymTasks,
-             *, version: int = 0, batch_size: int = 64) -> dict[str, float]:
+             *, version: int = 0, batch_size: int = 64, step: int = 0,
+             scores_dir: str | None = None) -> dict[str, float]:
   """Greedy held-out accuracy and episode statistics.
 
   Args:
@@ -42,6 +64,9 @@ def evaluate(params: Any, model_config: ModelConfig, config: Any,
     tasks: Held-out tasks (``build_tasks(...)[1]``).
     version: Policy version (the evolving env's required style depends on it).
     batch_size: Episodes in flight together (continuous batching).
+    step: The trainer step evaluated (recorded with the scores).
+    scores_dir: Where to keep the per-problem scores (``write_scores``);
+      None keeps none.
 
   Returns:
     ``eval/accuracy`` (mean score), ``eval/num_problems``, ``eval/mean_length``
@@ -72,6 +97,8 @@ def evaluate(params: Any, model_config: ModelConfig, config: Any,
   finally:
     engine.stop()
   scores = [t.total_reward for t in trajs]
+  if scores_dir is not None:
+    write_scores(scores_dir, version, step, scores)
   lengths = [t.num_action_tokens for t in trajs]
   stops = [t.finish_reason == FinishReason.STOP for t in trajs]
   errors = [t.finish_reason == FinishReason.ERROR for t in trajs]

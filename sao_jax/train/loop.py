@@ -44,8 +44,10 @@ from sao_jax.train import workdir_lock
 class _Trainer:
   """The loop's state: the train state, its version, progress and rates."""
 
-  def __init__(self, run: setup_lib.Setup, writer: metrics_lib.MetricWriter):
+  def __init__(self, run: setup_lib.Setup, writer: metrics_lib.MetricWriter,
+               scores_dir: str | None = None):
     self.run, self.writer = run, writer
+    self.scores_dir = scores_dir  # Per-problem eval scores (None: not kept).
     self.state = run.state
     self.clock = metrics_lib.RunClock()
     self.consumed = int(run.meta["episodes_consumed"])
@@ -92,7 +94,8 @@ class _Trainer:
     result = eval_lib.evaluate(
         sharding.to_host(self.state.policy_params), run.mcfg, run.config,
         run.tokenizer, run.eval_tasks, version=self.policy_version(),
-        batch_size=int(run.config.train.eval_batch_size))
+        batch_size=int(run.config.train.eval_batch_size), step=step,
+        scores_dir=self.scores_dir)
     self.writer.write_scalars(step, {**result,
                                      "tokens/generated_total": generated})
     return result
@@ -230,7 +233,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   run = None
   try:
     run = setup_lib.build(config, workdir, writer, primary)
-    trainer = _Trainer(run, writer)
+    trainer = _Trainer(run, writer, scores_dir=(
+        os.path.join(workdir, "eval") if primary else None))
     if run.meta.get("eval_before") is None:
       run.meta["eval_before"] = trainer.evaluate(int(run.state.step), 0.0)
       logging.info("Held-out accuracy before RL: %.3f",

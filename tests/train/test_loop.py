@@ -76,6 +76,16 @@ def test_async_run_writes_every_required_metric(tmp_path):
   assert summary["sampler_episodes"] >= summary["trajectories_read_from_ring"]
   assert summary["staleness_max"] <= 1
   assert summary["policy_version"] == 4 and summary["steps"] == 5
+  # Each evaluation kept its per-problem scores (paired errors between runs):
+  # before RL at v0 (step 0) and after at v4 (step 5), n scores whose mean is
+  # the summary's accuracy.
+  assert sorted(os.listdir(tmp_path / "eval")) == ["v0.json", "v4.json"]
+  for name, step, accuracy in (("v0", 0, summary["accuracy_before"]),
+                               ("v4", 5, summary["accuracy_after"])):
+    kept = json.loads((tmp_path / "eval" / f"{name}.json").read_text())
+    assert kept["version"] == int(name[1:]) and kept["step"] == step
+    assert kept["problems"] == len(kept["scores"]) == summary["eval_problems"]
+    assert np.mean(kept["scores"]) == pytest.approx(accuracy, abs=1e-12)
   scalars = metrics_lib.read_scalars(os.path.join(tmp_path, "tb"))
   missing = [t for t in REQUIRED_TAGS if t not in scalars]
   assert not missing, f"event files lack {missing}"
