@@ -1,34 +1,48 @@
-r"""The paper's main comparison as a table, curves and a plot (issue 29).
+r"""The paper's main comparison as a table, curves and a plot (issues 29, 40).
 
-Reads a sweep of `configs/paper_smollm2.py` (every point's TensorBoard events,
-through ``report_runs``; it never re-runs anything) and writes to ``--out``:
+Reads a sweep of `configs/paper_smollm2.py` or `configs/paper_smollm2_seeds.py`
+(every point's TensorBoard events, through ``report_runs``, and the per-problem
+held-out scores a run keeps in ``<point>/eval/v<version>.json``; it never
+re-runs anything) and writes to ``--out``:
 
 - ``comparison.md``: per arm, held-out accuracy at every eval (by policy
-  step: the policy version it evaluated) with its
-  standard error, the mean DIS-masked fraction (1 - ``policy/accept_frac``;
-  the PPO clip fraction for an arm without DIS), the mean staleness, rollouts
-  and wall time; then each arm's gap to ``--baseline`` at every eval step,
-  whether it exceeds twice its standard error, and where the curves cross;
-- ``curves.json``: the raw points (step, accuracy, standard error) per arm;
+  step: the policy version it evaluated) with its error, the mean DIS-masked
+  fraction (1 - ``policy/accept_frac``; the PPO clip fraction for an arm
+  without DIS), the mean staleness, rollouts and wall time; then each arm's
+  gap to ``--baseline`` at every eval step, whether it exceeds twice its
+  standard error, and where the curves cross;
+- ``curves.json``: the raw points per arm (step, accuracy, standard error,
+  seed-to-seed SD, seeds) and its gaps to the baseline;
 - ``accuracy.png``: the curves with their error bars.
 
-The standard error of an accuracy p over n held-out problems is the binomial
-sqrt(p (1 - p) / n); a gap's is sqrt(se_a^2 + se_b^2), which treats the two
-arms' evaluations as independent. They are the same n problems, so that is
-conservative: a paired error would be smaller. One run per arm measures the
-evaluation's noise, not the seed-to-seed spread of training.
+Seeds: points named ``<arm>_s<k>`` are seed k of ``<arm>``; an arm's accuracy
+at an eval is the mean over its seeds, shown ± the seed-to-seed standard
+deviation with the number of seeds. A point without the suffix is an arm of
+one seed, shown ± the binomial standard error sqrt(p (1 - p) / n) over its n
+held-out problems (the table of a one-seed sweep is as it was before seeds).
 
-  python experiments/paper_comparison.py runs/paper_smollm2 \
-      --out=experiments/results/paper_smollm2
+A gap's standard error is **paired** where every seed of both arms kept its
+per-problem scores at that eval (all arms answer the same problems): seeds
+matched by k, the per-problem differences of all (seed, problem) pairs pooled,
+and the standard error of their mean (with one seed: of the mean per-problem
+difference). Elsewhere (a run without ``eval/`` files) it falls back to the
+independent sqrt(se_a^2 + se_b^2) of the arms' binomial errors (of a mean over
+seeds: sqrt(sum p_i (1 - p_i) / n_i) / seeds), which is conservative; the
+table's note names the evals and runs each error comes from.
+
+  python experiments/paper_comparison.py runs/paper_smollm2_seeds \
+      --out=experiments/results/paper_smollm2_seeds
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+import glob
 import json
 import math
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -55,8 +69,19 @@ def policy_steps(run: report_runs.RunData, steps: np.ndarray) -> np.ndarray:
                            np.concatenate([[0], v]))).astype(np.int64)
 
 
-def arm_summary(run: report_runs.RunData, problems: int) -> dict[str, Any]:
-  """One arm's curve and figures (None where the run lacks a tag)."""
+def eval_scores(run_dir: str) -> dict[int, np.ndarray]:
+  """The per-problem held-out scores a run kept: ``{version: scores}`` ({} for
+  a run without ``eval/`` files)."""
+  out = {}
+  for path in glob.glob(os.path.join(run_dir, "eval", "v*.json")):
+    with open(path) as f:
+      kept = json.load(f)
+    out[int(kept["version"])] = np.asarray(kept["scores"], np.float64)
+  return out
+
+
+def run_summary(run: report_runs.RunData, problems: int) -> dict[str, Any]:
+  """One run's curve and figures (None where the run lacks a tag)."""
   steps, acc = run.series("eval/accuracy")
   steps = policy_steps(run, steps)
   ns = run.series("eval/num_problems")[1]
@@ -76,19 +101,96 @@ def arm_summary(run: report_runs.RunData, problems: int) -> dict[str, Any]:
           run, "staleness/mean"),
       "rollouts": run.last("summary/episodes_watermark"),
       "wall_s": run.last("summary/wall_s"),
+      "_scores": eval_scores(run.path),
   }
 
 
+def _seed_of(point: str) -> tuple[str, int | None]:
+  """``('sao', 2)`` for point ``sao_s2``; ``(point, None)`` without a seed."""
+  m = re.fullmatch(r"(.+)_s(\d+)", point)
+  return (m.group(1), int(m.group(2))) if m else (point, None)
+
+
+def _mean_of(values: Sequence[float | None]) -> float | None:
+  known = [v for v in values if v is not None]
+  return float(np.mean(known)) if known else None
+
+
+def arm_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """An arm from its seeds' ``run_summary``s: at each eval step the mean
+  accuracy over the seeds that have it, their SD (None for one), the
+  binomial SE of that mean, and the seeds."""
+  if len(runs) == 1 and _seed_of(runs[0]["arm"])[1] is None:
+    return {**runs[0], "seeds": [None],
+            "curve": [{**p, "sd": None, "seeds": 1} for p in runs[0]["curve"]],
+            "_scores": {None: runs[0]["_scores"]}}
+  seeds = [_seed_of(r["arm"])[1] for r in runs]
+  at = [{p["step"]: p for p in r["curve"]} for r in runs]
+  curve = []
+  for step in sorted({s for a in at for s in a}):
+    pts = [a[step] for a in at if step in a]
+    acc = np.array([p["accuracy"] for p in pts])
+    curve.append({
+        "step": step, "accuracy": float(acc.mean()),
+        "problems": pts[0]["problems"],
+        "se": math.sqrt(sum(p["se"] ** 2 for p in pts)) / len(pts),
+        "sd": float(acc.std(ddof=1)) if len(pts) > 1 else None,
+        "seeds": len(pts)})
+  kinds = {r["masked_kind"] for r in runs if r["masked_kind"]}
+  return {
+      "arm": _seed_of(runs[0]["arm"])[0], "seeds": seeds, "curve": curve,
+      "masked_frac": _mean_of([r["masked_frac"] for r in runs]),
+      "masked_kind": kinds.pop() if len(kinds) == 1 else None,
+      "staleness": _mean_of([r["staleness"] for r in runs]),
+      "rollouts": _mean_of([r["rollouts"] for r in runs]),
+      "wall_s": _mean_of([r["wall_s"] for r in runs]),
+      "_scores": {k: r["_scores"] for k, r in zip(seeds, runs)},
+  }
+
+
+def group_arms(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Groups ``run_summary``s of points ``<arm>_s<k>`` into arms (in order)."""
+  by_arm: dict[str, list[dict[str, Any]]] = {}
+  for r in runs:
+    by_arm.setdefault(_seed_of(r["arm"])[0], []).append(r)
+  return [arm_summary(rs) for rs in by_arm.values()]
+
+
+def paired(arm: dict[str, Any], base: dict[str, Any], step: int
+           ) -> tuple[float, float] | None:
+  """(gap, SE) from per-problem differences at ``step``, seeds matched
+  and all (seed, problem) differences pooled; None unless every seed of both
+  arms kept the same number of scores there."""
+  a, b = arm.get("_scores", {}), base.get("_scores", {})
+  if not a or set(a) != set(b):
+    return None
+  diffs = []
+  for seed in sorted(a, key=lambda k: -1 if k is None else k):
+    if step not in a[seed] or step not in b[seed] or (
+        a[seed][step].size != b[seed][step].size):
+      return None
+    diffs.append(a[seed][step] - b[seed][step])
+  d = np.concatenate(diffs)
+  if d.size < 2:
+    return None
+  return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
+
+
 def gaps(arm: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
-  """arm - base at the eval steps both have, with the gap's standard error."""
+  """arm - base at the eval steps both have, with the gap's standard error
+  (paired where per-problem scores allow, else independent binomial)."""
   at = {p["step"]: p for p in base["curve"]}
   out = []
   for p in arm["curve"]:
     if p["step"] in at:
       b = at[p["step"]]
-      se = math.hypot(p["se"], b["se"])
-      gap = p["accuracy"] - b["accuracy"]
+      pair = paired(arm, base, p["step"])
+      if pair is not None:
+        gap, se = pair
+      else:
+        gap, se = p["accuracy"] - b["accuracy"], math.hypot(p["se"], b["se"])
       out.append({"step": p["step"], "gap": gap, "se": se,
+                  "se_kind": "independent" if pair is None else "paired",
                   "beyond_2se": abs(gap) > 2 * se})
   return out
 
@@ -104,6 +206,40 @@ def _f(x: float | None, digits: int = 3) -> str:
   return "—" if x is None else f"{x:.{digits}f}"
 
 
+_PAIRED = ("paired (the SE of the mean per-problem difference over all "
+           "(seed, problem) pairs, seeds matched by k)")
+_INDEPENDENT = "independent binomial sqrt(se_a² + se_b²)"
+
+
+def _points_without_scores(arms: Sequence[dict[str, Any]]) -> list[str]:
+  return [a["arm"] if k is None else f"{a['arm']}_s{k}"
+          for a in arms for k, scores in a["_scores"].items() if not scores]
+
+
+def _se_note(rows: Sequence[tuple[str, list[dict[str, Any]]]],
+             arms: Sequence[dict[str, Any]]) -> list[str]:
+  """Which error each gap has (paired or the independent fallback)."""
+  parts = []
+  for kind, text in (("paired", _PAIRED), ("independent", _INDEPENDENT)):
+    where = [f"{arm} " + ", ".join(f"v{g['step']}" for g in gs
+                                  if g["se_kind"] == kind)
+             for arm, gs in rows if any(g["se_kind"] == kind for g in gs)]
+    if where:
+      parts.append(f"{text} at {'; '.join(where)}")
+  if not parts:
+    return []
+  missing = _points_without_scores(arms)
+  tail = (f" (runs without per-problem scores: {', '.join(missing)})"
+          if missing else "")
+  return ["", "SE of a gap: " + "; ".join(parts) + tail + "."]
+
+
+def _cell(p: dict[str, Any]) -> str:
+  if p["seeds"] > 1:
+    return f"{p['accuracy']:.3f} ± {p['sd']:.3f} ({p['seeds']})"
+  return f"{p['accuracy']:.3f} ± {p['se']:.3f}"
+
+
 def markdown(arms: Sequence[dict[str, Any]], baseline: str) -> str:
   """The comparison's tables."""
   steps = sorted({p["step"] for a in arms for p in a["curve"]})
@@ -112,34 +248,40 @@ def markdown(arms: Sequence[dict[str, Any]], baseline: str) -> str:
            "|---" * (len(steps) + 5) + "|"]
   for a in arms:
     at = {p["step"]: p for p in a["curve"]}
-    cells = [f"{at[s]['accuracy']:.3f} ± {at[s]['se']:.3f}" if s in at
-             else "—" for s in steps]
+    cells = [_cell(at[s]) if s in at else "—" for s in steps]
     masked = (f"{a['masked_frac']:.4f} ({a['masked_kind']})"
               if a["masked_frac"] is not None else "—")
     wall = "—" if a["wall_s"] is None else f"{a['wall_s'] / 60:.0f} min"
     lines.append(f"| {a['arm']} | " + " | ".join(cells) + f" | {masked} | "
                  f"{_f(a['staleness'], 2)} | {_f(a['rollouts'], 0)} | "
                  f"{wall} |")
+  if any(p["seeds"] > 1 for a in arms for p in a["curve"]):
+    lines += ["", "Several seeds: mean accuracy over seeds ± their SD "
+              "(seeds); one seed: accuracy ± binomial SE. Masked fraction, "
+              "staleness, rollouts and wall time: means over seeds."]
   base = [a for a in arms if a["arm"] == baseline]
   if base:
     lines += ["", f"Gap to {baseline} (accuracy points; * beyond 2 SE):", "",
               "| arm | " + " | ".join(f"v{s}" for s in steps) +
               " | crosses at |", "|---" * (len(steps) + 2) + "|"]
+    rows = []
     for a in arms:
       if a is base[0]:
         continue
-      g = {p["step"]: p for p in gaps(a, base[0])}
+      rows.append((a["arm"], gaps(a, base[0])))
+      g = {p["step"]: p for p in rows[-1][1]}
       cells = [f"{100 * g[s]['gap']:+.1f} ± {100 * g[s]['se']:.1f}"
                + ("*" if g[s]["beyond_2se"] else "") if s in g else "—"
                for s in steps]
       cross = crossings(list(g.values()))
       lines.append(f"| {a['arm']} | " + " | ".join(cells) + " | " +
                    (", ".join(f"v{s}" for s in cross) or "no") + " |")
+    lines += _se_note(rows, arms)
   return "\n".join(lines) + "\n"
 
 
 def plot(arms: Sequence[dict[str, Any]], path: str) -> None:
-  """Accuracy vs policy step per arm, with standard-error bars."""
+  """Accuracy vs policy step per arm, with seed-SD (one seed: SE) bars."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -147,10 +289,10 @@ def plot(arms: Sequence[dict[str, Any]], path: str) -> None:
   for a in arms:
     c = a["curve"]
     ax.errorbar([p["step"] for p in c], [p["accuracy"] for p in c],
-                yerr=[p["se"] for p in c], capsize=3, marker="o",
-                label=a["arm"])
+                yerr=[p["se"] if p["sd"] is None else p["sd"] for p in c],
+                capsize=3, marker="o", label=a["arm"])
   ax.set_xlabel("policy step")
-  ax.set_ylabel("held-out accuracy (± SE)")
+  ax.set_ylabel("held-out accuracy (± SD over seeds; one seed: ± SE)")
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -160,8 +302,9 @@ def plot(arms: Sequence[dict[str, Any]], path: str) -> None:
 def make(directory: str, out: str, baseline: str = "sao",
          problems: int = 256) -> str:
   """Writes comparison.md, curves.json and accuracy.png; returns the md."""
-  arms = [arm_summary(r, problems) for r in report_runs.load_runs([directory])
-          if r.has("eval/accuracy")]
+  arms = group_arms([run_summary(r, problems)
+                     for r in report_runs.load_runs([directory])
+                     if r.has("eval/accuracy")])
   if not arms:
     raise FileNotFoundError(f"no run under {directory} logged eval/accuracy")
   os.makedirs(out, exist_ok=True)
@@ -169,7 +312,11 @@ def make(directory: str, out: str, baseline: str = "sao",
   with open(os.path.join(out, "comparison.md"), "w") as f:
     f.write(text)
   with open(os.path.join(out, "curves.json"), "w") as f:
-    json.dump({a["arm"]: a for a in arms}, f, indent=1)
+    base = [a for a in arms if a["arm"] == baseline]
+    json.dump({a["arm"]: {
+        **{k: v for k, v in a.items() if not k.startswith("_")},
+        "gaps": gaps(a, base[0]) if base and a is not base[0] else None}
+               for a in arms}, f, indent=1)
   plot(arms, os.path.join(out, "accuracy.png"))
   return text
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from sao_jax.train import evaluate
 from sao_jax.train import metrics
 
 _EXPERIMENTS = pathlib.Path(__file__).absolute().parents[2] / "experiments"
@@ -76,6 +77,11 @@ def test_curves_by_policy_step_with_binomial_errors(sweep, tmp_path):
   assert "| sao | 0.500 ± 0.050 | 0.500 ± 0.050 | 0.900 ± 0.030 |" in text
   assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert (out / "comparison.md").read_text() == text
+  # No run kept per-problem scores: every gap's error is the independent one.
+  assert ("SE of a gap: independent binomial sqrt(se_a² + se_b²) at grpo v0, "
+          "v2, v4 (runs without per-problem scores: grpo, sao).") in text
+  assert [g["se_kind"] for g in arms["grpo"]["gaps"]] == ["independent"] * 3
+  assert "Several seeds" not in text
 
 
 def test_gap_within_errors_is_not_flagged():
@@ -103,3 +109,74 @@ def test_command_line_writes_the_same_table(sweep, tmp_path, capsys):
   assert capsys.readouterr().out.strip() == text.strip()
   assert "Gap to grpo" in text
   assert "| sao | +0.0 ± 7.1 | -30.0 ± 6.4* | +30.0 ± 5.7* | v4 |" in text
+
+
+# Per-problem scores (4 problems) of two arms x two seeds at versions 0 and 2.
+# Differences grpo - sao: v0 s0 [0,0,1,0], s1 [0,1,0,0]; v2 both [1,1,1,0].
+_SCORES = {
+    "sao_s0": {0: [1, 1, 0, 0], 2: [0, 0, 0, 1]},
+    "sao_s1": {0: [1, 0, 0, 0], 2: [0, 0, 0, 0]},
+    "grpo_s0": {0: [1, 1, 1, 0], 2: [1, 1, 1, 1]},
+    "grpo_s1": {0: [1, 1, 0, 0], 2: [1, 1, 1, 0]},
+}
+
+
+@pytest.fixture(name="seeds")
+def fixture_seeds(tmp_path):
+  sweep = tmp_path / "seeds"
+  for point, by_version in _SCORES.items():
+    with metrics.MetricWriter(str(sweep / point / "tb")) as w:
+      for v, scores in by_version.items():
+        w.write_scalars(v, {"eval/accuracy": sum(scores) / 4,
+                            "eval/num_problems": 4.0, "policy_version": v})
+        evaluate.write_scores(str(sweep / point / "eval"), v, v, scores)
+  return sweep
+
+
+def test_seeds_are_grouped_with_paired_errors(seeds, tmp_path):
+  out = tmp_path / "out"
+  text = pc.make(str(seeds), str(out))
+  arms = json.loads((out / "curves.json").read_text())
+  assert sorted(arms) == ["grpo", "sao"]
+  sao = arms["sao"]
+  assert sao["seeds"] == [0, 1]
+  # Means over seeds (0.5, 0.25) and (0.25, 0); SD of two values 0.25 apart.
+  assert [p["accuracy"] for p in sao["curve"]] == pytest.approx([.375, .125])
+  assert [p["sd"] for p in sao["curve"]] == pytest.approx(
+      [.25 / math.sqrt(2)] * 2)
+  assert [p["seeds"] for p in sao["curve"]] == [2, 2]
+  # Binomial SE of a mean over seeds: sqrt(.5*.5/4 + .25*.75/4) / 2 at v0.
+  assert sao["curve"][0]["se"] == pytest.approx(math.sqrt(.109375) / 2)
+  # Paired: the 8 pooled differences hold two 1s at v0 (mean 0.25), six 1s
+  # at v2 (mean 0.75); either way a sum of squared deviations of 1.5, so
+  # SE = sqrt(1.5 / 7 / 8) = 0.1637: within 2 SE at v0, beyond at v2.
+  g = arms["grpo"]["gaps"]
+  assert [p["gap"] for p in g] == pytest.approx([.25, .75])
+  assert [p["se"] for p in g] == pytest.approx([math.sqrt(1.5 / 56)] * 2)
+  assert [p["se_kind"] for p in g] == ["paired"] * 2
+  assert [p["beyond_2se"] for p in g] == [False, True]
+  assert arms["sao"]["gaps"] is None  # The baseline.
+  assert "| sao | 0.375 ± 0.177 (2) | 0.125 ± 0.177 (2) |" in text
+  assert "| grpo | 0.625 ± 0.177 (2) | 0.875 ± 0.177 (2) |" in text
+  assert "| grpo | +25.0 ± 16.4 | +75.0 ± 16.4* | no |" in text
+  assert ("SE of a gap: paired (the SE of the mean per-problem difference"
+          in text)
+  assert "at grpo v0, v2." in text and "independent" not in text
+
+
+def test_a_run_without_scores_falls_back_to_independent_errors(seeds,
+                                                               tmp_path):
+  for f in (seeds / "grpo_s1" / "eval").iterdir():
+    f.unlink()
+  text = pc.make(str(seeds), str(tmp_path / "out"))
+  g = json.loads((tmp_path / "out" / "curves.json").read_text())["grpo"]
+  # Independent: hypot of the arms' binomial SEs of their means over seeds,
+  # sqrt(.109375) / 2 each at v0 (23.4 points) and sqrt(.046875) / 2 each at
+  # v2 (15.3 points).
+  assert [p["se"] for p in g["gaps"]] == pytest.approx(
+      [math.sqrt(.109375 / 2), math.sqrt(.046875 / 2)])
+  assert [p["se_kind"] for p in g["gaps"]] == ["independent"] * 2
+  assert "| grpo | +25.0 ± 23.4 | +75.0 ± 15.3* | no |" in text
+  assert ("SE of a gap: independent binomial sqrt(se_a² + se_b²) at grpo v0, "
+          "v2 (runs without per-problem scores: grpo_s1).") in text
+  assert "paired" not in text
