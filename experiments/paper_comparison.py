@@ -23,9 +23,11 @@ held-out problems (the table of a one-seed sweep is as it was before seeds).
 
 A gap's standard error is **paired** where every seed of both arms kept its
 per-problem scores at that eval (all arms answer the same problems): seeds
-matched by k, the per-problem differences of all (seed, problem) pairs pooled,
-and the standard error of their mean (with one seed: of the mean per-problem
-difference). Elsewhere (a run without ``eval/`` files) it falls back to the
+matched by k, each problem's difference averaged over the seeds, and the
+standard error of the mean of those n values (clustered by problem: a
+problem's differences over the seeds share its difficulty, so pooling all
+(seed, problem) pairs as independent would understate the error; with one
+seed it is the SE of the mean per-problem difference). Elsewhere (a run without ``eval/`` files) it falls back to the
 independent sqrt(se_a^2 + se_b^2) of the arms' binomial errors (of a mean over
 seeds: sqrt(sum p_i (1 - p_i) / n_i) / seeds), which is conservative; the
 table's note names the evals and runs each error comes from.
@@ -158,9 +160,10 @@ def group_arms(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def paired(arm: dict[str, Any], base: dict[str, Any], step: int
            ) -> tuple[float, float] | None:
-  """(gap, SE) from per-problem differences at ``step``, seeds matched
-  and all (seed, problem) differences pooled; None unless every seed of both
-  arms kept the same number of scores there."""
+  """(gap, SE) from per-problem differences at ``step``, seeds matched by
+  k, each problem's differences averaged over the seeds (the SE is over
+  problems); None unless every seed of both arms kept the same number of
+  scores there."""
   a, b = arm.get("_scores", {}), base.get("_scores", {})
   if not a or set(a) != set(b):
     return None
@@ -170,7 +173,10 @@ def paired(arm: dict[str, Any], base: dict[str, Any], step: int
         a[seed][step].size != b[seed][step].size):
       return None
     diffs.append(a[seed][step] - b[seed][step])
-  d = np.concatenate(diffs)
+  # Clustered by problem: a problem's differences over the seeds are not
+  # independent (its difficulty is shared), so each problem contributes its
+  # mean difference over the seeds, and the SE is over the n problems.
+  d = np.mean(diffs, axis=0)
   if d.size < 2:
     return None
   return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
@@ -206,8 +212,8 @@ def _f(x: float | None, digits: int = 3) -> str:
   return "—" if x is None else f"{x:.{digits}f}"
 
 
-_PAIRED = ("paired (the SE of the mean per-problem difference over all "
-           "(seed, problem) pairs, seeds matched by k)")
+_PAIRED = ("paired (the SE over problems of each problem's difference "
+           "averaged over the seeds, seeds matched by k)")
 _INDEPENDENT = "independent binomial sqrt(se_a² + se_b²)"
 
 

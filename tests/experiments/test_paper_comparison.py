@@ -147,20 +147,22 @@ def test_seeds_are_grouped_with_paired_errors(seeds, tmp_path):
   assert [p["seeds"] for p in sao["curve"]] == [2, 2]
   # Binomial SE of a mean over seeds: sqrt(.5*.5/4 + .25*.75/4) / 2 at v0.
   assert sao["curve"][0]["se"] == pytest.approx(math.sqrt(.109375) / 2)
-  # Paired: the 8 pooled differences hold two 1s at v0 (mean 0.25), six 1s
-  # at v2 (mean 0.75); either way a sum of squared deviations of 1.5, so
-  # SE = sqrt(1.5 / 7 / 8) = 0.1637: within 2 SE at v0, beyond at v2.
+  # Paired, clustered by problem: each problem's difference averaged over
+  # the two seeds is [0, .5, .5, 0] at v0 (mean 0.25, squared deviations
+  # 0.25: SE = sqrt(.25 / 3 / 4) = 0.144) and [1, 1, 1, 0] at v2 (mean 0.75,
+  # 0.75: SE = sqrt(.75 / 3 / 4) = 0.25): within 2 SE at v0, beyond at v2.
   g = arms["grpo"]["gaps"]
   assert [p["gap"] for p in g] == pytest.approx([.25, .75])
-  assert [p["se"] for p in g] == pytest.approx([math.sqrt(1.5 / 56)] * 2)
+  assert [p["se"] for p in g] == pytest.approx(
+      [math.sqrt(.25 / 12), math.sqrt(.75 / 12)])
   assert [p["se_kind"] for p in g] == ["paired"] * 2
   assert [p["beyond_2se"] for p in g] == [False, True]
   assert arms["sao"]["gaps"] is None  # The baseline.
   assert "| sao | 0.375 ± 0.177 (2) | 0.125 ± 0.177 (2) |" in text
   assert "| grpo | 0.625 ± 0.177 (2) | 0.875 ± 0.177 (2) |" in text
-  assert "| grpo | +25.0 ± 16.4 | +75.0 ± 16.4* | no |" in text
-  assert ("SE of a gap: paired (the SE of the mean per-problem difference"
-          in text)
+  assert "| grpo | +25.0 ± 14.4 | +75.0 ± 25.0* | no |" in text
+  assert ("SE of a gap: paired (the SE over problems of each problem's "
+          "difference averaged over the seeds" in text)
   assert "at grpo v0, v2." in text and "independent" not in text
 
 
