@@ -13,7 +13,8 @@ their checkpoints; one point at a time at low priority):
       --config=configs/paper_smollm2_seeds.py \
       --workdir=runs/paper_smollm2_seeds --parallel=1
 
-then `python experiments/paper_comparison.py runs/paper_smollm2_seeds`.
+then `python experiments/paper_comparison.py runs/paper_smollm2_seeds
+--out=experiments/results/paper_smollm2_seeds`.
 """
 
 from typing import Any
