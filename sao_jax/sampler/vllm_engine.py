@@ -94,8 +94,7 @@ class VllmRollout:
   def __init__(self, settings: interface.RolloutSettings, *, config: Any,
                model_config: ModelConfig, tokenizer: tok_lib.Tokenizer,
                envs: Sequence[Environment], weights: interface.WeightSource,
-               stats, seed: int = 0, arch: str | None = None,
-               engine_args: dict[str, Any] | None = None):
+               stats, seed: int = 0, arch: str | None = None):
     """Args:
       settings: slots (``max_num_seqs``), weight polling, limits, sampling.
       config: the experiment config (checked with `check_config`).
@@ -107,7 +106,6 @@ class VllmRollout:
       stats: a `SamplerStats`.
       seed: sampling seed (episode ``e``, turn ``k``: ``seed + e, k``).
       arch: HF architecture (default the config's own).
-      engine_args: more ``AsyncEngineArgs`` (e.g. ``enforce_eager``).
     """
     check_config(config)
     opts = settings.options
@@ -117,9 +115,7 @@ class VllmRollout:
     self.envs, self.tokenizer, self.weights = list(envs), tokenizer, weights
     self.stats, self.seed = stats, int(seed)
     self.model_config = model_config
-    self.engine_args = {
-        "enforce_eager": not config.sampler.vllm_compile,
-        **(engine_args or {})}
+    self.enforce_eager = not config.sampler.vllm_compile
     self.arch = arch or model_config.hf_architecture()
     self.stop_ids = tuple(rollout.default_stop_ids(tokenizer)
                           if settings.stop_ids is None else settings.stop_ids)
@@ -183,7 +179,7 @@ class VllmRollout:
         max_num_seqs=self.opts.num_slots, enable_prefix_caching=True,
         logprobs_mode="processed_logprobs", seed=self.seed,
         worker_extension_cls="sao_jax.sampler.vllm_worker.WeightLoader",
-        disable_log_stats=True, **self.engine_args)
+        disable_log_stats=True, enforce_eager=self.enforce_eager)
     return AsyncLLM.from_engine_args(args)
 
   def stop(self) -> None:
