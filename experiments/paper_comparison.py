@@ -27,10 +27,16 @@ matched by k, each problem's difference averaged over the seeds, and the
 standard error of the mean of those n values (clustered by problem: a
 problem's differences over the seeds share its difficulty, so pooling all
 (seed, problem) pairs as independent would understate the error; with one
-seed it is the SE of the mean per-problem difference). Elsewhere (a run without ``eval/`` files) it falls back to the
-independent sqrt(se_a^2 + se_b^2) of the arms' binomial errors (of a mean over
+seed it is the SE of the mean per-problem difference). Elsewhere (a run
+without ``eval/`` files) it falls back to the independent sqrt(se_a^2 + se_b^2) of the arms' binomial errors (of a mean over
 seeds: sqrt(sum p_i (1 - p_i) / n_i) / seeds), which is conservative; the
 table's note names the evals and runs each error comes from.
+
+Both errors hold the problems' spread at fixed seeds, not what another seed
+changes (the seeds of one arm can differ by more than the arms' gaps). With
+two or more seeds of both arms a gap also gets its seed SE: the SE of the
+per-seed accuracy differences (seeds matched by k), and a gap is flagged only
+beyond 2 SE and beyond Student's t(97.5%, pairs - 1) seed SEs.
 
   python experiments/paper_comparison.py runs/paper_smollm2_seeds \
       --out=experiments/results/paper_smollm2_seeds
@@ -124,20 +130,22 @@ def arm_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
   binomial SE of that mean, and the seeds."""
   if len(runs) == 1 and _seed_of(runs[0]["arm"])[1] is None:
     return {**runs[0], "seeds": [None],
-            "curve": [{**p, "sd": None, "seeds": 1} for p in runs[0]["curve"]],
+            "curve": [{**p, "sd": None, "seeds": 1, "by_seed": {}}
+                      for p in runs[0]["curve"]],
             "_scores": {None: runs[0]["_scores"]}}
   seeds = [_seed_of(r["arm"])[1] for r in runs]
   at = [{p["step"]: p for p in r["curve"]} for r in runs]
   curve = []
   for step in sorted({s for a in at for s in a}):
     pts = [a[step] for a in at if step in a]
+    by_seed = {k: a[step]["accuracy"] for k, a in zip(seeds, at) if step in a}
     acc = np.array([p["accuracy"] for p in pts])
     curve.append({
         "step": step, "accuracy": float(acc.mean()),
         "problems": pts[0]["problems"],
         "se": math.sqrt(sum(p["se"] ** 2 for p in pts)) / len(pts),
         "sd": float(acc.std(ddof=1)) if len(pts) > 1 else None,
-        "seeds": len(pts)})
+        "seeds": len(pts), "by_seed": by_seed})
   kinds = {r["masked_kind"] for r in runs if r["masked_kind"]}
   return {
       "arm": _seed_of(runs[0]["arm"])[0], "seeds": seeds, "curve": curve,
@@ -182,9 +190,29 @@ def paired(arm: dict[str, Any], base: dict[str, Any], step: int
   return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
 
 
+def seed_gap(p: dict[str, Any], b: dict[str, Any]
+             ) -> tuple[float, int, float] | None:
+  """(SE, seed pairs, t) of a gap from seed-to-seed variation: the per-seed
+  accuracy differences of seeds run for both arms (matched by k), the SE of
+  their mean and Student's t at 97.5% for that many pairs; None under two
+  pairs. The per-problem SE holds the problems' spread at fixed seeds; this
+  one holds what a rerun with another seed changes."""
+  common = sorted(set(p.get("by_seed", {})) & set(b.get("by_seed", {})))
+  if len(common) < 2:
+    return None
+  d = np.array([p["by_seed"][k] - b["by_seed"][k] for k in common])
+  # pylint: disable-next=g-import-not-at-top
+  from scipy import stats
+  return (float(d.std(ddof=1) / math.sqrt(d.size)), int(d.size),
+          float(stats.t.ppf(0.975, d.size - 1)))
+
+
 def gaps(arm: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
   """arm - base at the eval steps both have, with the gap's standard error
-  (paired where per-problem scores allow, else independent binomial)."""
+  (paired where per-problem scores allow, else independent binomial) and,
+  with two or more seeds of both, its seed-to-seed SE (``seed_gap``). A gap
+  counts (``beyond``) only beyond 2 SE and, where seeds allow, beyond t
+  seed-SEs too."""
   at = {p["step"]: p for p in base["curve"]}
   out = []
   for p in arm["curve"]:
@@ -195,9 +223,14 @@ def gaps(arm: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
         gap, se = pair
       else:
         gap, se = p["accuracy"] - b["accuracy"], math.hypot(p["se"], b["se"])
+      seeds = seed_gap(p, b)
+      se_seeds, pairs, t = seeds if seeds else (None, None, None)
+      beyond_seeds = None if seeds is None else abs(gap) > t * se_seeds
       out.append({"step": p["step"], "gap": gap, "se": se,
                   "se_kind": "independent" if pair is None else "paired",
-                  "beyond_2se": abs(gap) > 2 * se})
+                  "beyond_2se": abs(gap) > 2 * se,
+                  "se_seeds": se_seeds, "seed_pairs": pairs, "t_seeds": t,
+                  "beyond": abs(gap) > 2 * se and beyond_seeds is not False})
   return out
 
 
@@ -246,6 +279,13 @@ def _cell(p: dict[str, Any]) -> str:
   return f"{p['accuracy']:.3f} ± {p['se']:.3f}"
 
 
+def _gap_cell(g: dict[str, Any]) -> str:
+  seeds = ("" if g["se_seeds"] is None else
+           f" / {100 * g['se_seeds']:.1f} ({g['seed_pairs']})")
+  return (f"{100 * g['gap']:+.1f} ± {100 * g['se']:.1f}{seeds}"
+          + ("*" if g["beyond"] else ""))
+
+
 def markdown(arms: Sequence[dict[str, Any]], baseline: str) -> str:
   """The comparison's tables."""
   steps = sorted({p["step"] for a in arms for p in a["curve"]})
@@ -267,7 +307,9 @@ def markdown(arms: Sequence[dict[str, Any]], baseline: str) -> str:
               "staleness, rollouts and wall time: means over seeds."]
   base = [a for a in arms if a["arm"] == baseline]
   if base:
-    lines += ["", f"Gap to {baseline} (accuracy points; * beyond 2 SE):", "",
+    lines += ["", f"Gap to {baseline} (accuracy points ± SE; with seeds of "
+              "both arms, / seed SE (pairs); * beyond 2 SE and, with seeds, "
+              "beyond Student's t(97.5%) seed SEs):", "",
               "| arm | " + " | ".join(f"v{s}" for s in steps) +
               " | crosses at |", "|---" * (len(steps) + 2) + "|"]
     rows = []
@@ -276,9 +318,7 @@ def markdown(arms: Sequence[dict[str, Any]], baseline: str) -> str:
         continue
       rows.append((a["arm"], gaps(a, base[0])))
       g = {p["step"]: p for p in rows[-1][1]}
-      cells = [f"{100 * g[s]['gap']:+.1f} ± {100 * g[s]['se']:.1f}"
-               + ("*" if g[s]["beyond_2se"] else "") if s in g else "—"
-               for s in steps]
+      cells = [_gap_cell(g[s]) if s in g else "—" for s in steps]
       cross = crossings(list(g.values()))
       lines.append(f"| {a['arm']} | " + " | ".join(cells) + " | " +
                    (", ".join(f"v{s}" for s in cross) or "no") + " |")

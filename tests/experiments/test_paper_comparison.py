@@ -90,7 +90,8 @@ def test_gap_within_errors_is_not_flagged():
   (g,) = pc.gaps(a, b)
   assert g["gap"] == pytest.approx(0.05)
   assert g["se"] == pytest.approx(0.03 * math.sqrt(2))
-  assert not g["beyond_2se"]  # 0.05 < 2 x 0.0424.
+  assert not g["beyond_2se"] and not g["beyond"]  # 0.05 < 2 x 0.0424.
+  assert g["se_seeds"] is None  # No seeds.
   assert pc.crossings([{"step": 0, "gap": 0.0}, {"step": 10, "gap": 0.1},
                        {"step": 20, "gap": -0.1}]) == [20]
 
@@ -160,7 +161,13 @@ def test_seeds_are_grouped_with_paired_errors(seeds, tmp_path):
   assert arms["sao"]["gaps"] is None  # The baseline.
   assert "| sao | 0.375 ± 0.177 (2) | 0.125 ± 0.177 (2) |" in text
   assert "| grpo | 0.625 ± 0.177 (2) | 0.875 ± 0.177 (2) |" in text
-  assert "| grpo | +25.0 ± 14.4 | +75.0 ± 25.0* | no |" in text
+  # Both seeds' accuracy gaps are equal (.25, .25 at v0; .75, .75 at v2):
+  # their seed SE is 0, which keeps v2's verdict.
+  assert [p["se_seeds"] for p in g] == [0.0, 0.0]
+  assert [p["seed_pairs"] for p in g] == [2, 2]
+  assert [p["beyond"] for p in g] == [False, True]
+  assert ("| grpo | +25.0 ± 14.4 / 0.0 (2) | +75.0 ± 25.0 / 0.0 (2)* | no |"
+          in text)
   assert ("SE of a gap: paired (the SE over problems of each problem's "
           "difference averaged over the seeds" in text)
   assert "at grpo v0, v2." in text and "independent" not in text
@@ -178,7 +185,32 @@ def test_a_run_without_scores_falls_back_to_independent_errors(seeds,
   assert [p["se"] for p in g["gaps"]] == pytest.approx(
       [math.sqrt(.109375 / 2), math.sqrt(.046875 / 2)])
   assert [p["se_kind"] for p in g["gaps"]] == ["independent"] * 2
-  assert "| grpo | +25.0 ± 23.4 | +75.0 ± 15.3* | no |" in text
+  assert ("| grpo | +25.0 ± 23.4 / 0.0 (2) | +75.0 ± 15.3 / 0.0 (2)* | no |"
+          in text)
   assert ("SE of a gap: independent binomial sqrt(se_a² + se_b²) at grpo v0, "
           "v2 (runs without per-problem scores: grpo_s1).") in text
   assert "paired" not in text
+
+
+def test_a_gap_the_seeds_disagree_on_is_not_flagged(tmp_path):
+  # Three seeds, one eval of 4 problems, no per-problem scores: sao .25 in
+  # each seed, grpo 1, .25, 1. The gap .5 is beyond 2 independent SEs
+  # (hypot(sqrt(3 x .046875) / 3, sqrt(.046875) / 3) = .144), but its seed
+  # differences .75, 0, .75 have SE .25 and t(2) = 4.303 makes that 1.08.
+  for arm, accs in (("sao", (.25, .25, .25)), ("grpo", (1., .25, 1.))):
+    for k, acc in enumerate(accs):
+      with metrics.MetricWriter(str(tmp_path / "s" / f"{arm}_s{k}" / "tb")
+                                ) as w:
+        w.write_scalars(0, {"eval/accuracy": acc, "eval/num_problems": 4.0,
+                            "policy_version": 0})
+  text = pc.make(str(tmp_path / "s"), str(tmp_path / "out"))
+  (g,) = json.loads((tmp_path / "out" / "curves.json").read_text()
+                    )["grpo"]["gaps"]
+  assert g["gap"] == pytest.approx(.5)
+  assert g["se"] == pytest.approx(math.hypot(math.sqrt(3 * .046875) / 3,
+                                             math.sqrt(.046875) / 3))
+  assert g["beyond_2se"]
+  assert g["se_seeds"] == pytest.approx(.25)
+  assert (g["seed_pairs"], g["t_seeds"]) == (3, pytest.approx(4.3027, abs=1e-4))
+  assert not g["beyond"]
+  assert "| grpo | +50.0 ± 14.4 / 25.0 (3) | no |" in text
