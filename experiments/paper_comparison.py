@@ -28,8 +28,9 @@ standard error of the mean of those n values (clustered by problem: a
 problem's differences over the seeds share its difficulty, so pooling all
 (seed, problem) pairs as independent would understate the error; with one
 seed it is the SE of the mean per-problem difference). Elsewhere (a run
-without ``eval/`` files) it falls back to the independent sqrt(se_a^2 + se_b^2) of the arms' binomial errors (of a mean over
-seeds: sqrt(sum p_i (1 - p_i) / n_i) / seeds), which is conservative; the
+without ``eval/`` files) it falls back to the independent
+sqrt(se_a^2 + se_b^2) of the arms' binomial errors (of a mean over seeds:
+sqrt(sum p_i (1 - p_i) / n_i) / seeds), which is conservative; the
 table's note names the evals and runs each error comes from.
 
 Both errors hold the problems' spread at fixed seeds, not what another seed
