@@ -109,7 +109,9 @@ def test_family_checkpoint_trains_with_sao(family, tmp_path):
       **model_overrides, **env_overrides,
       "model.init_from": str(ckpt), "tokenizer.path": str(ckpt),
       "train.mode": "sync", "train.num_steps": 2, "train.checkpoint_every": 0,
-      "sampler.max_total_tokens": 640, "train.max_seq_len": 640,
+      # Lengths derived from the family's prompts (task_sizing): 32-64
+      # tokens, 480 for Qwen3's tool prompt; every window above is shorter.
+      "sampler.max_total_tokens": 0, "train.max_seq_len": 0,
       "sampler.max_new_tokens": 8})
   summary = loop.train_and_evaluate(config, str(tmp_path / "run"))
   assert summary["steps"] == 3  # The critic warm-up step and two SAO steps.
