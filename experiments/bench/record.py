@@ -37,6 +37,9 @@ _TRAJECTORIES = flags.DEFINE_integer("trajectories", 2000, "Trajectories per "
 _WARMUP_ROUNDS = flags.DEFINE_integer(
     "warmup_rounds", 1, "Untimed loop rounds first (they fill the "
     "compilation caches).")
+_SET = flags.DEFINE_multi_string(
+    "set", [], "KEY=VALUE: a config override of every loop run (dotted key "
+    "of configs/base.py, JSON value), e.g. --set=model.num_layers=1.")
 
 
 def _trajectories(n: int, seq_len: int):
@@ -75,11 +78,11 @@ def record_cost(tmp: str) -> None:
 
 def loop_config(record_stream: bool, **overrides):
   """The quickstart model and task (``loop_setup.loop_config``), short
-  episodes."""
+  episodes, then the ``--set`` overrides."""
   return loop_setup.loop_config(_STEPS.value, {
       "sampler.max_new_tokens": 16, "sampler.max_total_tokens": 64,
-      "train.max_seq_len": 64, "train.record_stream": record_stream,
-      **overrides})
+      "train.max_seq_len": 64, **loop_setup.parse_sets(_SET.value),
+      "train.record_stream": record_stream, **overrides})
 
 
 def _steps_per_s(summary) -> float:

@@ -10,8 +10,8 @@ appended (the later flag wins). A documented command whose script or module
 has no entry in ``TINY`` fails the test: a new command gets a tiny form (one
 line here) when it is documented, so CI runs it. A tiny form runs once per
 session, in whichever test process gets to it first: a command quoted twice,
-two that differ only in options their tiny flags override
-(``effective_argv``), or only in a ``--workdir`` that nothing later in its
+two that differ only in options their tiny flags override or never read
+(``effective_argv``, ``Tiny.moot``), or only in a ``--workdir`` that nothing later in its
 block reads (``_generic``). The SmolLM2
 commands find a one-layer cut of the converted checkpoint
 (``smollm2_tiny_checkpoint``).
@@ -20,6 +20,7 @@ commands find a one-layer cut of the converted checkpoint
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -77,6 +78,9 @@ class Tiny:
     env: Environment variables it runs with.
     drop: Options of the documented command left out (with their value), and
       why in ``why``.
+    moot: Options of the documented command (each with a value) that the
+      tiny form never reads: still passed, but two commands that differ only in
+      them run one tiny form (``effective_argv``); why in ``why``.
     ci: Not run here: what runs it in CI instead (``.ci/run``'s phases).
     why: Why something is dropped or run elsewhere.
   """
@@ -84,6 +88,7 @@ class Tiny:
   args: tuple[str, ...] = ()
   env: tuple[tuple[str, str], ...] = ()
   drop: tuple[str, ...] = ()
+  moot: tuple[str, ...] = ()
   ci: str = ""
   why: str = ""
 
@@ -134,7 +139,7 @@ TINY: dict[str, Tiny] = {
               "--tool_latency_s=0.05", "--max_new_tokens=16", *_LOOP_SETS)),
     "experiments/bench/record.py": Tiny(
         args=("--repeats=1", "--warmup_rounds=0", "--steps=1",
-              "--trajectories=16", "--seq_len=32")),
+              "--trajectories=16", "--seq_len=32", *_LOOP_SETS)),
     "experiments/bench/quickstart.py": Tiny(
         args=("--repeats=1", "--arms=continuous",
               *(f"--main_flag={f}" for f in _MAIN))),
@@ -150,10 +155,15 @@ TINY: dict[str, Tiny] = {
               "--arms", "bare,warm,strict_paced", "--pace_ms", "1")),
     "experiments/bench/scan_layers.py": Tiny(
         args=("--figures=compile", "--depths=1,2", "--seq=16",
-              "--arms=scan", "--repeats=1", "--warmup=0")),
+              "--arms=scan", "--repeats=1", "--warmup=0"),
+        moot=("--model", "--repeats", "--skip_unrolled"),
+        why="the compile figure reads neither --model nor --repeats (the "
+        "step figure's), and compiles no unrolled arm to skip"),
     "experiments/bench/long_context.py": Tiny(
         args=("--figures=memory", "--seqs=32", "--vocab=256", "--layers=1",
-              "--arms=dense,new")),
+              "--arms=dense,new"),
+        moot=("--smollm2_layers", "--repeats", "--warmup"),
+        why="the memory figure reads none of the smollm2 figure's flags"),
     # One layer, the decode chunk only: the command and its report, cheaply
     # (tests/aot/test_aot.py compiles SmolLM2 whole and the oversized case).
     "sao_jax.aot": Tiny(args=("--config.model.num_layers=1",
@@ -263,6 +273,24 @@ def test_the_parser_finds_chains_continuations_and_options():
   assert not any(c.text.startswith("{") for c in documented_commands())
 
 
+def test_effective_argv_drops_overridden_repeated_and_moot_options():
+  tiny = Tiny(args=("--steps=1", "--set=a=1", "--set=b=2"),
+              moot=("--model", "--repeats"))
+  argv = ["prog", "--steps=20", "--set=a=1", "--set=c=3", "--model=large",
+          "--repeats", "5", "--seq=8", *tiny.args]
+  assert effective_argv(argv, tiny) == [
+      "prog", "--set=c=3", "--seq=8", "--steps=1", "--set=a=1", "--set=b=2"]
+  # The documents' three scan_layers commands are one tiny form, and so are
+  # three of long_context's.
+  for key, runs in (("experiments/bench/scan_layers.py", 1),
+                    ("experiments/bench/long_context.py", 3)):
+    forms = {shlex.join(effective_argv(c.argv + list(TINY[c.key].args),
+                                       TINY[c.key]))
+             for c in documented_commands() if c.key == key}
+    assert len(forms) == runs, forms
+
+
+@functools.cache
 def _installed_sao_jax() -> str:
   """Where this interpreter imports sao_jax from outside the checkout."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -358,16 +386,24 @@ def tiny_argv(cmd: Command, tmp: pathlib.Path,
 def effective_argv(argv: list[str], tiny: Tiny) -> list[str]:
   """What ``argv`` (a tiny form) runs: less the documented ``--flag=value``
   options that a flag given once in ``tiny.args`` overrides (the later flag
-  wins), and less those ``tiny.args`` repeats verbatim (a repeated flag,
-  ``--main_flag`` or ``--set``, given the same value again changes nothing).
+  wins), less those ``tiny.args`` repeats verbatim (a repeated flag,
+  ``--main_flag`` or ``--set``, given the same value again changes nothing),
+  and less the ``tiny.moot`` options (``--flag=value`` or ``--flag value``).
   Two commands that differ only there run the same tiny form."""
   names = [a.split("=", 1)[0] for a in tiny.args if a.startswith("--")]
   once = {n for n in names if names.count(n) == 1}
   documented = argv[:len(argv) - len(tiny.args)]
-  return [a for a in documented
-          if a not in tiny.args and not (
-              a.startswith("--") and "=" in a
-              and a.split("=", 1)[0] in once)] + list(tiny.args)
+  kept, skip = [], False
+  for a in documented:
+    if skip:
+      skip = False
+    elif a in tiny.moot:
+      skip = True  # And its value.
+    elif a not in tiny.args and not (
+        a.startswith("--") and "=" in a
+        and a.split("=", 1)[0] in once | set(tiny.moot)):
+      kept.append(a)
+  return kept + list(tiny.args)
 
 
 def _expand(arg: str, env: dict[str, str]) -> str:
