@@ -93,6 +93,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.qk_rope_head_dim = 0
   config.model.v_head_dim = 0
   config.model.mlp_activation = "silu"
+  # Qwen3.5's hybrid decoder (layer_types 'linear_attention'; models/layers/
+  # linear_attention.py): full-attention layers with a per-head output gate
+  # from q_proj, and the Gated DeltaNet layers' sizes (0: none).
+  config.model.attn_output_gate = False
+  config.model.linear_num_key_heads = 0
+  config.model.linear_num_value_heads = 0
+  config.model.linear_key_head_dim = 0
+  config.model.linear_value_head_dim = 0
+  config.model.linear_conv_kernel_dim = 0
   # Routing replay (R3): 'rollout' makes the trainer's forward use the
   # experts the sampler recorded for every token (gate weights recomputed,
   # so the router still learns); 'off' routes on its own.

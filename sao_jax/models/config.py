@@ -16,10 +16,14 @@ from sao_jax.models.layers import rope as rope_lib
 # HF `architectures` entries we can read and write (models/families/).
 SUPPORTED_ARCHITECTURES = family_registry.architectures()
 # `ModelConfig.norm_style` / `mlp_activation` values.
-NORM_STYLES = ("llama", "gemma", "olmo")
+NORM_STYLES = ("llama", "gemma", "olmo", "qwen3_5")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 # `ModelConfig.layer_types` entries (HF names).
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+# `ModelConfig` fields of the Gated DeltaNet layers (HF names, Qwen3.5).
+LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads",
+                 "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_conv_kernel_dim")
 # Mixture-of-experts architectures and the router each uses.
 MOE_ARCHITECTURES = {f.architecture: f.moe_router
                      for f in family_registry.families() if f.moe_router}
@@ -47,6 +51,8 @@ FIELD_RULES = {
         "vocab_size", "hidden_size", "intermediate_size", "num_layers",
         "num_heads", "num_kv_heads", "head_dim", "attention_block_q",
         "attention_block_kv")},
+    **{k: ranges.Rule(lambda v: v >= 0, "an int >= 0 (0: no linear layers)")
+       for k in LINEAR_FIELDS},
     "rope_theta": ranges.GT0, "rms_norm_eps": ranges.GT0,
     "dtype": ranges.one_of(DTYPES), "param_dtype": ranges.one_of(DTYPES),
     "logits_chunk": ranges.Rule(
@@ -152,9 +158,11 @@ class ModelConfig:
       (transformers' convention); 0 = full causal attention. With
       `layer_types`, only the 'sliding_attention' layers use it.
     layer_types: Per-layer attention kind, HF names ('full_attention' or
-      'sliding_attention'; Gemma 3's interleaved local/global layers); ()
-      means every layer is alike. Under `scan_layers` each layer's kind is a
-      scanned input (one stack).
+      'sliding_attention'; Gemma 3's interleaved local/global layers; or
+      'linear_attention', a Gated DeltaNet layer, Qwen3.5's hybrid decoder);
+      () means every layer is alike. Under `scan_layers` each layer's kind
+      is a scanned input (one stack); a hybrid decoder (linear layers)
+      scans over repeats of its layer pattern (`layer_pattern`).
     local_rope_theta: RoPE base of the sliding layers (Gemma 3
       `rope_local_base_freq`; no rope scaling there); 0 = rope_theta.
     query_pre_attn_scalar: Attention scores are q.k / sqrt(this) (Gemma);
@@ -178,6 +186,14 @@ class ModelConfig:
       attention and MLP outputs only, before the residual add: OLMo 2/3's
       post-norm blocks, norms `post_attn_norm`, `post_mlp_norm`).
     mlp_activation: The gated MLP's activation: 'silu' or 'gelu_tanh'.
+    attn_output_gate: q_proj also gives a per-head output gate: the
+      attention output is multiplied by sigmoid(gate) before o_proj
+      (Qwen3.5's gated attention; q_proj [embed, heads, 2 * head_dim], per
+      head the query then the gate).
+    linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
+      linear_value_head_dim, linear_conv_kernel_dim: the Gated DeltaNet
+      layers' sizes (layers/linear_attention.py; HF names); 0 without
+      'linear_attention' layers.
   """
 
   vocab_size: int
@@ -216,6 +232,12 @@ class ModelConfig:
   v_head_dim: int = 0
   norm_style: str = "llama"
   mlp_activation: str = "silu"
+  attn_output_gate: bool = False
+  linear_num_key_heads: int = 0
+  linear_num_value_heads: int = 0
+  linear_key_head_dim: int = 0
+  linear_value_head_dim: int = 0
+  linear_conv_kernel_dim: int = 0
 
   @classmethod
   def from_config(cls, model: Any, **overrides: Any) -> "ModelConfig":
@@ -262,6 +284,28 @@ class ModelConfig:
                        "fields; set kv_lora_rank > 0 with them.")
     if self.qk_norm_full_width and not self.qk_norm:
       raise ValueError("qk_norm_full_width=True needs qk_norm=True.")
+    if self.attn_output_gate and (self.qkv_bias or self.mla):
+      raise ValueError("attn_output_gate cannot be combined with qkv_bias "
+                       "or MLA.")
+    if self.hybrid:
+      self._check_linear()
+
+  def _check_linear(self) -> None:
+    """ValueError for Gated DeltaNet settings the hybrid decoder cannot
+    run."""
+    sizes = [getattr(self, k) for k in LINEAR_FIELDS]
+    if min(sizes) < 1 or (
+        self.linear_num_value_heads % self.linear_num_key_heads):
+      raise ValueError(
+          f"'linear_attention' layers need {LINEAR_FIELDS} >= 1 (got "
+          f"{sizes}), value heads a multiple of key heads.")
+    others = dict(moe=self.moe is not None, mla=self.mla,
+                  nope_layers=self.nope_layers,
+                  norm_style=self.norm_style not in ("llama", "qwen3_5"))
+    bad = sorted(k for k, v in others.items() if v)
+    if bad:
+      raise ValueError(f"'linear_attention' layers cannot be combined with "
+                       f"{bad} yet (issue 41).")
 
   def _check_mla(self) -> None:
     """ValueError for MLA settings the latent attention cannot run."""
@@ -285,6 +329,39 @@ class ModelConfig:
           f"{bad} (num_kv_heads must equal num_heads).")
 
   @property
+  def hybrid(self) -> bool:
+    """Whether some layers are Gated DeltaNet linear attention."""
+    return "linear_attention" in self.layer_types
+
+  def is_linear_layer(self, i: int) -> bool:
+    """Whether layer i is a Gated DeltaNet layer."""
+    return bool(self.layer_types) and (
+        self.layer_types[i] == "linear_attention")
+
+  def layer_pattern(self) -> int:
+    """The shortest period p of `layer_types` dividing num_layers (the
+    hybrid decoder scans num_layers / p repeats of p layers)."""
+    n = self.num_layers
+    return next(p for p in range(1, n + 1) if n % p == 0 and all(
+        self.layer_types[i] == self.layer_types[i % p] for i in range(n)))
+
+  def linear_attention_params(self) -> int:
+    """Parameters of one Gated DeltaNet layer (its projections, short
+    convolutions, gates and norm)."""
+    d = self.hidden_size
+    keys = self.linear_num_key_heads * self.linear_key_head_dim
+    hv, dv = self.linear_num_value_heads, self.linear_value_head_dim
+    channels = 2 * keys + hv * dv
+    return (d * (channels + hv * dv) + channels * self.linear_conv_kernel_dim
+            + 2 * d * hv + 2 * hv + dv + hv * dv * d)
+
+  def layer_attention_params(self, i: int) -> int:
+    """Parameters of layer i's token mixer (attention or linear)."""
+    if self.is_linear_layer(i):
+      return self.linear_attention_params()
+    return self.attention_params()
+
+  @property
   def mla(self) -> bool:
     """Whether attention is multi-head latent attention."""
     return self.kv_lora_rank > 0
@@ -304,6 +381,8 @@ class ModelConfig:
       attn += dh * (h + 2 * self.num_kv_heads)
     if self.qk_norm:
       attn += dh * ((h + self.num_kv_heads) if self.qk_norm_full_width else 2)
+    if self.attn_output_gate:
+      attn += d * h * dh
     return attn
 
   def is_moe_layer(self, i: int) -> bool:
@@ -359,7 +438,8 @@ class ModelConfig:
     d, f = self.hidden_size, self.intermediate_size
     attn = self.attention_params()
     dense = attn + 3 * d * f + (4 if self.norm_style == "gemma" else 2) * d
-    layers = self.num_layers * dense
+    layers = self.num_layers * dense + sum(
+        self.layer_attention_params(i) - attn for i in range(self.num_layers))
     if self.moe is not None:
       moe = self.moe
       sparse = attn + 2 * d + d * moe.num_experts + 3 * d * (

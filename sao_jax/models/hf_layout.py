@@ -77,10 +77,12 @@ def _attention_entries(cfg: ModelConfig, hf: str,
   out = []
   for name, heads in (("q", h), ("k", cfg.num_kv_heads),
                       ("v", cfg.num_kv_heads)):
+    # Qwen3.5's gated q_proj: per head, the query's rows then the gate's.
+    w = 2 * dh if name == "q" and cfg.attn_output_gate else dh
     out.append(Entry(
         attn + (f"{name}_proj",), f"{hf}self_attn.{name}_proj.weight",
-        (heads * dh, d), lambda w, n=heads: w.T.reshape(d, n, dh),
-        lambda k, n=heads: k.reshape(d, n * dh).T))
+        (heads * w, d), lambda x, n=heads, w=w: x.T.reshape(d, n, w),
+        lambda k, n=heads, w=w: k.reshape(d, n * w).T))
     if cfg.qkv_bias:
       out.append(Entry(
           attn + (f"{name}_bias",), f"{hf}self_attn.{name}_proj.bias",
@@ -97,6 +99,56 @@ def _attention_entries(cfg: ModelConfig, hf: str,
                    (d, h * dh), lambda w: w.T.reshape(h, dh, d),
                    lambda k: k.reshape(h * dh, d).T))
   return out
+
+
+def _linear_entries(cfg: ModelConfig, hf: str,
+                    ours: tuple[str, ...]) -> list[Entry]:
+  """One Gated DeltaNet layer's tensors (HF Qwen3.5 `linear_attn.*`): the
+  fused in_proj_qkv and conv1d rows (q, k, v) are our per-part params."""
+  d, a = cfg.hidden_size, f"{hf}linear_attn."
+  hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+  hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+  kernel = cfg.linear_conv_kernel_dim
+  same, t = (lambda x: x), (lambda x: x.T)
+  parts = (("q", hk, dk), ("k", hk, dk), ("v", hv, dv))
+  rows = 2 * hk * dk + hv * dv
+  out, start = [], 0
+  for name, heads, dim in parts:
+    part = (start, start + heads * dim)
+    out += [
+        Entry(ours + (f"{name}_proj",), f"{a}in_proj_qkv.weight", (rows, d),
+              lambda w, n=heads, k=dim: w.T.reshape(d, n, k),
+              lambda w, n=heads, k=dim: w.reshape(d, n * k).T, part=part),
+        Entry(ours + (f"{name}_conv",), f"{a}conv1d.weight",
+              (rows, 1, kernel),
+              lambda w, n=heads, k=dim: w.reshape(n, k, kernel),
+              lambda w, n=heads, k=dim: w.reshape(n * k, 1, kernel),
+              part=part)]
+    start = part[1]
+  return out + [
+      Entry(ours + ("z_proj",), f"{a}in_proj_z.weight", (hv * dv, d),
+            lambda w: w.T.reshape(d, hv, dv), lambda w: w.reshape(d, -1).T),
+      Entry(ours + ("b_proj",), f"{a}in_proj_b.weight", (hv, d), t, t),
+      Entry(ours + ("a_proj",), f"{a}in_proj_a.weight", (hv, d), t, t),
+      Entry(ours + ("dt_bias",), f"{a}dt_bias", (hv,), same, same),
+      Entry(ours + ("A_log",), f"{a}A_log", (hv,), same, same),
+      Entry(ours + ("norm_scale",), f"{a}norm.weight", (dv,), same, same),
+      Entry(ours + ("o_proj",), f"{a}out_proj.weight", (d, hv * dv),
+            lambda w: w.T.reshape(hv, dv, d), lambda w: w.reshape(-1, d).T)]
+
+
+def _layer_path(cfg: ModelConfig, name: str, i: int
+                ) -> tuple[tuple[str, ...], int | None]:
+  """Layer i's subtree in our params and its index on the stacked axis (None:
+  unstacked): `layers_{i}`, a stage's stack, or a hybrid decoder's member
+  of repeat i // pattern (transformer.LayerGroup)."""
+  if not cfg.scan_layers:
+    return ("decoder", f"layers_{i}"), None
+  if not cfg.hybrid:
+    return ("decoder", name), None
+  p = cfg.layer_pattern()
+  kind = "linear" if cfg.is_linear_layer(i) else "full"
+  return ("decoder", "layer_groups", f"{kind}_{i % p}"), i // p
 
 
 def _deinterleave(x: np.ndarray, dr: int, axis: int,
@@ -202,9 +254,12 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
     for i in range(first, first + count):
       start = len(out)
       hf = f"model.layers.{i}."
-      ours = ("decoder", name if cfg.scan_layers else f"layers_{i}")
-      out += (_mla_entries if cfg.mla else _attention_entries)(
-          cfg, hf, ours + ("attn",))
+      ours, index = _layer_path(cfg, name, i)
+      if cfg.is_linear_layer(i):
+        out += _linear_entries(cfg, hf, ours + ("linear_attn",))
+      else:
+        out += (_mla_entries if cfg.mla else _attention_entries)(
+            cfg, hf, ours + ("attn",))
       out += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
           Entry(ours + ("mlp", f"{p}_proj"), f"{hf}mlp.{p}_proj.weight",
                 shape, t, t)
@@ -213,7 +268,8 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
       out += [Entry(ours + (ours_name, "scale"), f"{hf}{hf_name}.weight",
                     (d,), same, same) for ours_name, hf_name in norm_names]
       if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
-        out[start:] = [dataclasses.replace(e, layer=i - first)
+        out[start:] = [dataclasses.replace(
+            e, layer=i - first if index is None else index)
                        for e in out[start:]]
   out.append(Entry(("decoder", "final_norm", "scale"), "model.norm.weight",
                    (d,), same, same))

@@ -21,6 +21,13 @@ which the sharding rules map to no mesh axis), the layers run by `nn.scan`:
   decoder/layers/attn/o_proj              [L, heads, head_dim, embed]
   decoder/layers/attn/...                 MLA's own (kv_lora_rank > 0:
                                           layers/mla.py)
+  decoder/layer_groups/{linear,full}_{j}/... a hybrid decoder's layers
+                                          (`layer_types` with
+                                          'linear_attention'): [G, ...]
+                                          over the G repeats of its layer
+                                          pattern, member j of each repeat;
+                                          a linear member's `linear_attn`
+                                          is layers/linear_attention.py's
   decoder/layers/mlp_norm/scale           [L, embed]
   decoder/layers/post_{attn,mlp}_norm/scale [L, embed]  (norm_style 'gemma'
                                           or 'olmo', which has no
@@ -52,6 +59,8 @@ from sao_jax.models.layers.embed import Embedder
 from sao_jax.models.layers.kv_cache import KVCache
 # The model's interface: the cache and positions its callers build.
 from sao_jax.models.layers.kv_cache import init_cache  # pylint: disable=unused-import
+from sao_jax.models.layers.linear_attention import GatedDeltaNet
+from sao_jax.models.layers.linear_attention import LinearAttentionDims
 from sao_jax.models.layers.masks import mask_spec
 from sao_jax.models.layers.mla import LatentAttention
 from sao_jax.models.layers.masks import positions_from_mask  # pylint: disable=unused-import
@@ -72,11 +81,14 @@ class DecoderLayer(nn.Module):
   and `post_mlp_norm` on the ffn output (HF Gemma 3's post-attention and
   post-feedforward norms; `mlp_norm` is its pre-feedforward norm);
   `norm_style='olmo'` keeps only those two (OLMo 2/3: x + norm(attn(x))). ``local``,
-  ``use_rope``: Attention's sliding-layer and RoPE flags.
+  ``use_rope``: Attention's sliding-layer and RoPE flags. With ``linear``
+  the token mixer is Qwen3.5's Gated DeltaNet (`linear_attn`, no cache yet)
+  over the valid tokens (``tokens``: the bool attention mask [B, T]).
   """
 
   config: ModelConfig
   sparse: bool = False
+  linear: bool = False
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None,
@@ -85,9 +97,17 @@ class DecoderLayer(nn.Module):
     pre = style != "olmo"  # OLMo 2/3: norms after the sublayers only.
     post = style in ("gemma", "olmo")
     attention = LatentAttention if self.config.mla else Attention
-    y, new_kv = attention(self.config, name="attn")(
-        RMSNorm(self.config, name="attn_norm")(x) if pre else x, positions,
-        mask, kv, local, use_rope)
+    normed = RMSNorm(self.config, name="attn_norm")(x) if pre else x
+    if self.linear:
+      cfg = self.config
+      y, new_kv = GatedDeltaNet(cfg, LinearAttentionDims(
+          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+          cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+          cfg.linear_conv_kernel_dim), name="linear_attn")(normed, tokens)
+      y, new_kv = y.astype(x.dtype), None
+    else:
+      y, new_kv = attention(self.config, name="attn")(
+          normed, positions, mask, kv, local, use_rope)
     if post:
       y = RMSNorm(self.config, name="post_attn_norm")(y)
     x = x + y
@@ -140,6 +160,28 @@ def _scan_body(layer, x, kv, forced, flags, positions, mask, end, tokens):
              routed)
 
 
+class LayerGroup(nn.Module):
+  """One repeat of a hybrid decoder's layer pattern (`layer_pattern` layers,
+  `{linear,full}_{j}`), the body the decoder scans."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, mask, tokens):
+    cfg, block = self.config, _block(self.config)
+    for j in range(cfg.layer_pattern()):
+      linear = cfg.is_linear_layer(j)
+      x, _, _ = block(cfg, linear=linear,
+                      name=f"{'linear' if linear else 'full'}_{j}")(
+                          x, positions, mask, None, None, tokens,
+                          cfg.is_local_layer(j), True)
+    return x
+
+
+def _group_body(group, x, positions, mask, tokens):
+  return group(x, positions, mask, tokens), None
+
+
 def _layer_flags(cfg: ModelConfig, first: int, n: int
                  ) -> tuple[jax.Array | None, jax.Array | None]:
   """Layers [first, first + n)'s scanned (sliding-window, RoPE) flags: bool
@@ -167,7 +209,14 @@ class Decoder(nn.Module):
     cfg = self.config
     self.embedder = Embedder(cfg)
     block = _block(cfg)
-    if cfg.scan_layers:
+    if cfg.scan_layers and cfg.hybrid:
+      self.group = LayerGroup(cfg, name="layer_groups")
+      self._group_scan = nn.scan(
+          _group_body, variable_axes={"params": 0},
+          split_rngs={"params": True}, in_axes=nn.broadcast,
+          length=cfg.num_layers // cfg.layer_pattern(),
+          metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+    elif cfg.scan_layers:
       self.stacks = [block(cfg, sparse, name=name)
                      for name, _, _, sparse in cfg.stages()]
       self._scans = [nn.scan(
@@ -178,7 +227,8 @@ class Decoder(nn.Module):
           length=n, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
                      for _, _, n, _ in cfg.stages()]
     else:
-      self.layers = [block(cfg, cfg.is_moe_layer(i), name=f"layers_{i}")
+      self.layers = [block(cfg, cfg.is_moe_layer(i), cfg.is_linear_layer(i),
+                           name=f"layers_{i}")
                      for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
 
@@ -198,6 +248,9 @@ class Decoder(nn.Module):
             tokens, cfg.is_local_layer(i), cfg.uses_rope(i))
         routed += [] if r is None else [r]
       return x, kv, routed
+    if cfg.hybrid:
+      x, _ = self._group_scan(self.group, x, positions, mask, tokens)
+      return x, None, routed
     ks, vs = [], []
     m = 0
     for stack, scan, (_, first, n, sparse) in zip(self.stacks, self._scans,
@@ -233,6 +286,11 @@ class Decoder(nn.Module):
     ``routing`` int32 [B, T, M, k]: experts to use instead of the router's
     choice (replay, R3).
     """
+    if self.config.hybrid and (cache is not None or segment_ids is not None):
+      raise NotImplementedError(
+          "A hybrid decoder's linear-attention layers keep no generation "
+          "state and cannot separate packed rows yet (issue 41): call it "
+          "without a cache and segment_ids.")
     mask, valid = mask_spec(attention_mask, cache, segment_ids)
     x = self.embedder(tokens)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))

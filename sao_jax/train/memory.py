@@ -47,14 +47,15 @@ class MemoryEstimate:
 
 def attention_params(config: ModelConfig) -> int:
   """Parameters `optim.frozen_attention_labels` freezes: every layer's q/k/v/o
-  projections (and q/k/v biases, q/k norms) and its attention norms
-  (`attn_norm`, `post_attn_norm`)."""
+  projections (and q/k/v biases, q/k norms; a linear-attention layer's
+  `linear_attn`) and its attention norms (`attn_norm`, `post_attn_norm`)."""
   d = config.hidden_size
-  per_layer = config.attention_params() + d  # + attn_norm.
+  per_layer = d  # attn_norm.
   if config.norm_style == "gemma":
     per_layer += d  # post_attn_norm (an 'attn' path).
   # norm_style 'olmo': post_attn_norm in place of attn_norm, as many.
-  return config.num_layers * per_layer
+  return sum(config.layer_attention_params(i) + per_layer
+             for i in range(config.num_layers))
 
 
 def critic_params(config: ModelConfig) -> int:

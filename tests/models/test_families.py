@@ -50,6 +50,12 @@ CONFIGS = {
         num_kv_heads=4, head_dim=24, kv_lora_rank=16, q_lora_rank=8,
         qk_rope_head_dim=8, v_head_dim=12, first_dense_layers=1,
         moe=MoeConfig(**_MOE, router="sigmoid", n_shared_experts=1)),
+    "Qwen3_5ForCausalLM": ModelConfig.tiny(
+        norm_style="qwen3_5", qk_norm=True, attn_output_gate=True,
+        rotary_dim=4, layer_types=("linear_attention", "full_attention"),
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4),
 }
 # (family, other): the other, more general family also expresses the
 # family's config, which reads back unchanged (Mistral without a window is

@@ -177,6 +177,25 @@ def _deepseek_v3_config() -> Any:
                        "mscale_all_dim": 1.0, "rope_theta": 500.0})
 
 
+_QWEN3_5_LAYER_TYPES = ("linear_attention", "full_attention") * 2
+_QWEN3_5_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=16, linear_value_head_dim=8,
+                       linear_conv_kernel_dim=4)
+
+
+def _qwen3_5_config() -> Any:
+  """Linear, full, linear, full (a pattern of two, scanned twice); gated
+  full attention rotating a quarter of each head."""
+  config = transformers.Qwen3_5TextConfig(
+      **{**_DENSE, "num_hidden_layers": 4}, head_dim=16, **_QWEN3_5_LINEAR,
+      rms_norm_eps=1e-6, tie_word_embeddings=False,
+      layer_types=list(_QWEN3_5_LAYER_TYPES),
+      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                       "partial_rotary_factor": 0.25})
+  config.architectures = ["Qwen3_5ForCausalLM"]
+  return config
+
+
 def _qwen3(tie: bool, **row) -> Family:
   return Family(
       arch="Qwen3ForCausalLM",
@@ -378,6 +397,32 @@ FAMILIES = {
         import_refusals=(({"rope_interleave": False}, "rope_interleave"),
                          ({"num_key_value_heads": 2}, "num_key_value_heads")),
         marks=(pytest.mark.slow,)),
+    # Qwen3.5's hybrid decoder: Gated DeltaNet layers (grouped value heads,
+    # a short conv) between gated full-attention layers with partial
+    # rotary and q/k norms; (1 + w) norms init to 0, perturbed like any
+    # weight.
+    "qwen3_5": Family(
+        atol=5e-5,  # Measured 1.5e-5 (the delta rule's float32 sums).
+        arch="Qwen3_5ForCausalLM",
+        hf_config=_qwen3_5_config,
+        reads={"layer_types": _QWEN3_5_LAYER_TYPES, "attn_output_gate": True,
+               "norm_style": "qwen3_5", "rotary_dim": 4, "qk_norm": True,
+               "head_dim": 16, **_QWEN3_5_LINEAR},
+        batch=dict(length=11, pads=(0, 3, 8), seed=1),
+        weights=dict(norm_center=None),
+        layouts=("default", "unrolled-dense"),
+        saved={"layer_types": list(_QWEN3_5_LAYER_TYPES)},
+        tiny=dict(layer_types=("linear_attention", "full_attention"),
+                  norm_style="qwen3_5", qk_norm=True, attn_output_gate=True,
+                  rotary_dim=4, **_QWEN3_5_LINEAR),
+        export_refusals=((None, "LlamaForCausalLM", "Qwen3.5"),
+                         (None, "Qwen3ForCausalLM", "attn_output_gate"),
+                         ({"qk_norm": True}, "Qwen3_5ForCausalLM",
+                          "Qwen3_5ForCausalLM cannot express")),
+        import_refusals=(({"attention_bias": True}, "attention_bias"),
+                         ({"layer_types": ["linear_attention",
+                                           "sliding_attention"]},
+                          "layer_types"))),
 }
 
 
@@ -621,6 +666,33 @@ def test_mistral_without_a_window_reads_and_writes_none():
   no_window = ModelConfig.from_hf_config(hf_cfg | {"sliding_window": None})
   assert no_window.sliding_window == 0
   assert no_window.to_hf_config("MistralForCausalLM")["sliding_window"] is None
+
+
+def test_qwen3_5_scans_its_layer_pattern_and_refuses_a_cache():
+  """A hybrid decoder's scanned params: one [G, ...] stack per member of its
+  layer pattern; a cache or packed rows are refused (no linear-layer state
+  in generation yet), not run wrong."""
+  tiny = FAMILIES["qwen3_5"].tiny
+  cfg = ModelConfig.tiny(**{**tiny, "num_layers": 6,
+                            "layer_types": tiny["layer_types"] * 3})
+  assert cfg.layer_pattern() == 2
+  tok = jnp.zeros((2, 5), jnp.int32)
+  model = tm.Transformer(cfg)
+  params = jax.eval_shape(model.init, jax.random.key(0), tok, tok,
+                          tok >= 0)["params"]
+  groups = params["decoder"]["layer_groups"]
+  assert sorted(groups) == ["full_1", "linear_0"]
+  assert nn.unbox(groups["linear_0"]["linear_attn"]["q_proj"]).shape == (
+      3, 64, 2, 16)
+  assert nn.unbox(groups["full_1"]["attn"]["q_proj"]).shape == (3, 64, 4, 32)
+  assert sum(x.size for x in jax.tree.leaves(nn.unbox(params))) == (
+      cfg.num_params())
+  with pytest.raises(NotImplementedError, match="cache"):
+    jax.eval_shape(model.apply, {"params": params}, tok, tok, tok >= 0,
+                   tm.init_cache(cfg, 2, 8))
+  with pytest.raises(NotImplementedError, match="packed rows"):
+    jax.eval_shape(model.apply, {"params": params}, tok, tok, tok >= 0,
+                   segment_ids=jnp.ones_like(tok))
 
 
 def test_gemma3_layer_types_must_name_every_layer():

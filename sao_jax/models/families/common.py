@@ -115,7 +115,7 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
                  router: str | None = None, partial_rotary: bool = False,
                  nope: bool = False, norm_style: str = "llama",
                  full_width_qk: bool = False, layer_types: bool = False,
-                 mla: bool = False,
+                 mla: bool = False, hybrid: bool = False,
                  notes: Mapping[str, str] | None = None) -> None:
   """Refuses what `arch` (a Llama-like family) cannot express in `cfg`.
 
@@ -136,17 +136,21 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
       `local_rope_theta`).
     mla: Whether its attention is multi-head latent attention (then
       `kv_lora_rank` must be set).
+    hybrid: Whether it has Qwen3.5's gated attention and linear-attention
+      layers (`attn_output_gate`, 'linear_attention' layer_types).
     notes: Field -> why, added to that field's error.
   """
   other = (cfg.norm_style != norm_style or cfg.mlp_activation != "silu" or
            cfg.query_pre_attn_scalar or cfg.qk_norm_full_width != full_width_qk
-           or (not layer_types and (cfg.layer_types or cfg.local_rope_theta)))
+           or (not layer_types and (cfg.layer_types or cfg.local_rope_theta))
+           or (not hybrid and (cfg.attn_output_gate or cfg.hybrid)))
   if other:
     raise UnsupportedConfigError(
         f"{arch} cannot express norm_style={cfg.norm_style!r}, mlp_activation="
         f"{cfg.mlp_activation!r}, qk_norm_full_width="
-        f"{cfg.qk_norm_full_width}, query_pre_attn_scalar, layer_types or "
-        "local_rope_theta as this config sets them (Gemma 3, OLMo 2/3); "
+        f"{cfg.qk_norm_full_width}, query_pre_attn_scalar, layer_types, "
+        "local_rope_theta or attn_output_gate as this config sets them "
+        "(Gemma 3, OLMo 2/3, Qwen3.5); "
         f"export as {cfg.hf_architecture()}.")
   cfg_router = cfg.moe.router if cfg.moe is not None else None
   problems = (("sliding_window", cfg.sliding_window,

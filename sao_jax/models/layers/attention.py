@@ -78,7 +78,8 @@ def choose(cfg: ModelConfig, t: int, s: int, cached: bool,
     raise ValueError(
         f"model.attention='splash' runs on TPU only (backend {backend!r}); "
         "use 'auto' or 'blockwise'.")
-  per_layer = len(set(cfg.layer_types)) > 1
+  # Sliding and full layers mixed (linear layers do not attend).
+  per_layer = len(set(cfg.layer_types) - {"linear_attention"}) > 1
   if name in ("cudnn", "splash") and per_layer and cfg.scan_layers:
     raise ValueError(
         f"model.attention={name!r} takes one static window, but layer_types "
@@ -153,8 +154,8 @@ reference (materialised scores and mask), the blockwise online-softmax path
     d = cfg.hidden_size
     init = nn.initializers.normal(INIT_STD)
 
-    def proj(name, heads, head_axis):
-      kernel = param(self, f"{name}_proj", init, (d, heads, dh),
+    def proj(name, heads, head_axis, width=dh):
+      kernel = param(self, f"{name}_proj", init, (d, heads, width),
                       ("embed", head_axis, "head_dim"))
       y = jnp.einsum("btd,dhk->bthk", x, kernel.astype(x.dtype))
       if cfg.qkv_bias:
@@ -163,7 +164,13 @@ reference (materialised scores and mask), the blockwise online-softmax path
         y = y + bias.astype(x.dtype)
       return y
 
-    q, k = proj("q", h, "heads"), proj("k", hkv, "kv_heads")
+    gate = None
+    if cfg.attn_output_gate:  # Qwen3.5: per head, dh query then dh gate.
+      q = proj("q", h, "heads", 2 * dh)
+      q, gate = q[..., :dh], q[..., dh:]
+    else:
+      q = proj("q", h, "heads")
+    k = proj("k", hkv, "kv_heads")
     if cfg.qk_norm_full_width:  # OLMo 2: over all heads' channels at once.
       q = RMSNorm(cfg, (h, dh), ("heads", "head_dim"), name="q_norm")(
           q).astype(x.dtype)
@@ -209,6 +216,8 @@ reference (materialised scores and mask), the blockwise online-softmax path
     b, t = x.shape[:2]
     q = q.reshape(b, t, hkv, h // hkv, dh)  # Query head j*G+g uses kv head j.
     out = attend(cfg, q, k, v, spec, kv is not None).reshape(b, t, h, dh)
+    if gate is not None:
+      out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
     o_kernel = param(self, "o_proj", init, (h, dh, d),
                       ("heads", "head_dim", "embed"))
     return jnp.einsum("bthk,hkd->btd", out, o_kernel.astype(x.dtype)), new_kv

@@ -16,9 +16,9 @@ the updates are one unit-lower-triangular solve (the UT transform) and
 matmuls, and a scan carries S across chunks, so memory grows with T x C, not
 T^2. Both take and return the state, so a prefill can hand it to decode
 steps. `GatedDeltaNet` is Qwen3.5's layer around them (projections, the
-short conv, decay and write gates, a gated RMSNorm); the hybrid decoder
-that interleaves it with full-attention layers, and its cache, are not
-built yet (issue 41).
+short conv, decay and write gates, a gated RMSNorm), a token mixer of the
+hybrid decoder (`transformer.DecoderLayer` with `linear`); the sampler's
+cache does not hold its state yet (issue 41).
 """
 
 from __future__ import annotations

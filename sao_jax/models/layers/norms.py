@@ -14,7 +14,8 @@ Array = jax.Array
 
 class RMSNorm(nn.Module):
   """y = x / sqrt(mean(x^2) + eps) * scale, in float32 (HF LlamaRMSNorm);
-  * (1 + scale) with `norm_style='gemma'` (HF Gemma3RMSNorm, scale init 0).
+  * (1 + scale) with `norm_style` 'gemma' or 'qwen3_5' (HF Gemma3RMSNorm,
+  Qwen3_5RMSNorm; scale init 0).
 
   Over the last axis: `features` wide (0: hidden_size), logical `axis`
   (Qwen3's per-head q/k norms: head_dim, 'head_dim'); or over the last
@@ -29,7 +30,7 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    gemma = self.config.norm_style == "gemma"
+    gemma = self.config.norm_style in ("gemma", "qwen3_5")  # (1 + w).
     init = nn.initializers.zeros if gemma else nn.initializers.ones
     shape = self.features or self.config.hidden_size
     shape = tuple(shape) if isinstance(shape, tuple) else (shape,)
