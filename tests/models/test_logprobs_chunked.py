@@ -8,7 +8,6 @@ longer holds a [B, T, V] float32 array.
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,12 +37,10 @@ def _cfg(tie: bool, chunk: int = 0) -> ModelConfig:
                                        logits_chunk=chunk)
 
 
-def _params(cfg: ModelConfig):
-  tok = jnp.zeros((1, 4), jnp.int32)
-  p = nn.unbox(transformer.Transformer(cfg).init(
-      jax.random.PRNGKey(0), tok, tok, tok > -1)["params"])
-  v = transformer.value_params_from_policy(p, cfg, jax.random.PRNGKey(1))
-  return p, v
+def _params(tie: bool):
+  """Policy and critic params (the same whatever `logits_chunk`), made once
+  per head layout by jitted programs."""
+  return tiny_models.policy_and_critic(_cfg(tie))
 
 
 def _batch(seed: int) -> dict[str, jax.Array]:
@@ -112,7 +109,7 @@ def test_chunked_head_equals_full_logits(layout, chunk):
 @pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("chunk", [15, 40])  # 5 or 13 positions per row.
 def test_policy_token_stats_equal_full(tie, chunk):
-  p, _ = _params(_cfg(tie))
+  p, _ = _params(tie)
   batch = _batch(seed=int(tie))
   pos = transformer.positions_from_mask(batch["attention_mask"])
 
@@ -132,7 +129,7 @@ def test_policy_token_stats_equal_full(tie, chunk):
 def _step(tie: bool, chunk: int, loss: str, seed: int, kl: bool):
   """One SAO/GRPO step with SGD(1): new params = old - gradient."""
   cfg = _cfg(tie, chunk)
-  p, v = _params(cfg)
+  p, v = _params(tie)
   batch = _batch(seed)
   logp = lp.token_logprobs(p, _cfg(tie), batch["tokens"],
                            batch["attention_mask"], TEMP)
@@ -167,7 +164,7 @@ def test_train_step_equals_full_logits(tie, loss, kl, seed):
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_sft_loss_equals_full_logits(tie):
-  p, _ = _params(_cfg(tie))
+  p, _ = _params(tie)
   batch = _batch(seed=4)
   batch["loss_mask"] = batch["action_mask"].astype(jnp.float32)
 
