@@ -11,10 +11,9 @@ has no entry in ``TINY`` fails the test: a new command gets a tiny form (one
 line here) when it is documented, so CI runs it. A tiny form runs once per
 session, in whichever test process gets to it first: a command quoted twice,
 two that differ only in options their tiny flags override or never read
-(``effective_argv``, ``Tiny.moot``), or only in a ``--workdir`` that nothing later in its
-block reads (``_generic``). The SmolLM2
-commands find a one-layer cut of the converted checkpoint
-(``smollm2_tiny_checkpoint``).
+(``effective_argv``, ``Tiny.moot``), or only in a ``--workdir`` that nothing
+later in its block reads (``_generic``). The SmolLM2 commands find a
+one-layer cut of the converted checkpoint (``smollm2_tiny_checkpoint``).
 """
 
 from __future__ import annotations
@@ -254,8 +253,8 @@ def test_every_documented_command_has_a_tiny_form():
                     for c in commands if c.key not in TINY})
   assert not missing, (
       "Documented commands with no tiny form in TINY "
-      f"(tests/experiments/test_documented_commands.py), so CI would not run them: "
-      f"{missing}")
+      "(tests/experiments/test_documented_commands.py), so CI would not run "
+      f"them: {missing}")
   # And the table holds nothing that is no longer documented.
   keys = {c.key for c in commands}
   assert set(TINY) - keys == set(), set(TINY) - keys
@@ -338,8 +337,8 @@ def smollm2_tiny_checkpoint(pytestconfig, tmp_path_factory) -> pathlib.Path:
   the suite's one conversion: what the documents' SmolLM2 commands load in
   their tiny forms (``TINY`` sets ``model.num_layers=1`` to match). The
   conversion command itself runs, finding a complete checkpoint; the real
-  model's conversion and parity are tests/models/test_smollm2_parity.py's, its TPU
-  compile tests/aot/test_aot.py's."""
+  model's conversion and parity are tests/models/test_smollm2_parity.py's,
+  its TPU compile tests/aot/test_aot.py's."""
   import smollm2_checkpoint  # pylint: disable=g-import-not-at-top
   out = tmp_path_factory.mktemp("smollm2") / "one_layer"
   one_layer_smollm2(pathlib.Path(smollm2_checkpoint.converted_dir(
