@@ -59,6 +59,7 @@ from sao_jax.models.layers.embed import Embedder
 from sao_jax.models.layers.kv_cache import KVCache
 # The model's interface: the cache and positions its callers build.
 from sao_jax.models.layers.kv_cache import init_cache  # pylint: disable=unused-import
+from sao_jax.models.layers.kv_cache import kind_index
 from sao_jax.models.layers.linear_attention import GatedDeltaNet
 from sao_jax.models.layers.linear_attention import LinearAttentionDims
 from sao_jax.models.layers.masks import mask_spec
@@ -82,8 +83,9 @@ class DecoderLayer(nn.Module):
   post-feedforward norms; `mlp_norm` is its pre-feedforward norm);
   `norm_style='olmo'` keeps only those two (OLMo 2/3: x + norm(attn(x))). ``local``,
   ``use_rope``: Attention's sliding-layer and RoPE flags. With ``linear``
-  the token mixer is Qwen3.5's Gated DeltaNet (`linear_attn`, no cache yet)
-  over the valid tokens (``tokens``: the bool attention mask [B, T]).
+  the token mixer is Qwen3.5's Gated DeltaNet (`linear_attn`) over the
+  valid tokens (``tokens``: the bool attention mask [B, T]), ``kv`` its
+  (state, conv states) or None, returned updated.
   """
 
   config: ModelConfig
@@ -103,8 +105,8 @@ class DecoderLayer(nn.Module):
       y, new_kv = GatedDeltaNet(cfg, LinearAttentionDims(
           cfg.linear_num_key_heads, cfg.linear_num_value_heads,
           cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-          cfg.linear_conv_kernel_dim), name="linear_attn")(normed, tokens)
-      y, new_kv = y.astype(x.dtype), None
+          cfg.linear_conv_kernel_dim), name="linear_attn")(normed, tokens, kv)
+      y, new_kv = y.astype(x.dtype), None if kv is None else new_kv
     else:
       y, new_kv = attention(self.config, name="attn")(
           normed, positions, mask, kv, local, use_rope)
@@ -167,19 +169,38 @@ class LayerGroup(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, tokens):
+  def __call__(self, x, kv, positions, mask, end, tokens):
     cfg, block = self.config, _block(self.config)
+    layers = []
     for j in range(cfg.layer_pattern()):
       linear = cfg.is_linear_layer(j)
-      x, _, _ = block(cfg, linear=linear,
-                      name=f"{'linear' if linear else 'full'}_{j}")(
-                          x, positions, mask, None, None, tokens,
-                          cfg.is_local_layer(j), True)
-    return x
+      layers.append((j, block(cfg, linear=linear,
+                              name=f"{'linear' if linear else 'full'}_{j}")))
+    return _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens)
 
 
-def _group_body(group, x, positions, mask, tokens):
-  return group(x, positions, mask, tokens), None
+def _group_body(group, x, kv, positions, mask, end, tokens):
+  return group(x, kv, positions, mask, end, tokens)
+
+
+def _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens):
+  """x through hybrid layers [(layer index, module)]; kv: the cache's (k,
+  v, linear states) of those layers (by `kind_index`) or None. Returns (x,
+  kv updated)."""
+  for i, layer in layers:
+    j = kind_index(cfg, i)
+    if cfg.is_linear_layer(i):
+      lin = None if kv is None else kv[2]
+      x, new, _ = layer(x, positions, mask, None if kv is None else (
+          lin[0][j], tuple(c[j] for c in lin[1:])), None, tokens)
+      if kv is not None:
+        kv = (kv[0], kv[1], tuple(a.at[j].set(b.astype(a.dtype)) for a, b in
+                                  zip(lin, (new[0], *new[1]))))
+    else:
+      x, new, _ = layer(x, positions, mask, None if kv is None else (
+          kv[0], kv[1], j, end), None, tokens, cfg.is_local_layer(i), True)
+      kv = None if kv is None else (*new, kv[2])
+  return x, kv
 
 
 def _layer_flags(cfg: ModelConfig, first: int, n: int
@@ -213,7 +234,8 @@ class Decoder(nn.Module):
       self.group = LayerGroup(cfg, name="layer_groups")
       self._group_scan = nn.scan(
           _group_body, variable_axes={"params": 0},
-          split_rngs={"params": True}, in_axes=nn.broadcast,
+          split_rngs={"params": True},
+          in_axes=(0,) + (nn.broadcast,) * 4,
           length=cfg.num_layers // cfg.layer_pattern(),
           metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
     elif cfg.scan_layers:
@@ -238,6 +260,18 @@ class Decoder(nn.Module):
     cfg = self.config
     end = None if cache is None else cache.end
     routed = []
+    kv = None if cache is None else (cache.k, cache.v, cache.linear)
+    if cfg.hybrid and not cfg.scan_layers:
+      return (*_run_hybrid(cfg, list(enumerate(self.layers)), x, positions,
+                           mask, kv, end, tokens), routed)
+    if cfg.hybrid:  # The cache by repeat of the layer pattern: [G, n, ...].
+      g = cfg.num_layers // cfg.layer_pattern()
+      kv = jax.tree.map(lambda a: a.reshape(g, a.shape[0] // g, *a.shape[1:]),
+                        kv)
+      x, kv = self._group_scan(self.group, x, kv, positions, mask, end,
+                               tokens)
+      return x, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]),
+                             kv), routed
     if not cfg.scan_layers:
       kv = None if cache is None else (cache.k, cache.v)
       for i, layer in enumerate(self.layers):
@@ -286,11 +320,10 @@ class Decoder(nn.Module):
     ``routing`` int32 [B, T, M, k]: experts to use instead of the router's
     choice (replay, R3).
     """
-    if self.config.hybrid and (cache is not None or segment_ids is not None):
+    if self.config.hybrid and segment_ids is not None:
       raise NotImplementedError(
-          "A hybrid decoder's linear-attention layers keep no generation "
-          "state and cannot separate packed rows yet (issue 41): call it "
-          "without a cache and segment_ids.")
+          "A hybrid decoder's linear-attention layers cannot separate packed "
+          "rows yet (issue 41): call it without segment_ids.")
     mask, valid = mask_spec(attention_mask, cache, segment_ids)
     x = self.embedder(tokens)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -305,7 +338,8 @@ class Decoder(nn.Module):
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=kv[0], v=kv[1], valid=valid,
-                          end=cache.end + tokens.shape[1])
+                          end=cache.end + tokens.shape[1],
+                          linear=kv[2] if len(kv) > 2 else None)
     return self.final_norm(x), new_cache
 
   def attend(self, x: Array) -> Array:

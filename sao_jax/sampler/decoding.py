@@ -139,7 +139,9 @@ def _rows_of(state: DecodeState, rows: Array) -> DecodeState:
   cache = state.cache
   return DecodeState(
       cache=cache.replace(k=take(cache.k, 1), v=take(cache.v, 1),
-                          valid=take(cache.valid, 0), end=take(cache.end, 0)),
+                          valid=take(cache.valid, 0), end=take(cache.end, 0),
+                          linear=jax.tree.map(lambda a: take(a, 1),
+                                              cache.linear)),
       last_logits=take(state.last_logits, 0), pos=take(state.pos, 0))
 
 
@@ -152,7 +154,9 @@ def _put_rows(state: DecodeState, rows: Array, sub: DecodeState
           k=cache.k.at[:, rows].set(sub.cache.k),
           v=cache.v.at[:, rows].set(sub.cache.v),
           valid=cache.valid.at[rows].set(sub.cache.valid),
-          end=cache.end.at[rows].set(sub.cache.end)),
+          end=cache.end.at[rows].set(sub.cache.end),
+          linear=jax.tree.map(lambda a, b: a.at[:, rows].set(b), cache.linear,
+                              sub.cache.linear)),
       last_logits=state.last_logits.at[rows].set(sub.last_logits),
       pos=state.pos.at[rows].set(sub.pos))
 
@@ -261,11 +265,15 @@ def clear_rows(state: DecodeState, rows: Array) -> DecodeState:
 
   The cleared rows' old keys/values stay in memory but are never attended to
   again (attention sees only valid slots), so a refilled slot cannot see its
-  previous occupant.
+  previous occupant; a hybrid policy's linear-layer states of those rows
+  are zeroed (a new sequence's start).
   """
   rows = rows.astype(jnp.bool_)
+  zero = lambda a: jnp.where(rows.reshape((1, -1) + (1,) * (a.ndim - 2)), 0,
+                             a).astype(a.dtype)
   cache = state.cache.replace(valid=state.cache.valid & ~rows[:, None],
-                              end=jnp.where(rows, 0, state.cache.end))
+                              end=jnp.where(rows, 0, state.cache.end),
+                              linear=jax.tree.map(zero, state.cache.linear))
   return DecodeState(cache=cache,
                      last_logits=jnp.where(rows[:, None], 0.0,
                                            state.last_logits),

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from absl import logging
+import jax
 import numpy as np
 
 from sao_jax.models.config import ModelConfig
@@ -83,8 +84,14 @@ def estimate_memory(config: ModelConfig, *, kv_batch: int, kv_len: int,
   value = critic_params(config) if critic else 0
   trainable_value = value - (
       attention_params(config) if critic and critic_frozen_attention else 0)
-  kv = config.num_layers * kv_batch * kv_len * c * sum(
+  attention_layers = config.num_layers - sum(
+      map(config.is_linear_layer, range(config.num_layers)))
+  kv = attention_layers * kv_batch * kv_len * c * sum(
       heads * width for heads, width in kv_cache.slot_widths(config))
+  if config.hybrid:  # The linear layers' fixed-size states, per row.
+    kv += sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+        jax.eval_shape(lambda: kv_cache.init_cache(config, kv_batch,
+                                                   1)).linear))
   return MemoryEstimate(
       policy_params=policy * p,
       policy_optimizer=_ADAM_MOMENTS * policy * p,

@@ -40,6 +40,7 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import MoeConfig
 from sao_jax.models.config import SUPPORTED_ARCHITECTURES
 from sao_jax.models.config import UnsupportedConfigError
+from sao_jax.sampler import decoding
 from sao_jax.train import memory
 from sao_jax.train import optim
 
@@ -412,6 +413,7 @@ FAMILIES = {
         weights=dict(norm_center=None),
         layouts=("default", "unrolled-dense"),
         saved={"layer_types": list(_QWEN3_5_LAYER_TYPES)},
+        checks=frozenset({"batch_decode"}),
         tiny=dict(layer_types=("linear_attention", "full_attention"),
                   norm_style="qwen3_5", qk_norm=True, attn_output_gate=True,
                   rotary_dim=4, **_QWEN3_5_LINEAR),
@@ -668,10 +670,11 @@ def test_mistral_without_a_window_reads_and_writes_none():
   assert no_window.to_hf_config("MistralForCausalLM")["sliding_window"] is None
 
 
-def test_qwen3_5_scans_its_layer_pattern_and_refuses_a_cache():
+def test_qwen3_5_layer_groups_cache_refill_and_packed_rows():
   """A hybrid decoder's scanned params: one [G, ...] stack per member of its
-  layer pattern; a cache or packed rows are refused (no linear-layer state
-  in generation yet), not run wrong."""
+  layer pattern; its cache holds KV for the attention layers only and
+  (state, conv states) for the linear ones; packed rows are refused (the
+  state would run across trajectories), not run wrong."""
   tiny = FAMILIES["qwen3_5"].tiny
   cfg = ModelConfig.tiny(**{**tiny, "num_layers": 6,
                             "layer_types": tiny["layer_types"] * 3})
@@ -687,12 +690,50 @@ def test_qwen3_5_scans_its_layer_pattern_and_refuses_a_cache():
   assert nn.unbox(groups["full_1"]["attn"]["q_proj"]).shape == (3, 64, 4, 32)
   assert sum(x.size for x in jax.tree.leaves(nn.unbox(params))) == (
       cfg.num_params())
-  with pytest.raises(NotImplementedError, match="cache"):
-    jax.eval_shape(model.apply, {"params": params}, tok, tok, tok >= 0,
-                   tm.init_cache(cfg, 2, 8))
+  cache = tm.init_cache(cfg, 2, 8)
+  assert cache.k.shape == (3, 2, 8, 2, 16)
+  assert [a.shape for a in cache.linear] == [
+      (3, 2, 4, 16, 8), (3, 2, 32, 3), (3, 2, 32, 3), (3, 2, 32, 3)]
+  _, new = jax.eval_shape(model.apply, {"params": params}, tok, tok,
+                          tok >= 0, cache)
+  assert jax.tree.map(lambda a: a.shape, new) == jax.tree.map(
+      lambda a: a.shape, cache)
+  state_bytes = sum(a.size * a.dtype.itemsize for a in cache.linear)
+  assert memory.estimate_memory(cfg, kv_batch=2, kv_len=8).kv_cache == (
+      cache.k.nbytes + cache.v.nbytes + state_bytes)
+  # A refilled slot starts from a zero state; the other rows keep theirs.
+  state = decoding.init_state(cfg, 2, 8)
+  filled = jax.tree.map(jnp.ones_like, state.cache.linear)
+  state = decoding.clear_rows(
+      state.replace(cache=state.cache.replace(linear=filled)),
+      jnp.array([True, False]))
+  for a in state.cache.linear:
+    assert not np.asarray(a[:, 0]).any() and np.asarray(a[:, 1]).all()
   with pytest.raises(NotImplementedError, match="packed rows"):
     jax.eval_shape(model.apply, {"params": params}, tok, tok, tok >= 0,
                    segment_ids=jnp.ones_like(tok))
+
+
+@pytest.mark.parametrize("reference", ["qwen3_5"], indirect=True)
+def test_qwen3_5_right_padded_chunks_equal_one_pass(reference):
+  """Two right-padded chunks through the sampler's cache (rows of other
+  lengths: padding mid-sequence must neither decay nor write a linear
+  layer's state, nor enter its conv state) give each row's full-forward
+  logits after its last token."""
+  config, params = hf.load_hf_checkpoint(reference.path)
+  toks = np.random.default_rng(0).integers(1, 128, (2, 14)).astype(np.int32)
+  state = decoding.init_state(config, 2, 32)
+  start = np.zeros(2, int)
+  for lengths in ((9, 4), (5, 10)):
+    chunk, mask = np.zeros((2, 10), np.int32), np.zeros((2, 10), bool)
+    for r, n in enumerate(lengths):
+      chunk[r, :n], mask[r, :n] = toks[r, start[r]:start[r] + n], True
+    start += lengths
+    state, _ = decoding.append_chunk(params, config, state,
+                                     jnp.asarray(chunk), jnp.asarray(mask))
+  want = hf_reference.our_logits(config, params, toks, np.ones_like(toks, bool),
+                                 np.tile(np.arange(14, dtype=np.int32), (2, 1)))
+  assert np.abs(np.asarray(state.last_logits) - want[:, -1]).max() <= 2e-5
 
 
 def test_gemma3_layer_types_must_name_every_layer():

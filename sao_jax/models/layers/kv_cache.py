@@ -24,12 +24,17 @@ class KVCache:
     end: int32, where the next tokens are written: a scalar shared by every
       row, or int32[B], one per row (the sampler's slots: each row is written
       and refilled on its own; `init_cache(per_row=True)`).
+    linear: A hybrid decoder's linear-attention layers' state, else None:
+      (S float32 [Llin, B, Hv, Dk, Dv], the q, k, v short-conv states
+      [Llin, B, channels, K-1]; layers/linear_attention.py), by
+      `kind_index`; k and v then hold the attention layers' only.
   """
 
   k: Array
   v: Array
   valid: Array
   end: Array
+  linear: tuple[Array, ...] | None = None
 
   @property
   def max_len(self) -> int:
@@ -45,13 +50,34 @@ def slot_widths(config: ModelConfig) -> tuple[tuple[int, int],
   return kv, kv
 
 
+def kind_index(config: ModelConfig, i: int) -> int:
+  """Layer i's index in the cache arrays of its kind: among the linear
+  layers (`KVCache.linear`) or the attention layers (`KVCache.k`, `v`)."""
+  linear = config.is_linear_layer(i)
+  return sum(config.is_linear_layer(j) == linear for j in range(i))
+
+
+def _linear_state(config: ModelConfig, batch_size: int) -> tuple[Array, ...]:
+  """The zero (S, q, k, v conv) states of the linear layers."""
+  n = sum(map(config.is_linear_layer, range(config.num_layers)))
+  hk, dk = config.linear_num_key_heads, config.linear_key_head_dim
+  hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
+  taps = config.linear_conv_kernel_dim - 1
+  conv = lambda c: jnp.zeros((n, batch_size, c, taps), config.compute_dtype)
+  return (jnp.zeros((n, batch_size, hv, dk, dv), jnp.float32),
+          conv(hk * dk), conv(hk * dk), conv(hv * dv))
+
+
 def init_cache(config: ModelConfig, batch_size: int, max_len: int,
                per_row: bool = False) -> KVCache:
   """An empty cache with `max_len` slots per row (one write end per row if
   ``per_row``)."""
-  lead = (config.num_layers, batch_size, max_len)
+  layers = config.num_layers - sum(
+      map(config.is_linear_layer, range(config.num_layers)))
+  lead = (layers, batch_size, max_len)
   k_slot, v_slot = slot_widths(config)
   return KVCache(
+      linear=_linear_state(config, batch_size) if config.hybrid else None,
       k=jnp.zeros(lead + k_slot, config.compute_dtype),
       v=jnp.zeros(lead + v_slot, config.compute_dtype),
       valid=jnp.zeros((batch_size, max_len), jnp.bool_),

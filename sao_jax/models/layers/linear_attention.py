@@ -17,8 +17,8 @@ matmuls, and a scan carries S across chunks, so memory grows with T x C, not
 T^2. Both take and return the state, so a prefill can hand it to decode
 steps. `GatedDeltaNet` is Qwen3.5's layer around them (projections, the
 short conv, decay and write gates, a gated RMSNorm), a token mixer of the
-hybrid decoder (`transformer.DecoderLayer` with `linear`); the sampler's
-cache does not hold its state yet (issue 41).
+hybrid decoder (`transformer.DecoderLayer` with `linear`), whose state the
+sampler's cache holds (`KVCache.linear`).
 """
 
 from __future__ import annotations
@@ -141,8 +141,8 @@ def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array,
   return jnp.swapaxes(out, 1, 2), state
 
 
-def causal_conv1d(x: Array, weight: Array, state: Array | None = None
-                  ) -> tuple[Array, Array]:
+def causal_conv1d(x: Array, weight: Array, state: Array | None = None,
+                  count: Array | None = None) -> tuple[Array, Array]:
   """Depthwise causal convolution over time, then SiLU.
 
   Args:
@@ -151,6 +151,8 @@ def causal_conv1d(x: Array, weight: Array, state: Array | None = None
       squeezed), tap K-1 on the current token.
     state: [B, C, K-1] the K-1 inputs before x (None: zeros, a sequence's
       start).
+    count: int32 [B] real tokens of each row, first (the rest padding the
+      state skips); None: all T.
 
   Returns:
     (silu(conv) [B, T, C] in x's dtype, the state after x: its last K-1
@@ -165,7 +167,11 @@ def causal_conv1d(x: Array, weight: Array, state: Array | None = None
   windows = jnp.stack([full[..., i:i + t] for i in range(kernel)], axis=-1)
   out = jnp.einsum("bctk,ck->btc", windows.astype(jnp.float32),
                    weight.astype(jnp.float32))
-  return jax.nn.silu(out).astype(x.dtype), full[..., t:]
+  if count is None:
+    return jax.nn.silu(out).astype(x.dtype), full[..., t:]
+  index = count[:, None, None] + jnp.arange(kernel - 1)[None, None]
+  return jax.nn.silu(out).astype(x.dtype), jnp.take_along_axis(
+      full, jnp.broadcast_to(index, full.shape[:2] + (kernel - 1,)), axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +193,9 @@ class GatedDeltaNet(nn.Module):
   -exp(A_log) softplus(x W_a + dt_bias); the gated delta rule (chunked, or
   one recurrent step for a single token with a state); then w * RMSNorm(o)
   * silu(x W_z) per value head and the output projection. Padding tokens
-  (mask False) are zeroed first, as transformers does.
+  (mask False) are zeroed first, as transformers does, and neither decay
+  nor write the state; with a state, each row's real tokens come first
+  (the sampler's right-padded chunks) and the conv state skips the rest.
 
   Parameters: {q,k}_proj [embed, kv_heads, head_dim], {v,z}_proj [embed,
   heads, head_dim], {b,a}_proj [embed, heads], {q,k,v}_conv [(kv_)heads,
@@ -213,6 +221,7 @@ class GatedDeltaNet(nn.Module):
               "k": (n.key_heads, n.key_dim, "kv_heads"),
               "v": (n.value_heads, n.value_dim, "heads")}
     convs, new_convs = {}, []
+    count = None if state is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
     for j, (name, (heads, dim, axis)) in enumerate(shapes.items()):
       w = param(self, f"{name}_proj", init, (d, heads, dim),
                 ("embed", axis, "head_dim"))
@@ -221,18 +230,19 @@ class GatedDeltaNet(nn.Module):
                 (axis, "head_dim", None))
       y, conv_state = causal_conv1d(
           y.reshape(b, t, heads * dim), c.reshape(heads * dim, -1),
-          None if state is None else state[1][j])
+          None if state is None else state[1][j], count)
       convs[name] = y.reshape(b, t, heads, dim)
       new_convs.append(conv_state)
     hv, dv = n.value_heads, n.value_dim
     gate = lambda name: jnp.einsum("btd,dh->bth", x, param(
         self, f"{name}_proj", init, (d, hv), ("embed", "heads")).astype(
             x.dtype)).astype(jnp.float32)
-    beta = jax.nn.sigmoid(gate("b"))
+    beta = jnp.where(mask[..., None], jax.nn.sigmoid(gate("b")), 0.0)
     dt_bias = param(self, "dt_bias", nn.initializers.ones, (hv,), ("heads",))
     a_log = param(self, "A_log", nn.initializers.zeros, (hv,), ("heads",))
-    g = -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(
-        gate("a") + dt_bias.astype(jnp.float32))
+    g = jnp.where(mask[..., None], -jnp.exp(a_log.astype(
+        jnp.float32)) * jax.nn.softplus(gate("a") + dt_bias.astype(
+            jnp.float32)), 0.0)
     s0 = None if state is None else state[0]
     if t == 1 and s0 is not None:
       out, s = recurrent_gated_delta_rule(convs["q"], convs["k"], convs["v"],
