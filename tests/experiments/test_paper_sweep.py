@@ -28,10 +28,13 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # The tiny model: SmolLM2's vocabulary, everything else small.
 _TINY = {f"model.{k}": v for k, v in tiny_models.TINY_MODEL.items()
          if k != "vocab_size"}
-# Two policy steps, evaluations on 8 problems after each, short replies.
+# Two policy steps, evaluations on 8 problems after each, short replies; one
+# critic-only step where the config has 5 (test_arms_compare_at_equal_rollouts
+# checks the 5), so the SAO arm still differs from GRPO+DIS (none) in steps.
 _SHORT = {"train.num_steps": 2, "train.eval_every": 1, "env.eval_size": 8,
           "train.checkpoint_every": 1, "sampler.max_new_tokens": 8,
-          "train.max_seq_len": 80, "sampler.max_total_tokens": 80}
+          "train.max_seq_len": 80, "sampler.max_total_tokens": 80,
+          "rl.critic_warmup_steps": 1}
 
 
 def test_arms_compare_at_equal_rollouts():
@@ -42,10 +45,12 @@ def test_arms_compare_at_equal_rollouts():
   assert config.train.mode == "async"
   assert config.train.batch_size == config.sampler.batch_size == 8
   assert (config.train.num_steps, config.train.eval_every) == (40, 10)
+  assert config.rl.critic_warmup_steps == 5  # SAO's; the group arms' none.
   assert config.env.eval_size == 256
   for name in ("grpo_dis", "grpo"):
     assert points[name]["sampler.n_rollouts"] == 4
     assert 8 % points[name]["sampler.n_rollouts"] == 0  # Whole groups a step.
+    assert points[name]["rl.critic_warmup_steps"] == 0
   assert points["grpo"]["rl.loss"] == "grpo"
   assert points["grpo_dis"]["rl.loss"] == "grpo_dis"
   assert config.rl.loss == "sao" and config.sampler.n_rollouts == 1
@@ -111,7 +116,7 @@ def test_tiny_paper_sweep_runs_then_skips(tmp_path, pytestconfig):
   tails = {n: (workdir / n / "log.txt").read_text()[-3000:]
            for n in ("sao", "grpo_dis") if (workdir / n / "log.txt").exists()}
   assert first.returncode == 0, (first.stderr[-3000:], tails)
-  for name, warmup in (("sao", 5), ("grpo_dis", 0)):
+  for name, warmup in (("sao", 1), ("grpo_dis", 0)):
     summary = json.loads((workdir / name / "summary.json").read_text())
     assert summary["steps"] == warmup + 2, summary
     assert 0.0 <= summary["accuracy_after"] <= 1.0
