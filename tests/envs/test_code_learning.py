@@ -10,6 +10,7 @@ import pytest
 from sao_jax.sandbox import probe
 from sao_jax.train import loop
 from sao_jax.train import metrics as metrics_lib
+from sao_jax.train import setup as setup_lib
 from tiny_settings import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -37,6 +38,25 @@ def _config(**overrides):
   return config
 
 
+def _accuracy_before(config, workdir):
+  """``train_and_evaluate(config, workdir)["accuracy_before"]`` without the
+  rest of the run: the same build (tokenizer, tasks, SFT warm start) and the
+  same held-out evaluation of the SFT policy (``loop._Trainer.evaluate``),
+  but no RL step, sampler process or final evaluation -- the no-tool run's
+  only use is this number (the tool run below goes through the whole loop)."""
+  os.makedirs(workdir, exist_ok=True)
+  writer = metrics_lib.MetricWriter(os.path.join(workdir, "tb"), active=True)
+  run = None
+  try:
+    run = setup_lib.build(config, workdir, writer, True)
+    trainer = loop._Trainer(run, writer)  # pylint: disable=protected-access
+    return trainer.evaluate(int(run.state.step), 0.0)["eval/accuracy"]
+  finally:
+    writer.close()
+    if run is not None:
+      run.ckpt.close()
+
+
 def test_tiny_policy_calls_the_sandboxed_tool(tmp_path):
   """Two-term sums of 2-digit numbers: after the same SFT budget, the
   policy that learned to call the tool is far more accurate than the one
@@ -44,10 +64,10 @@ def test_tiny_policy_calls_the_sandboxed_tool(tmp_path):
   if probe.bwrap_problem() and probe.landlock_problem() and not os.environ.get(
       "CI"):
     pytest.skip(probe.bwrap_problem())
-  without = loop.train_and_evaluate(
+  without = {"accuracy_before": _accuracy_before(
       _config(**{"env.name": "reasoning_gym", "env.max_turns": 1,
                  "train.sft_tool_frac": 0.0, "train.num_steps": 1}),
-      str(tmp_path / "without"))
+      str(tmp_path / "without"))}
   summary = loop.train_and_evaluate(_config(**{"env.name": "code"}),
                                     str(tmp_path / "with"))
   tmp_path = tmp_path / "with"
