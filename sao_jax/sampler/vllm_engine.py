@@ -179,7 +179,10 @@ class VllmRollout:
         max_num_seqs=self.opts.num_slots, enable_prefix_caching=True,
         logprobs_mode="processed_logprobs", seed=self.seed,
         worker_extension_cls="sao_jax.sampler.vllm_worker.WeightLoader",
-        disable_log_stats=True, enforce_eager=self.enforce_eager)
+        disable_log_stats=True, enforce_eager=self.enforce_eager,
+        # One chip: the worker in the engine-core process (no third process
+        # to spawn and import torch and vLLM into).
+        distributed_executor_backend="uni")
     return AsyncLLM.from_engine_args(args)
 
   def stop(self) -> None:

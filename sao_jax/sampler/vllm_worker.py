@@ -1,7 +1,7 @@
 """What the vLLM engine adds to vLLM's workers (``worker_extension_cls``).
 
-vLLM mixes `WeightLoader` into each of its worker processes; the sampler
-calls its method through ``AsyncLLM.collective_rpc``. It imports nothing of
+vLLM mixes `WeightLoader` into its worker (in the engine-core process); the
+sampler calls its method through ``AsyncLLM.collective_rpc``. It imports nothing of
 sao_jax (a worker runs torch, not JAX) and only torch's safetensors reader.
 """
 
