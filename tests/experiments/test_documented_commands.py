@@ -13,11 +13,7 @@ session, in whichever test process gets to it first: a command quoted twice,
 two that differ only in options their tiny flags override or never read
 (``effective_argv``, ``Tiny.moot``), or only in a ``--workdir`` that nothing
 later in its block reads (``_generic``). The SmolLM2 commands find a
-one-layer cut of the converted checkpoint (``smollm2_tiny_checkpoint``). The
-TPU compile commands and the benchmarks that start no process run as forks of
-one process per test process that imported jax and sao_jax once
-(``_FORKED``, forked_commands.py), each its own module or script as
-``__main__`` with its own argv.
+one-layer cut of the converted checkpoint (``smollm2_tiny_checkpoint``).
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ import sys
 
 import pytest
 
-import forked_commands
 import fresh_process
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -436,49 +431,6 @@ def _generic(argv: list[str], tmp: pathlib.Path,
 
 _BLOCKS = _blocks()
 
-# Commands run as forks of one process per test process and environment
-# (forked_commands.py): what each imports before its own code runs (jax,
-# sao_jax, reasoning_gym: ~5 CPU-s a process) is imported once. Each still runs
-# its own module as ``__main__`` with its own argv, as ``python`` would.
-_AOT_PRELOAD = ("jax", "jax.numpy", "reasoning_gym", "absl.app",
-                "ml_collections.config_flags", "sao_jax.config_validation",
-                "sao_jax.aot.check")
-# And the benchmarks that start no process of their own (what starts
-# processes, sao_jax.main's samplers and the like, runs as a plain child).
-_BENCH_PRELOAD = ("jax", "jax.numpy", "flax.linen", "optax", "reasoning_gym",
-                  "absl.app", "ml_collections.config_flags",
-                  "sao_jax.config_validation", "sao_jax.models.transformer",
-                  "sao_jax.train.step", "sao_jax.train.setup",
-                  "sao_jax.sampler.generate", "sao_jax.ipc.weights")
-_FORKED: dict[str, tuple[str, ...]] = {
-    "sao_jax.aot": _AOT_PRELOAD,
-    "sao_jax.aot configs/deepseek_v3_4l.py": _AOT_PRELOAD,
-    **{f"experiments/bench/{name}.py": _BENCH_PRELOAD for name in (
-        "decode", "train_step", "weights", "attention", "scan_layers",
-        "long_context")},
-}
-
-
-@pytest.fixture(scope="session")
-def forked_servers():
-  servers: dict = {}
-  yield servers
-  for server in servers.values():
-    server.close()
-
-
-def _server(servers: dict, preload: tuple[str, ...], env: dict[str, str]):
-  """The forking server for ``preload`` and ``env`` (started on first use;
-  what differs between the tests' environments, which the preloaded modules
-  do not read, is set in each child: ``HOME``, ``PYTHON`` and pytest's
-  ``PYTEST_CURRENT_TEST``)."""
-  key = (preload, tuple(sorted(
-      (k, v) for k, v in env.items()
-      if k not in ("HOME", "PYTHON", "PYTEST_CURRENT_TEST"))))
-  if key not in servers:
-    servers[key] = forked_commands.Server(preload, env, str(REPO))
-  return servers[key]
-
 
 def _first_to_run(generic: str, tmp_path_factory) -> bool:
   """Whether no test process of this session has run (or is running) the
@@ -515,8 +467,7 @@ _CI_VERBATIM = {part.strip() for block in re.findall(
 @pytest.mark.parametrize("where", sorted(_BLOCKS),
                          ids=[f"{d}-{b}" for d, b in sorted(_BLOCKS)])
 def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request,
-                                                tmp_path_factory,
-                                                forked_servers):
+                                                tmp_path_factory):
   """The commands of one block, in order, in one directory (a block's later
   commands read what its earlier ones wrote)."""
   ran = []
@@ -534,13 +485,8 @@ def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request,
       _shared_smollm2(tmp_path / "home",
                       request.getfixturevalue("smollm2_tiny_checkpoint"))
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    preload = _FORKED.get(cmd.key)
-    if preload is not None and argv[0] == sys.executable:
-      done = _server(forked_servers, preload, env).run(
-          argv, env, str(REPO), timeout=1800)
-    else:
-      done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=1800)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=1800)
     assert done.returncode == 0, (
         f"{cmd.document} block {cmd.block}: `{cmd.text}` failed in its tiny "
         f"form `{shlex.join(argv)}` (exit {done.returncode}):\n"
