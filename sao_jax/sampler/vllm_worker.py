@@ -1,8 +1,9 @@
 """What the vLLM engine adds to vLLM's workers (``worker_extension_cls``).
 
 vLLM mixes `WeightLoader` into its worker (in the engine-core process); the
-sampler calls its method through ``AsyncLLM.collective_rpc``. It imports nothing of
-sao_jax (a worker runs torch, not JAX) and only torch's safetensors reader.
+sampler calls its method through ``AsyncLLM.collective_rpc``. It imports
+nothing of sao_jax (a worker runs torch, not JAX) and only torch's
+safetensors reader.
 """
 
 from __future__ import annotations

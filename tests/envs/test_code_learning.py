@@ -64,18 +64,18 @@ def test_tiny_policy_calls_the_sandboxed_tool(tmp_path):
   if probe.bwrap_problem() and probe.landlock_problem() and not os.environ.get(
       "CI"):
     pytest.skip(probe.bwrap_problem())
-  without = {"accuracy_before": _accuracy_before(
+  without = _accuracy_before(
       _config(**{"env.name": "reasoning_gym", "env.max_turns": 1,
                  "train.sft_tool_frac": 0.0, "train.num_steps": 1}),
-      str(tmp_path / "without"))}
+      str(tmp_path / "without"))
   summary = loop.train_and_evaluate(_config(**{"env.name": "code"}),
                                     str(tmp_path / "with"))
   tmp_path = tmp_path / "with"
   scalars = metrics_lib.read_scalars(os.path.join(tmp_path, "tb"))
   calls = max(v for _, v in scalars["sampler/code_calls"])
-  print("ACCURACY without tool", without["accuracy_before"], "with",
+  print("ACCURACY without tool", without, "with",
         summary["accuracy_before"], summary["accuracy_after"])
-  assert summary["accuracy_before"] >= without["accuracy_before"] + 0.3
+  assert summary["accuracy_before"] >= without + 0.3
   assert summary["trajectories_trained"] == 2 * 8
   assert calls > 0
   for tag in ("sampler/code_exec_s_p50", "sampler/code_exec_s_p99",

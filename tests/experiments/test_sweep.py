@@ -513,16 +513,16 @@ def test_real_sweep_runs_then_skips(tmp_path):
       """))
   workdir = tmp_path / "sweep"
   first = _run_cli(config, workdir)
-  logs = {n: (workdir / n / "log.txt") for n in ("seed=1",)}
-  tails = {n: p.read_text()[-3000:] for n, p in logs.items() if p.exists()}
-  assert first.returncode == 0, (first.stderr[-3000:], tails)
+  point = workdir / "seed=1"
+  log = point / "log.txt"
+  tail = log.read_text()[-3000:] if log.exists() else ""
+  assert first.returncode == 0, (first.stderr[-3000:], tail)
   statuses = [json.loads(l) for l in first.stdout.splitlines()
               if l.startswith("{")]
   assert {(s["point"], s["status"]) for s in statuses} == {
       ("seed=1", "finished")}
-  for name in ("seed=1",):
-    summary = json.loads((workdir / name / "summary.json").read_text())
-    assert summary["steps"] == 2  # 2 policy steps.
+  summary = json.loads((point / "summary.json").read_text())
+  assert summary["steps"] == 2  # 2 policy steps.
   second = _run_cli(config, workdir)
   assert second.returncode == 0, second.stderr[-3000:]
   statuses = [json.loads(l) for l in second.stdout.splitlines()
