@@ -214,7 +214,7 @@ def test_sigkill_trainer_then_resume(tmp_path):
   before = _our_segments()
   workdir = tmp_path / "run"
   log1 = open(tmp_path / "first.log", "w")
-  first = subprocess.Popen(_main_cmd(workdir, 40), cwd=REPO, stdout=log1,
+  first = subprocess.Popen(_main_cmd(workdir, 1000), cwd=REPO, stdout=log1,
                            stderr=subprocess.STDOUT)
   ckpt_dir = workdir / "checkpoints"
   deadline = time.time() + 300
@@ -232,7 +232,7 @@ def test_sigkill_trainer_then_resume(tmp_path):
   assert samplers, "the trainer has no sampler child process"
   # The same command again while the first runs: refused before any compute,
   # naming the holder (issue 30: both used to write the same checkpoints).
-  again = subprocess.run(_main_cmd(workdir, 40), cwd=REPO,
+  again = subprocess.run(_main_cmd(workdir, 1000), cwd=REPO,
                          capture_output=True, text=True, timeout=300)
   assert again.returncode == 1, again.stderr[-3000:]
   assert f"is in use by another run: pid {first.pid} on host" in again.stderr
@@ -245,10 +245,10 @@ def test_sigkill_trainer_then_resume(tmp_path):
   assert not alive, f"orphaned processes still alive: {alive}"
 
   # The killed run's lock does not block its resume, which trains on from
-  # its newest checkpoint to 2 steps past it (not all 40: the check is the
+  # its newest checkpoint to 2 steps past it (not all 1,000: the check is the
   # resume, not the steps after it).
   saved = max(int(s) for s in os.listdir(ckpt_dir) if s.isdigit())
-  assert 2 <= saved < 41
+  assert 2 <= saved < 1001
   second = subprocess.run(_main_cmd(workdir, saved + 1), cwd=REPO,
                           capture_output=True, text=True, timeout=600)
   assert second.returncode == 0, second.stderr[-3000:]
