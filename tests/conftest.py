@@ -130,6 +130,23 @@ def release_compiled_programs():
   gc.collect()
 
 
+@pytest.fixture(scope="module")
+def xla_optimized():
+  """XLA's optimisation passes on for a test file's own compiles.
+
+  For files that run a real-size model (SmolLM2-135M): what the suite's
+  default (no optimisation, above) saves in compile time, they lose several
+  times over in running unfused programs (test_smollm2_parity: 64 -> 44
+  CPU-s with them on). Use as ``pytestmark = pytest.mark.usefixtures(
+  "xla_optimized")``.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  was = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", False)
+  yield
+  jax.config.update("jax_disable_most_optimizations", was)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def foreign_shm_files():
   """Creates other programs' ``sao_*`` files in /dev/shm for the session
@@ -182,3 +199,31 @@ def no_leaked_shared_memory(foreign_shm_files):  # pylint: disable=redefined-out
         "weight slots (use `with`), and never SIGKILL their creator in tests.",
         pytrace=False,
     )
+
+
+# SAO_TEST_CPU_LOG=path: one JSON line per test with the CPU seconds (user +
+# sys) its phases used in the test process and in the children it waited for
+# (resource.getrusage), so the suite's budget can be spent where the CPU goes
+# (wall times under pytest-xdist count the other workers' load too).
+_CPU_LOG = os.environ.get("SAO_TEST_CPU_LOG")
+
+
+def _cpu_seconds() -> float:
+  import resource  # pylint: disable=g-import-not-at-top
+  return sum(r.ru_utime + r.ru_stime for r in (
+      resource.getrusage(resource.RUSAGE_SELF),
+      resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+  if not _CPU_LOG:
+    yield
+    return
+  start, wall = _cpu_seconds(), time.monotonic()
+  yield
+  import json  # pylint: disable=g-import-not-at-top
+  with open(_CPU_LOG, "a") as f:
+    f.write(json.dumps({"test": item.nodeid,
+                        "cpu_s": round(_cpu_seconds() - start, 2),
+                        "wall_s": round(time.monotonic() - wall, 2)}) + "\n")

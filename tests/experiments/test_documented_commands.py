@@ -66,6 +66,9 @@ _MAIN = _config_flags({**_TINY_MODEL, **_TINY_RUN})
 # the run gets small, and the checkpoint placed for the documents' SmolLM2
 # commands has one layer (smollm2_tiny_checkpoint).
 _MAIN_PRETRAINED = _config_flags({"model.num_layers": 1, **_TINY_RUN})
+# `sao_jax.aot`'s tiny form: one layer's decode chunk, small vocabulary.
+_AOT_TINY = ("--config.model.num_layers=1", "--config.model.vocab_size=1024",
+             "--programs=sampler_decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,19 +166,17 @@ TINY: dict[str, Tiny] = {
               "--arms=dense,new"),
         moot=("--smollm2_layers", "--repeats", "--warmup"),
         why="the memory figure reads none of the smollm2 figure's flags"),
-    # One layer, the decode chunk only: the command and its report, cheaply
-    # (tests/aot/test_aot.py compiles SmolLM2 whole and the oversized case).
-    "sao_jax.aot": Tiny(args=("--config.model.num_layers=1",
-                              "--programs=sampler_decode"),
-                        env=tuple(fresh_process.TPU_ENV.items())),
+    # One layer, the decode chunk only, over a 1,024-token vocabulary: the
+    # command and its report, cheaply (tests/aot/test_aot.py compiles SmolLM2
+    # whole and the oversized case; the LM head over Qwen2.5's 152k
+    # vocabulary was half of a tiny form's CPU time).
+    "sao_jax.aot": Tiny(args=_AOT_TINY, env=tuple(fresh_process.TPU_ENV.items())),
     # One MoE layer, the decode chunk (the 4-layer shapes' counts are
     # tests/aot/test_deepseek_v3_4l.py's). Not one dense layer: a MoE config
     # whose layers are all dense does not decode yet (routing replay's
     # record expects a MoE layer), a known gap.
     "sao_jax.aot configs/deepseek_v3_4l.py": Tiny(
-        args=("--config.model.num_layers=1",
-              "--config.model.first_dense_layers=0",
-              "--programs=sampler_decode"),
+        args=(*_AOT_TINY, "--config.model.first_dense_layers=0"),
         env=tuple(fresh_process.TPU_ENV.items())),
     "experiments/bench/soak.py": Tiny(
         args=("--steps=6", "--checkpoint_every=2", "--resumes=1",

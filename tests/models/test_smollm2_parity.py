@@ -20,7 +20,8 @@ import smollm2_checkpoint
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = [pytest.mark.ref, pytest.mark.slow]
+pytestmark = [pytest.mark.ref, pytest.mark.slow,
+              pytest.mark.usefixtures("xla_optimized")]
 
 QUESTIONS = [
     "What is 7 + 5?",
