@@ -10,6 +10,7 @@ a rerun skips them.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,9 @@ import pytest
 
 from configs import paper_smollm2
 from configs import paper_smollm2_seeds
+from configs import paper_smollm2_staleness
 import smollm2_checkpoint
+from sao_jax import config_validation
 from sao_jax.models import hf
 from sao_jax.train import warm_start
 import tiny_models
@@ -73,6 +76,31 @@ def test_seed_sweep_pairs_the_three_arms():
   assert (paper_smollm2_seeds.get_config().to_dict()
           == paper_smollm2.get_config().to_dict())
 
+
+
+def test_staleness_sweep_sets_eta_as_bound_and_lag():
+  """configs/paper_smollm2_staleness.py: the three arms at eta 16, 0, 4 with
+  seed 0, then at eta 16 with seed 1; each point's staleness bound and
+  publication lag are its eta, and every config validates."""
+  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  points = paper_smollm2_staleness.get_sweep()
+  assert [p["_name"] for p in points] == [
+      f"{a}_eta{e}_s{s}" for e, s in ((16, 0), (0, 0), (4, 0), (16, 1))
+      for a in ("sao", "grpo_dis", "grpo")]
+  for p in points:
+    arm, eta, seed = re.fullmatch(r"(\w+)_eta(\d+)_s(\d)", p["_name"]).groups()
+    assert p["train.max_staleness"] == p["train.publish_lag"] == int(eta)
+    assert p["train.seed"] == p["env.seed"] == int(seed)
+    assert {k: v for k, v in p.items() if k not in (
+        "_name", "train.seed", "env.seed", "train.max_staleness",
+        "train.publish_lag")} == {
+            k: v for k, v in arms[arm].items() if k != "_name"}
+    config = paper_smollm2_staleness.get_config()
+    config.update_from_flattened_dict(
+        {k: v for k, v in p.items() if k != "_name"})
+    config_validation.validate_config(config)
+  assert (paper_smollm2_staleness.get_config().to_dict()
+          == paper_smollm2.get_config().to_dict())
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
   mcfg = tiny_models.tiny_model_config(
