@@ -21,6 +21,7 @@ import pytest
 from configs import paper_smollm2
 from configs import paper_smollm2_seeds
 from configs import paper_smollm2_staleness
+from configs import paper_smollm2_vllm
 import smollm2_checkpoint
 from sao_jax import config_validation
 from sao_jax.models import hf
@@ -101,6 +102,31 @@ def test_staleness_sweep_sets_eta_as_bound_and_lag():
     config_validation.validate_config(config)
   assert (paper_smollm2_staleness.get_config().to_dict()
           == paper_smollm2.get_config().to_dict())
+
+
+def test_vllm_sweep_is_the_paper_setting_with_vllm_rollouts():
+  """configs/paper_smollm2_vllm.py: SAO and GRPO (no DIS), seed 0, each the
+  paper config's arm with only the engine changed; both validate (vLLM
+  reports exact log-probs only without top-p/top-k truncation)."""
+  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  points = paper_smollm2_vllm.get_sweep()
+  assert [p["_name"] for p in points] == ["sao_vllm_s0", "grpo_vllm_s0"]
+  config = paper_smollm2_vllm.get_config()
+  assert config.sampler.engine == "vllm"
+  config.sampler.engine = "native"
+  assert config.to_dict() == paper_smollm2.get_config().to_dict()
+  for p, arm in zip(points, ("sao", "grpo")):
+    assert p["train.seed"] == p["env.seed"] == 0
+    assert {k: v for k, v in p.items() if k not in (
+        "_name", "train.seed", "env.seed")} == {
+            k: v for k, v in arms[arm].items() if k != "_name"}
+    config = paper_smollm2_vllm.get_config()
+    config.update_from_flattened_dict(
+        {k: v for k, v in p.items() if k != "_name"})
+    config_validation.validate_config(config)
+    config.sampler.top_p = 0.9
+    with pytest.raises(ValueError, match="top_p"):
+      config_validation.validate_config(config)
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
   mcfg = tiny_models.tiny_model_config(
