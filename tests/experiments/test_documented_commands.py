@@ -85,6 +85,8 @@ class Tiny:
       them run one tiny form (``effective_argv``); why in ``why``.
     ci: Not run here: what runs it in CI instead (``.ci/run``'s phases).
     why: Why something is dropped or run elsewhere.
+    smollm2: Reads the converted SmolLM2 from its default place though its
+      command does not name it (commands that name it get it anyway).
   """
 
   args: tuple[str, ...] = ()
@@ -93,6 +95,7 @@ class Tiny:
   moot: tuple[str, ...] = ()
   ci: str = ""
   why: str = ""
+  smollm2: bool = False
 
 
 _CI_INSTALL = (".ci/run phases 2-3 (README's install and test commands and its "
@@ -178,6 +181,12 @@ TINY: dict[str, Tiny] = {
     "sao_jax.aot configs/deepseek_v3_4l.py": Tiny(
         args=(*_AOT_TINY, "--config.model.first_dense_layers=0"),
         env=tuple(fresh_process.TPU_ENV.items())),
+    # The native arm only: vLLM's engine (start, episodes, push) is
+    # tests/sampler/test_vllm_engine.py's; a second vLLM start here would cost
+    # ~50 CPU-s for the same path.
+    "experiments/bench/rollout_engines.py": Tiny(
+        args=("--episodes=2", "--new_tokens=4", "--repeats=1",
+              "--arms=native"), smollm2=True),
     "experiments/bench/soak.py": Tiny(
         args=("--steps=6", "--checkpoint_every=2", "--resumes=1",
               "--kill_every_s=1e6", "--nobaseline",
@@ -482,7 +491,8 @@ def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request,
     if not _first_to_run(generic, tmp_path_factory):
       ran.append(cmd.key)  # Quoted again (e.g. in two sections): runs once.
       continue
-    if "smollm2" in cmd.text or "smollm2" in cmd.key:
+    if ("smollm2" in cmd.text or "smollm2" in cmd.key
+        or TINY[cmd.key].smollm2):
       _shared_smollm2(tmp_path / "home",
                       request.getfixturevalue("smollm2_tiny_checkpoint"))
     (tmp_path / "tmp").mkdir(exist_ok=True)
