@@ -9,7 +9,11 @@ ring + trainer) on the same config and the same number of trajectories:
   batch-synchronous (``sampler.refill=False``, ``weight_poll_tokens=0``): a
   batch leaves when its slowest episode ends, weights change between batches;
 - ``async``: the continuous-batching sampler (slots refilled as episodes end,
-  weights adopted in flight).
+  weights adopted in flight);
+- ``async-vllm``: ``async`` with vLLM behind the sampler's `Rollout`
+  interface (``sampler.engine='vllm'``, the `vllm` extra); not in the
+  default arms. ``--arms=async,async-vllm`` gives ``async_vllm_over_async``
+  (trajectories/s of vLLM's over the native engine's).
 
 ``--workload=balanced`` (default): every episode takes ``--max_new_tokens``
 (the random-init policy rarely stops early). ``--workload=longtail``
@@ -76,6 +80,10 @@ ARMS = {
     "batch-async": {"train.mode": "async", **loop_setup.BATCH_SAMPLER},
     "async": {"train.mode": "async", "sampler.refill": True,
               "sampler.weight_poll_tokens": 32},
+    # 'async' with vLLM behind the sampler's Rollout interface (the vllm
+    # extra): e.g. --workload=longtail --arms=async,async-vllm.
+    "async-vllm": {"train.mode": "async", "sampler.refill": True,
+                   "sampler.weight_poll_tokens": 32, "sampler.engine": "vllm"},
 }
 
 
@@ -152,6 +160,10 @@ def main(argv):
     for ref in ("sync", "batch-async"):
       if ref in wall:
         last[f"ratio_vs_{ref.replace('-', '_')}"] = wall[ref] / wall["async"]
+  if "async" in med and "async-vllm" in med:
+    last["async_vllm_over_async"] = (
+        med["async-vllm"]["trajectories_per_s"]
+        / med["async"]["trajectories_per_s"])
   logging.info("%s", last)
   print(json.dumps(last))
 
