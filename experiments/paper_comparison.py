@@ -339,7 +339,9 @@ def plot(arms: Sequence[dict[str, Any]], path: str) -> None:
                 yerr=[p["se"] if p["sd"] is None else p["sd"] for p in c],
                 capsize=3, marker="o", label=a["arm"])
   ax.set_xlabel("policy step")
-  ax.set_ylabel("held-out accuracy (± SD over seeds; one seed: ± SE)")
+  ax.set_ylabel("held-out accuracy")
+  ax.set_title("bars: ± SD over seeds (one seed: ± binomial SE)",
+               fontsize="medium")
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)
