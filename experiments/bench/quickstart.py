@@ -14,7 +14,11 @@ Arms (``--arms``):
   ``sampler.weight_poll_tokens=0``: a batch leaves when its last episode ends,
   weights change between batches);
 - ``row_subsets``: continuous, but prefill/decode over row subsets
-  (``sampler.row_subsets=True``, the default outside the quickstart).
+  (``sampler.row_subsets=True``, the default outside the quickstart);
+- ``vllm``: the quickstart's config with vLLM behind the sampler's `Rollout`
+  interface (``sampler.engine='vllm'``; the `vllm` extra, README "Rollout
+  engines"): the held-out gain and wall with each engine via
+  ``--arms=continuous,vllm``.
 
 Runs alternate between the arms (``--repeats`` rounds), so every arm sees
 the same machine load; figures are medians. Nothing is cached between runs
@@ -56,6 +60,7 @@ ARMS = {
     "continuous": {},
     "batch": loop_setup.BATCH_SAMPLER,
     "row_subsets": {"sampler.row_subsets": True},
+    "vllm": {"sampler.engine": "vllm"},
 }
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
