@@ -102,6 +102,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.linear_key_head_dim = 0
   config.model.linear_value_head_dim = 0
   config.model.linear_conv_kernel_dim = 0
+  # Gemma 4 (norm_style 'gemma4'): the 'full_attention' layers' head width
+  # and key/value heads (0: as the sliding layers), values = their k_proj
+  # output, and logits = cap * tanh(logits / cap) (0: none).
+  config.model.global_head_dim = 0
+  config.model.global_kv_heads = 0
+  config.model.attention_k_eq_v = False
+  config.model.final_logit_softcapping = 0.0
   # Routing replay (R3): 'rollout' makes the trainer's forward use the
   # experts the sampler recorded for every token (gate weights recomputed,
   # so the router still learns); 'off' routes on its own.
@@ -211,6 +218,11 @@ def get_config() -> ml_collections.ConfigDict:
   # (`enforce_eager`), which starts in seconds instead of compiling C++ kernels
   # on a CPU (tests, short runs).
   config.sampler.vllm_compile = True
+  # vLLM on a GPU only: the share of the GPU's memory it may take (weights and
+  # KV cache; `gpu_memory_utilization`), in (0, 1). The trainer's JAX process
+  # shares the chip, so less than vLLM's own 0.9. Unused on a CPU (its KV cache
+  # is VLLM_CPU_KVCACHE_SPACE).
+  config.sampler.vllm_gpu_memory = 0.35
   # Continuous batching (sao_jax/sampler/engine.py): episodes in flight (0:
   # batch_size); a finished episode's slot takes the next prompt at once
   # (refill=False: the slots start together when all are free, the batch

@@ -5,7 +5,10 @@
 #     the chip's bf16 peak: the measured 8192^3 bf16 matmul and the datasheet
 #     figure (PEAK_TFLOPS, 989 for an H100/H200 SXM);
 #   - the RL run's steps/s (steady state, compiles excluded), sampler action
-#     tokens/s, and held-out accuracy on 256 problems before and after.
+#     tokens/s, and held-out accuracy on 256 problems before and after, once
+#     per rollout engine in ENGINES (default `native`; `ENGINES="native vllm"`
+#     adds the vLLM engine, `sampler.engine=vllm`: the GPU build, `pip install
+#     vllm`, beside the project; it takes sampler.vllm_gpu_memory of the GPU).
 #
 #   bash experiments/accelerator_smollm2.sh [WORKDIR [--config.KEY=VALUE ...]]
 #
@@ -40,26 +43,31 @@ fi
   --matmul_dtype=bfloat16 --matmul_n=8192 --repeats=5 ${BENCH_ARGS:-} \
   | tee "$WORKDIR.train_step.jsonl"
 
-rm -rf "$WORKDIR"
-"$PY" -m sao_jax.main --config=configs/smollm2.py --workdir="$WORKDIR" \
-  --config.model.init_from="$CKPT" --config.tokenizer.path="$CKPT" \
-  --config.model.dtype=bfloat16 --config.train.num_steps="$STEPS" \
-  --config.train.max_train_s="$TRAIN_S" --config.train.eval_every=0 \
-  --config.train.checkpoint_every=0 --config.train.log_every=5 "${@:2}"
+for engine in ${ENGINES:-native}; do
+  run="$WORKDIR"
+  [[ "$engine" == native ]] || run="$WORKDIR.$engine"
+  rm -rf "$run"
+  "$PY" -m sao_jax.main --config=configs/smollm2.py --workdir="$run" \
+    --config.model.init_from="$CKPT" --config.tokenizer.path="$CKPT" \
+    --config.model.dtype=bfloat16 --config.train.num_steps="$STEPS" \
+    --config.train.max_train_s="$TRAIN_S" --config.train.eval_every=0 \
+    --config.train.checkpoint_every=0 --config.train.log_every=5 \
+    --config.sampler.engine="$engine" "${@:2}"
 
-"$PY" - "$WORKDIR" "$PEAK_TFLOPS" <<'EOF'
+  "$PY" - "$WORKDIR" "$run" "$engine" "$PEAK_TFLOPS" <<'EOF'
 """Prints the run's figures as one JSON line."""
 import json
 import sys
 
-workdir, peak_tflops = sys.argv[1], float(sys.argv[2])
+workdir, run, engine, peak_tflops = sys.argv[1:4] + [float(sys.argv[4])]
 with open(f"{workdir}.train_step.jsonl") as f:
   bench = json.loads(f.read().strip().splitlines()[-1])
-with open(f"{workdir}/summary.json") as f:
+with open(f"{run}/summary.json") as f:
   s = json.load(f)
 achieved = bench["smollm2_achieved_gflops"] * 1e9
 print(json.dumps({
     "figure": "accelerator_smollm2",
+    "engine": engine,
     "steps": s["steps"],
     "steps_per_s": s["train_wall_steps"] / max(1e-9, s["train_wall_s"]),
     "wall_s": s["wall_s"],
@@ -74,3 +82,4 @@ print(json.dumps({
     "backend": bench["backend"],
 }))
 EOF
+done

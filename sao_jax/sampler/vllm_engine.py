@@ -71,6 +71,11 @@ def check_config(config: Any) -> None:
         "replay needs the experts of every token the sampler fed, which the "
         "vLLM engine does not record; use routing_replay='off' or "
         "sampler.engine='native'.")
+  if not 0 < float(s.vllm_gpu_memory) < 1:
+    raise ValueError(
+        f"config.sampler.vllm_gpu_memory={s.vllm_gpu_memory}: the share of "
+        "the GPU's memory vLLM may take must be in (0, 1), leaving the rest "
+        "to the trainer on the same chip.")
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -116,6 +121,7 @@ class VllmRollout:
     self.stats, self.seed = stats, int(seed)
     self.model_config = model_config
     self.enforce_eager = not config.sampler.vllm_compile
+    self.gpu_memory = float(config.sampler.vllm_gpu_memory)
     self.arch = arch or model_config.hf_architecture()
     self.stop_ids = tuple(rollout.default_stop_ids(tokenizer)
                           if settings.stop_ids is None else settings.stop_ids)
@@ -172,6 +178,8 @@ class VllmRollout:
     from vllm.v1.engine.async_llm import AsyncLLM
     # pylint: enable=g-import-not-at-top
     self._swap = asyncio.Lock()
+    # On a CPU the same argument reserves a share of host memory instead.
+    gpu = {"gpu_memory_utilization": self.gpu_memory} if _has_gpu() else {}
     args = AsyncEngineArgs(
         model=self._dir.name, skip_tokenizer_init=True, load_format="dummy",
         dtype=_dtype_name(self.model_config.dtype),
@@ -182,7 +190,7 @@ class VllmRollout:
         disable_log_stats=True, enforce_eager=self.enforce_eager,
         # One chip: the worker in the engine-core process (no third process
         # to spawn and import torch and vLLM into).
-        distributed_executor_backend="uni")
+        distributed_executor_backend="uni", **gpu)
     return AsyncLLM.from_engine_args(args)
 
   def stop(self) -> None:

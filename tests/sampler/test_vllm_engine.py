@@ -57,7 +57,7 @@ def _config(**sampler):
   c = ml_collections.ConfigDict()
   c.sampler = ml_collections.ConfigDict(
       {"top_p": 1.0, "top_k": 0, "engine": "vllm", "vllm_compile": False,
-       **sampler})
+       "vllm_gpu_memory": 0.35, **sampler})
   c.model = ml_collections.ConfigDict({"routing_replay": "off"})
   return c
 
@@ -65,6 +65,8 @@ def _config(**sampler):
 @pytest.mark.parametrize("change,words", [
     ({"top_p": 0.9}, "truncated, renormalised"),
     ({"top_k": 20}, "top_p=1 and top_k=0"),
+    ({"vllm_gpu_memory": 1.0}, r"must be in \(0, 1\)"),
+    ({"vllm_gpu_memory": 0.0}, r"must be in \(0, 1\)"),
 ])
 def test_settings_vllm_cannot_report_exactly_are_refused(change, words):
   vllm_engine.check_config(_config())  # The defaults pass.
