@@ -13,7 +13,11 @@ re-runs anything) and writes to ``--out``:
   standard error, and where the curves cross;
 - ``curves.json``: the raw points per arm (step, accuracy, standard error,
   seed-to-seed SD, seeds) and its gaps to the baseline;
-- ``accuracy.png``: the curves with their error bars.
+- ``accuracy.png``: the curves with their error bars;
+- a diagnostics table (in ``comparison.md``, and ``diagnostics.json``): per
+  arm and window of ``--window`` policy steps, the critic's explained
+  variance, advantage std, DIS-masked fraction, |Δlogp|, staleness, reward
+  and entropy (``paper_diagnostics``).
 
 Seeds: points named ``<arm>_s<k>`` are seed k of ``<arm>``; an arm's accuracy
 at an eval is the mean over its seeds, shown ± the seed-to-seed standard
@@ -55,6 +59,7 @@ import re
 from typing import Any
 
 import numpy as np
+import paper_diagnostics
 import report_runs
 
 
@@ -348,16 +353,32 @@ def plot(arms: Sequence[dict[str, Any]], path: str) -> None:
   plt.close(fig)
 
 
+def diagnostics(runs: Sequence[report_runs.RunData], window: int
+                ) -> dict[str, dict[str, dict[int, float]]]:
+  """``paper_diagnostics.arm_windows`` of each arm (points grouped by seed
+  as ``group_arms`` does)."""
+  by_arm: dict[str, list[report_runs.RunData]] = {}
+  for r in runs:
+    by_arm.setdefault(_seed_of(r.label.rsplit("/", 1)[-1])[0], []).append(r)
+  return {arm: paper_diagnostics.arm_windows(rs, window)
+          for arm, rs in by_arm.items()}
+
+
 def make(directory: str, out: str, baseline: str = "sao",
-         problems: int = 256) -> str:
-  """Writes comparison.md, curves.json and accuracy.png; returns the md."""
-  arms = group_arms([run_summary(r, problems)
-                     for r in report_runs.load_runs([directory])
-                     if r.has("eval/accuracy")])
+         problems: int = 256, window: int = 10) -> str:
+  """Writes comparison.md (with the diagnostics by ``window`` policy
+  steps), curves.json, diagnostics.json and accuracy.png; returns the md."""
+  runs = [r for r in report_runs.load_runs([directory])
+          if r.has("eval/accuracy")]
+  arms = group_arms([run_summary(r, problems) for r in runs])
   if not arms:
     raise FileNotFoundError(f"no run under {directory} logged eval/accuracy")
   os.makedirs(out, exist_ok=True)
-  text = markdown(arms, baseline)
+  diag = diagnostics(runs, window)
+  text = (markdown(arms, baseline) + "\n"
+          + paper_diagnostics.markdown(diag, window))
+  with open(os.path.join(out, "diagnostics.json"), "w") as f:
+    json.dump(paper_diagnostics.to_json(diag, window), f, indent=1)
   with open(os.path.join(out, "comparison.md"), "w") as f:
     f.write(text)
   with open(os.path.join(out, "curves.json"), "w") as f:
@@ -380,8 +401,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument("--problems", type=int, default=256,
                  help="Held-out problems per eval where a run does not log "
                  "eval/num_problems.")
+  p.add_argument("--window", type=int, default=10,
+                 help="Policy steps per row of the diagnostics table.")
   args = p.parse_args(argv)
-  print(make(args.sweep_dir, args.out, args.baseline, args.problems))
+  print(make(args.sweep_dir, args.out, args.baseline, args.problems,
+             args.window))
 
 
 if __name__ == "__main__":

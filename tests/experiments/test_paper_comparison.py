@@ -214,3 +214,27 @@ def test_a_gap_the_seeds_disagree_on_is_not_flagged(tmp_path):
   assert (g["seed_pairs"], g["t_seeds"]) == (3, pytest.approx(4.3027, abs=1e-4))
   assert not g["beyond"]
   assert "| grpo | +50.0 ± 14.4 / 25.0 (3) | no |" in text
+
+
+def test_diagnostics_by_window_of_policy_steps(tmp_path):
+  # Two SAO seeds: a critic warm-up step (version 0), then versions 1-3.
+  sweep = tmp_path / "diag"
+  explained = {"sao_s0": [-2.0, -1.0, 0.0, 1.0], "sao_s1": [-4.0, -1.0, 2.0, 3.0]}
+  for point, ev in explained.items():
+    with metrics.MetricWriter(str(sweep / point / "tb")) as w:
+      w.write_scalars(0, {"eval/accuracy": 0.5, "eval/num_problems": 4.0})
+      for step, value in enumerate(ev, start=1):
+        w.write_scalars(step, {"policy_version": step - 1,
+                               "critic/explained_variance": value,
+                               "policy/accept_frac": 1.0 - 0.01 * step})
+  text = pc.make(str(sweep), str(tmp_path / "out"), window=2)
+  diag = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
+  # Warm-up: mean(-2, -4); v1-2: the seeds' means -0.5 and 0.5; v3-4: 1, 3.
+  assert diag["sao"]["expl. var."] == pytest.approx(
+      {"warm-up": -3.0, "v1-2": 0.0, "v3-4": 2.0})
+  # DIS-masked = 1 - accept_frac: steps 2-3 in v1-2, step 4 in v3-4.
+  assert diag["sao"]["DIS-masked"] == pytest.approx(
+      {"warm-up": 0.01, "v1-2": 0.025, "v3-4": 0.04})
+  assert "adv. std" not in diag["sao"]  # Never logged.
+  assert "| sao | warm-up | -3 | — | 0.01 | — |" in text
+  assert "| sao | v3-4 | 2 | — | 0.04 | — |" in text
