@@ -5,7 +5,9 @@ The SFT warm start trains on these (``train.warm_start.sft_examples``) and
 lengths its demonstrations and rollouts have. A demonstration is a list of
 ``(token ids, trained)`` segments: the prompt (question + ``env.instruction``
 in the template, not trained), then the policy's actions (trained) and any
-environment observations (tool results, not trained). Every task's answer is
+environment observations (tool results, not trained). An entry with
+``tool_calls`` (the repair tasks': (call payload, observation) pairs, each
+what the environment returns) makes those calls in order. Every task's answer is
 ``str(entry["answer"])`` as the final assistant turn, the form the held-out
 scorer reads back under ``env.answer='whole'``.
 """
@@ -43,6 +45,10 @@ def demonstration(entry: dict[str, Any], index: int, tokenizer: Any, *,
   template = tokenizer.template
   segments: Segments = [(tokenizer.encode(
       template.format_prompt(entry["question"] + instruction)), False)]
+  for call, value in entry.get("tool_calls", ()):
+    segments += [
+        (tokenizer.encode(template.format_tool_call(call)), True),
+        (tokenizer.encode(template.format_tool_result(value)), False)]
   expr = entry.get("metadata", {}).get("expression")
   if tool_every and index % tool_every == 0 and expr is not None:
     if code_tool:

@@ -20,10 +20,17 @@ markup:
 
 Any other action submits: the reward is the grade of the workspace's
 source files (`RepairGrader.grade`: a clean tree, the task's own tests).
+
+A task's demonstration (`RepairTasks.entry`, the SFT warm start's and the
+derived lengths' example) is a scripted episode from the reference fix:
+`run_tests`, `read_file` of the lines around the bug, `str_replace` of the
+buggy lines by the reference's, then the submission; its observations are
+what this environment returns for those calls.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import posixpath
 import threading
@@ -48,6 +55,8 @@ _PROMPT = (
     '"new"}}, run_tests {{}}. Answer without a tool call to submit.')
 
 
+SUBMIT = "Fixed the bug in {path}."  # The demonstrations' final answer.
+CONTEXT_LINES = 3  # Lines a demonstration reads on each side of the bug.
 NAME = "repair"
 HELDOUT_EVERY = 10  # Seeds = 9 mod 10 are held out, the others train.
 SEEDS_PER_TASK = 16  # Seeds an index may try before it gives up.
@@ -63,7 +72,8 @@ class RepairTasks:
   name = NAME
 
   def __init__(self, grader: repair.RepairGrader, names: Sequence[str],
-               size: int, first_seed: int = 0, split: str = "train"):
+               size: int, first_seed: int = 0, split: str = "train",
+               observation_chars: int = 2048):
     if split not in ("train", "heldout"):
       raise ValueError(f"repair split {split!r}: 'train' or 'heldout'.")
     unknown = set(names) - set(repair.WORKSPACES)
@@ -75,7 +85,9 @@ class RepairTasks:
     self.size = size
     self.split = split
     self.first_seed = first_seed
+    self.observation_chars = observation_chars  # The env's, for entry().
     self._tasks: dict[int, repair.RepairTask] = {}
+    self._entries: dict[int, dict[str, Any]] = {}
     self._lock = threading.Lock()
 
   def __len__(self) -> int:
@@ -107,16 +119,60 @@ class RepairTasks:
                        f"{self.seed(first)}..{last} breaks a test")
 
   def entry(self, index: int) -> dict[str, Any]:
-    """Refused: a repair episode's demonstration is a sequence of tool
-    calls, which `envs/demonstrations.py` cannot write yet."""
-    raise NotImplementedError(
-        f"repair task {index}: the repair tasks have no demonstration yet "
-        "(SFT warm start and derived lengths need one); set train.sft_steps"
-        "=0 and the length settings (sampler.max_new_tokens, ...) by hand.")
+    """The task's prompt (`question`), its demonstration's tool calls
+    (`tool_calls`: (JSON payload, observation) pairs) and final `answer`
+    (module docstring); made once per index (one sandbox call)."""
+    with self._lock:
+      if index in self._entries:
+        return self._entries[index]
+    task = self.task(index)
+    first, last, old, new = bug_hunk(task.buggy.sources[task.path],
+                                     task.reference[task.path])
+    env = RepairEnv(self, observation_chars=self.observation_chars)
+    env.open(index)
+    calls = []
+    for name, args in (
+        ("run_tests", {}),
+        ("read_file", {"path": task.path,
+                       "start": max(1, first - CONTEXT_LINES),
+                       "end": last + CONTEXT_LINES}),
+        ("str_replace", {"path": task.path, "old": old, "new": new})):
+      payload = json.dumps({"name": name, "arguments": args})
+      calls.append((payload, _cut(env.run_tool(payload),
+                                  self.observation_chars)))
+    entry = {"question": prompt(task), "tool_calls": calls,
+             "answer": SUBMIT.format(path=task.path)}
+    with self._lock:
+      self._entries[index] = entry
+    return entry
 
   def prompt_id(self, index: int) -> int:
     t = self.task(index)
     return zlib.crc32(f"{t.name}/{t.seed}".encode()) & 0x7FFFFFFF
+
+
+def prompt(task: repair.RepairTask) -> str:
+  """The task's question (before the template and `env.instruction`)."""
+  return _PROMPT.format(files=", ".join(sorted(task.buggy.files())),
+                        tests=", ".join(sorted(task.buggy.tests)))
+
+
+def bug_hunk(buggy: str, fixed: str) -> tuple[int, int, str, str]:
+  """(first, last line (1-based) of the buggy lines, their text, the fixed
+  text): the lines where `buggy` and `fixed` differ, grown by whole lines on
+  both sides until the buggy text occurs once in `buggy` (a `str_replace`
+  of it is then the fix)."""
+  a, b = buggy.splitlines(keepends=True), fixed.splitlines(keepends=True)
+  ops = [op for op in difflib.SequenceMatcher(
+      None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
+  if not ops:
+    raise ValueError("bug_hunk: the two texts are the same.")
+  i1, i2 = ops[0][1], ops[-1][2]
+  j1, j2 = ops[0][3], ops[-1][4]
+  while not (i2 > i1 and buggy.count("".join(a[i1:i2])) == 1):
+    i1, j1 = (i1 - 1, j1 - 1) if i1 > 0 else (i1, j1)
+    i2, j2 = (i2 + 1, j2 + 1) if i2 < len(a) else (i2, j2)
+  return i1 + 1, i2, "".join(a[i1:i2]), "".join(b[j1:j2])
 
 
 def train_eval_tasks(env_cfg: Any, pool: Any) -> tuple[RepairTasks,
@@ -130,9 +186,11 @@ def train_eval_tasks(env_cfg: Any, pool: Any) -> tuple[RepairTasks,
                      "tasks take only `workspaces`.")
   names = tuple(settings.get("workspaces") or sorted(repair.WORKSPACES))
   grader = repair.RepairGrader(pool)
-  return (RepairTasks(grader, names, env_cfg.size, env_cfg.seed, "train"),
+  chars = int(env_cfg.code_observation_chars)
+  return (RepairTasks(grader, names, env_cfg.size, env_cfg.seed, "train",
+                      chars),
           RepairTasks(grader, names, env_cfg.eval_size, env_cfg.eval_seed,
-                      "heldout"))
+                      "heldout", chars))
 
 
 class RepairEnv(Environment):
@@ -155,16 +213,16 @@ class RepairEnv(Environment):
             "max_tool_calls": env_cfg.max_tool_calls,
             "observation_chars": int(env_cfg.code_observation_chars)}
 
-  def reset(self, task: int) -> str:
+  def open(self, task: int) -> None:
+    """Starts an episode of `task`: its own copy of the buggy tree."""
     self._task = self.tasks.task(task)
     self.prompt_id = self.tasks.prompt_id(task)
     self.workspace = dict(self._task.buggy.files())  # This episode's own.
     self._calls = 0
-    text = _PROMPT.format(files=", ".join(sorted(self.workspace)),
-                          tests=", ".join(sorted(self._task.buggy.tests)))
-    if self.instruction:
-      text = self.instruction + "\n\n" + text
-    return self.template.format_prompt(text)
+
+  def reset(self, task: int) -> str:
+    self.open(task)
+    return self.template.format_prompt(prompt(self._task) + self.instruction)
 
   def step(self, action_text: str) -> StepResult:
     if self.workspace is None or self._task is None:

@@ -8,6 +8,7 @@ import pytest
 import sandbox_pools
 
 from sao_jax.envs import build
+from sao_jax.envs import demonstrations
 from sao_jax.envs import function_tasks
 from sao_jax.envs import repair_env
 from sao_jax.grading import functions
@@ -114,7 +115,59 @@ def test_repair_tasks_from_the_config(pool, monkeypatch):
   env = build.make_envs(cfg.env, train, 1)[0]
   assert isinstance(env, repair_env.RepairEnv) and env.max_tool_calls == 4
   assert "ledger/book.py" in env.reset(0)
-  with pytest.raises(NotImplementedError, match="sft_steps=0"):
-    train.entry(0)  # No demonstrations yet: said, not an AttributeError.
+  assert train.observation_chars == cfg.env.code_observation_chars == 512
   with pytest.raises(ValueError, match="workspaces"):
     repair_env.RepairTasks(train.grader, ["numpy"], 1)
+
+
+class _CharTokenizer:
+  """Just enough of a TextTokenizer for `demonstration`: one id per char."""
+
+  def __init__(self, template):
+    self.template = template
+
+  def encode(self, text):
+    return [ord(c) for c in text]
+
+
+def test_bug_hunk_is_one_unique_replacement():
+  buggy = "a = 1\nb = 2\nx = 0\nc = 3\nx = 0\n"
+  fixed = "a = 1\nb = 2\nx = 1\nc = 3\nx = 0\n"
+  # 'x = 0' occurs twice: grown to the lines around it.
+  assert repair_env.bug_hunk(buggy, fixed) == (
+      2, 4, "b = 2\nx = 0\nc = 3\n", "b = 2\nx = 1\nc = 3\n")
+  # A removed statement: the buggy side is empty until grown.
+  first, last, old, new = repair_env.bug_hunk(
+      "a = 1\nc = 3\n", "a = 1\nb = 2\nc = 3\n")
+  assert (old, new) == ("a = 1\nc = 3\n", "a = 1\nb = 2\nc = 3\n")
+  assert (first, last) == (1, 2)
+
+
+def test_demonstrations_replay_through_the_env_and_score_1(pool):
+  """SFT shows the policy what RL will see: the env's own observations for
+  the demonstration's calls, and the reference fix is graded 1."""
+  tasks = repair_env.RepairTasks(repair.RepairGrader(pool), ["ledger"], 3,
+                                 first_seed=1, observation_chars=300)
+  env = repair_env.RepairEnv(tasks, observation_chars=300,
+                             instruction=" Be brief.")
+  env.set_template(SAO_MARKUP)
+  decode = lambda ids: "".join(map(chr, ids))
+  for i in range(len(tasks)):
+    entry = tasks.entry(i)
+    assert tasks.entry(i) is entry  # Made once.
+    segments = demonstrations.demonstration(
+        entry, i, _CharTokenizer(SAO_MARKUP), instruction=" Be brief.")
+    assert [t for _, t in segments] == [False, True, False, True, False,
+                                        True, False, True]
+    assert env.reset(i) == decode(segments[0][0])
+    names = []
+    for (call, _), (result, _) in zip(segments[1:-1:2], segments[2:-1:2]):
+      step = env.step(decode(call))
+      assert step.observation == decode(result) and not step.done
+      names.append(json.loads(step.info["tool_call"])["name"])
+    assert names == ["run_tests", "read_file", "str_replace"]
+    assert "failed" in entry["tool_calls"][0][1]
+    task = tasks.task(i)
+    assert env.workspace[task.path] == task.reference[task.path]
+    final = env.step(decode(segments[-1][0]))
+    assert final.done and final.reward == 1.0, final.info
