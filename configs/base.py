@@ -292,6 +292,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.critic_warmup_steps = 10  # Critic-only steps before the policy.
   config.rl.critic_updates_per_step = 2  # Critic steps per policy step.
   config.rl.critic_frozen_attention = True  # Train only MLP + head.
+  # The critic's value-head kernel ~N(0, std) (0: zeros, so V starts at the
+  # bias, 0, a constant baseline); its backbone is the policy's.
+  config.rl.value_head_init_std = 0.02
   config.rl.value_clip = config_dict.placeholder(float)  # None: plain MSE.
 
   # ---------------------------------------------------------------- optim ---

@@ -71,6 +71,8 @@ _RANGES: dict[str, Rule] = {
     "rl.running_mean_scope": Rule(lambda v: v in ("prompt", "global"),
                                   "'prompt' or 'global'"),
     "rl.critic_warmup_steps": _NONNEG, "rl.critic_updates_per_step": _POS,
+    "rl.value_head_init_std": Rule(lambda v: 0 <= v < math.inf,
+                                   "a finite float >= 0 (0: a zero kernel)"),
     "rl.value_clip": Rule(lambda v: v is None or v > 0, "None or float > 0"),
     "optim.actor_lr": _FINITE_GT0, "optim.critic_lr": _FINITE_GT0,
     "optim.grad_clip": Rule(lambda v: v == 0 or 0 < v < math.inf,

@@ -416,13 +416,17 @@ def output_weight(params: Any, config: ModelConfig) -> tuple[Array, str]:
 
 
 class ValueHead(nn.Module):
-  """Scalar head ~N(0, 0.02), zero bias (docs/design/math.md "Critic")."""
+  """Scalar head ~N(0, init_std) (0.02), zero bias (docs/design/math.md
+  "Critic"); ``init_std=0``: a zero kernel, V starts constant (0)."""
 
   config: ModelConfig
+  init_std: float = INIT_STD
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    kernel = param(self, "kernel", nn.initializers.normal(INIT_STD),
+    init = (nn.initializers.normal(self.init_std) if self.init_std > 0
+            else nn.initializers.zeros)
+    kernel = param(self, "kernel", init,
                     (self.config.hidden_size, 1), ("embed", None))
     bias = param(self, "bias", nn.initializers.zeros, (1,), (None,))
     y = jnp.einsum("btd,do->bto", x.astype(jnp.float32),
@@ -445,8 +449,8 @@ class ValueModel(nn.Module):
 
 
 def value_params_from_policy(policy_params: Any, config: ModelConfig,
-                             rng: Array) -> Any:
-  """Critic params: a copy of the policy backbone + fresh head ~N(0, 0.02).
+                             rng: Array, head_std: float = INIT_STD) -> Any:
+  """Critic params: a copy of the policy backbone + fresh head ~N(0, head_std).
 
   Args:
     policy_params: `Transformer` params (the `variables['params']` dict, or the
@@ -454,10 +458,11 @@ def value_params_from_policy(policy_params: Any, config: ModelConfig,
       Boxed (logically partitioned) or plain leaves are both accepted.
     config: the model config.
     rng: PRNG key for the head.
+    head_std: the head kernel's init std (`rl.value_head_init_std`; 0: zeros).
   """
   wrapped = "params" in policy_params and "decoder" not in policy_params
   params = policy_params["params"] if wrapped else policy_params
-  head = ValueHead(config).init(
+  head = ValueHead(config, init_std=head_std).init(
       rng, jnp.zeros((1, 1, config.hidden_size), config.compute_dtype)
   )["params"]
   is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)

@@ -169,7 +169,8 @@ def _train_state(config: Any, mcfg: ModelConfig, step_cfg: step_lib.StepConfig,
   p_shard = sharding.param_shardings(_abstract_boxed(mcfg, False), mesh, rules)
   v_shard = sharding.param_shardings(_abstract_boxed(mcfg, True), mesh, rules)
   value_params = transformer.value_params_from_policy(
-      policy_params, mcfg, jax.random.PRNGKey(int(config.train.seed) + 7))
+      policy_params, mcfg, jax.random.PRNGKey(int(config.train.seed) + 7),
+      head_std=float(config.rl.value_head_init_std))
   policy_params = sharding.shard_params(policy_params, p_shard)
   value_params = sharding.shard_params(value_params, v_shard)
   policy_tx, value_tx = optimizers(config, value_params)

@@ -19,6 +19,7 @@ import textwrap
 import pytest
 
 from configs import paper_smollm2
+from configs import paper_smollm2_critic
 from configs import paper_smollm2_seeds
 from configs import paper_smollm2_staleness
 from configs import paper_smollm2_vllm
@@ -127,6 +128,36 @@ def test_vllm_sweep_is_the_paper_setting_with_vllm_rollouts():
     config.sampler.top_p = 0.9
     with pytest.raises(ValueError, match="top_p"):
       config_validation.validate_config(config)
+
+def test_critic_sweep_changes_one_setting_of_the_sao_arm():
+  """configs/paper_smollm2_critic.py: every lever is the SAO arm (seed 0) with
+  one setting changed from the paper config's value; the paper's ablations as
+  configured; all validate."""
+  base = paper_smollm2.get_config()
+  assert paper_smollm2_critic.get_config().to_dict() == base.to_dict()
+  points = {p["_name"]: p for p in paper_smollm2_critic.get_sweep()}
+  assert list(points) == [*paper_smollm2_critic.LEVERS, "sao_no_warmup",
+                          "sao_k1", "sao_lam_equal"]
+  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  flat = {f"{s}.{k}": v for s, sub in base.items() if hasattr(sub, "items")
+          for k, v in sub.items()}
+  for name, p in points.items():
+    assert p["train.seed"] == p["env.seed"] == 0
+    change = {k: v for k, v in p.items()
+              if k not in ("_name", "train.seed", "env.seed")}
+    if name in arms:
+      assert change == {k: v for k, v in arms[name].items() if k != "_name"}
+    else:
+      ((key, value),) = change.items()  # One setting.
+      assert flat[key] != value, (name, key)
+    config = paper_smollm2_critic.get_config()
+    config.update_from_flattened_dict(
+        {k: v for k, v in p.items() if k != "_name"})
+    config_validation.validate_config(config)
+  config.rl.value_head_init_std = -0.1
+  with pytest.raises(ValueError, match="value_head_init_std"):
+    config_validation.validate_config(config)
+
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
   mcfg = tiny_models.tiny_model_config(

@@ -247,3 +247,19 @@ def test_num_params_matches_published_model_sizes():
       num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
       tie_embeddings=True)
   assert llama32_1b.num_params() == 1_235_814_400
+
+
+def test_value_head_zero_init_gives_a_constant_baseline(setup):
+  cfg, _, _, params, tokens, mask, positions, _ = setup
+  vparams = tm.value_params_from_policy(params, cfg, jax.random.key(3),
+                                        head_std=0.0)
+  np.testing.assert_array_equal(vparams["params"]["value_head"]["kernel"], 0.0)
+  values = tm.ValueModel(cfg).apply(vparams, tokens, positions, mask)
+  np.testing.assert_array_equal(values, 0.0)  # V = bias = 0 everywhere.
+  wider = tm.value_params_from_policy(params, cfg, jax.random.key(3),
+                                      head_std=0.5)
+  # The same key, 25x the default std: the same draw scaled.
+  default = tm.value_params_from_policy(params, cfg, jax.random.key(3))
+  np.testing.assert_allclose(wider["params"]["value_head"]["kernel"],
+                             25 * default["params"]["value_head"]["kernel"],
+                             rtol=1e-5)
