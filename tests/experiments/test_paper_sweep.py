@@ -21,6 +21,7 @@ import pytest
 from configs import paper_smollm2
 from configs import paper_smollm2_critic
 from configs import paper_smollm2_seeds
+from configs import paper_smollm2_stability
 from configs import paper_smollm2_staleness
 from configs import paper_smollm2_vllm
 import smollm2_checkpoint
@@ -157,6 +158,28 @@ def test_critic_sweep_changes_one_setting_of_the_sao_arm():
   config.rl.value_head_init_std = -0.1
   with pytest.raises(ValueError, match="value_head_init_std"):
     config_validation.validate_config(config)
+
+
+def test_stability_sweep_is_the_paper_setting_for_300_steps():
+  """configs/paper_smollm2_stability.py: SAO and GRPO, seed 0, 300 policy
+  steps, evaluations every 25; otherwise the paper config and its arms."""
+  config = paper_smollm2_stability.get_config()
+  assert (config.train.num_steps, config.train.eval_every) == (300, 25)
+  config.train.num_steps, config.train.eval_every = 40, 10
+  config.train.checkpoint_every = 5
+  assert config.to_dict() == paper_smollm2.get_config().to_dict()
+  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  points = paper_smollm2_stability.get_sweep()
+  assert [p["_name"] for p in points] == ["sao_300_s0", "grpo_300_s0"]
+  for p, arm in zip(points, ("sao", "grpo")):
+    assert {k: v for k, v in p.items() if k not in (
+        "_name", "train.seed", "env.seed")} == {
+            k: v for k, v in arms[arm].items() if k != "_name"}
+    config = paper_smollm2_stability.get_config()
+    config.update_from_flattened_dict(
+        {k: v for k, v in p.items() if k != "_name"})
+    config_validation.validate_config(config)
+    assert config.train.max_staleness == 2
 
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
