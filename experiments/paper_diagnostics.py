@@ -7,9 +7,10 @@ mean) and every window of ``window`` policy steps, the mean of:
 - ``critic/explained_variance`` (1 - Var[R - V] / Var[R] of the critic's
   value targets; < 0: worse than a constant baseline) and ``advantage/std``
   (the policy advantages' spread, Eq. 3's A_t);
-- the DIS-masked fraction (1 - ``policy/accept_frac``, tokens outside
-  Eq. 5's [1 - eps_low, 1 + eps_high] trust region) and ``policy/
-  logp_abs_diff`` (mean |log pi_theta - log mu| over action tokens, the
+- the DIS-masked fraction (1 - ``policy/accept_frac``, tokens outside the
+  arm's own Eq. 2 band), ``policy/dis_band_out_frac`` (what the paper's
+  band would mask, logged by every loss, so also by arms without DIS) and
+  ``policy/logp_abs_diff`` (mean |log pi_theta - log mu| over action tokens, the
   trainer-sampler mismatch DIS corrects);
 - ``staleness/mean`` (policy versions between acting and learning),
   ``reward/mean`` and ``policy/entropy``.
@@ -32,6 +33,7 @@ COLUMNS = (
     ("critic/explained_variance", "expl. var.", None),
     ("advantage/std", "adv. std", None),
     ("policy/accept_frac", "DIS-masked", lambda x: 1.0 - x),
+    ("policy/dis_band_out_frac", "out of DIS band", None),
     ("policy/logp_abs_diff", "|Δlogp|", None),
     ("staleness/mean", "staleness", None),
     ("reward/mean", "reward", None),

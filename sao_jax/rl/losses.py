@@ -124,9 +124,21 @@ def ratio_metrics(log_ratio: Array, mask: Array, prefix: str = "") -> Metrics:
 
 # --- SAO: direct double-sided importance sampling (Eqs. 1-3) ---
 
+# The paper's DIS band for reasoning (Eq. 2): (1 - 0.3, 1 + 5.0).
+DIS_EPS_LOW, DIS_EPS_HIGH = 0.3, 5.0
+
+
+def dis_out_of_band(log_ratio: Array, eps_low: float = DIS_EPS_LOW,
+                    eps_high: float = DIS_EPS_HIGH) -> tuple[Array, Array]:
+  """(below, above): tokens DIS masks, r <= 1 - eps_low or r >= 1 + eps_high
+  (Eq. 2's band is open), from log r = log pi_theta - log pi_rollout."""
+  ratio = jnp.exp(log_ratio)
+  return ratio <= 1.0 - eps_low, ratio >= 1.0 + eps_high
+
 
 def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
-                    mask: Array, *, eps_low: float = 0.3, eps_high: float = 5.0,
+                    mask: Array, *, eps_low: float = DIS_EPS_LOW,
+                    eps_high: float = DIS_EPS_HIGH,
                     aggregation: str = "token_mean",
                     constant: Optional[float] = None) -> tuple[Array, Metrics]:
   """SAO direct double-sided importance sampling (arXiv 2607.07508, Eqs. 1–3).
@@ -156,8 +168,7 @@ def dis_policy_loss(logp: Array, rollout_logp: Array, advantages: Array,
   m, (logp, rollout_logp, adv) = prepare(mask, logp, rollout_logp, advantages)
   log_ratio = jax.lax.stop_gradient(clamped_log_ratio(logp, rollout_logp))
   ratio = jnp.exp(log_ratio)
-  below = ratio <= 1.0 - eps_low
-  above = ratio >= 1.0 + eps_high
+  below, above = dis_out_of_band(log_ratio, eps_low, eps_high)
   accept = jnp.logical_not(below | above)
   weight = jax.lax.stop_gradient(jnp.where(accept, ratio, 0.0) * adv)  # f(r)·A
   loss = -aggregate(weight * logp, m, aggregation, constant=constant)

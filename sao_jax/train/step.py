@@ -253,6 +253,12 @@ def _policy_update(policy, tx, cfg: StepConfig, loss_fn: registry.LossFn,
     # The train/inference mismatch DIS masks (and routing replay narrows).
     m["logp_abs_diff"] = rl_metrics.masked_mean(
         jnp.abs(sg - batch["rollout_logp"]), mask)
+    # What the paper's DIS band would mask, whatever the loss (an arm
+    # without DIS reports the mismatch it trains through).
+    below, above = loss_lib.dis_out_of_band(
+        loss_lib.clamped_log_ratio(sg, batch["rollout_logp"]))
+    m["dis_band_out_frac"] = rl_metrics.masked_mean(
+        (below | above).astype(jnp.float32), mask)
     if moe:
       m.update(_moe_metrics(moe, batch))
       loss = loss + cfg.router_aux_loss_coef * moe["moe_aux_loss"]

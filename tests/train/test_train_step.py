@@ -100,6 +100,7 @@ def test_policy_update_equals_manual_dis_gradient():
   assert float(metrics["policy/reject_low_frac"]) == pytest.approx(1 / n)
   assert float(metrics["policy/reject_high_frac"]) == pytest.approx(1 / n)
   assert float(metrics["policy/accept_frac"]) == pytest.approx(12 / n)
+  assert float(metrics["policy/dis_band_out_frac"]) == pytest.approx(2 / n)
   assert int(new_state.policy_version) == 1 and int(new_state.step) == 1
 
 
@@ -181,6 +182,10 @@ def test_group_estimator_uses_group_index():
   # z-scores +-1/sqrt(2) on each row's 7 action tokens.
   assert float(m["advantage/mean"]) == pytest.approx(0.0, abs=1e-5)
   assert float(m["advantage/std"]) == pytest.approx(2**-0.5, abs=1e-4)
+  # No DIS in GRPO, yet the step reports what the paper's band would mask:
+  # the same 2 of 14 tokens as the SAO step's (outside (1 - 0.3, 1 + 5.0)).
+  assert "policy/accept_frac" not in m
+  assert float(m["policy/dis_band_out_frac"]) == pytest.approx(2 / 14)
   # No critic in GRPO: value params untouched.
   for a, b in zip(jax.tree.leaves(new.value_params), jax.tree.leaves(v)):
     np.testing.assert_array_equal(a, b)
