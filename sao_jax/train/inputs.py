@@ -164,7 +164,11 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
   source = Source(config, stream=None, stop_step=stop_step,
                   recorder=_recorder(config, workdir, start_step))
   try:
-    source.publish = publish_lib.Publisher(slot, staleness.publish_lag)
+    # Held-back versions (the staleness study's lag) wait on disk.
+    source.publish = publish_lib.Publisher(
+        slot, staleness.publish_lag,
+        spill_dir=os.path.join(workdir,
+                               f"held_weights_p{jax.process_index()}"))
     source.publish(params, version())
     spec = sampler_lib.SamplerSpec(
         config=config, model_config=run.mcfg,
@@ -202,6 +206,8 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
     source.stop_sampler()
     (source.ring or ring).close()
     slot.close()
+    if source.publish is not None:
+      source.publish.close()
 
 
 def replay(run: setup_lib.Setup, *, start_step: int,

@@ -18,7 +18,6 @@ from sao_jax.envs import evolving
 from sao_jax.envs import build as env_build
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.rl import advantages as adv_lib
-from sao_jax.train import publish as publish_lib
 from sao_jax.train import warm_start
 from sao_jax.train import step as step_lib
 
@@ -56,31 +55,6 @@ def test_arms_differ_only_in_what_they_ablate():
   for c in (grpo.get_config(), grpo_dis.get_config(), sao.get_config()):
     assert c.train.max_generated_tokens == cpu_scale.TOKEN_BUDGET
     assert c.train.sft_seed == 0 and c.train.sft_data_seed is not None
-
-
-class _FakeSlot:
-
-  def __init__(self):
-    self.published = []
-
-  def publish(self, params, version):
-    self.published.append((version, float(params["w"])))
-    return 0.0
-
-
-@pytest.mark.parametrize("lag,expected", [
-    (0, [0, 1, 2, 3, 4, 5]),
-    (2, [0, 1, 2, 3]),  # v0 at start; then v-2 once v >= 2.
-    (4, [0, 1]),
-])
-def test_publisher_holds_weights_back(lag, expected):
-  slot = _FakeSlot()
-  publish = publish_lib.Publisher(slot, lag)
-  for v in range(6):
-    publish({"w": np.float32(v)}, v)
-  assert [v for v, _ in slot.published] == expected
-  # Each version carries its own weights, not the newest ones.
-  assert all(v == w for v, w in slot.published)
 
 
 def test_format_style_round_trips():
