@@ -182,9 +182,12 @@ def _check_names(c: Any) -> None:
   code = (c.env.dataset == function_tasks.NAME
           or c.env.eval_dataset == humaneval.NAME)
   _check(c, "env.answer", lambda v: v in answers.ANSWER_RULES and (
-      v == "whole" or (c.env.name != "evolving" and not code)),
-         f"one of {answers.ANSWER_RULES} ('whole' for the evolving env and "
-         "for code answers: codeio, humaneval)")
+      v == "whole" or (c.env.name == "evolving"
+                       and v in evolving.EVOLVING_ANSWER_RULES)
+      or (c.env.name != "evolving" and not code)),
+         f"one of {answers.ANSWER_RULES} ({evolving.EVOLVING_ANSWER_RULES} "
+         "for the evolving env, 'whole' for code answers: codeio, "
+         "humaneval)")
   _check(c, "env.styles",
          lambda v: bool(v) and all(s in evolving.STYLES for s in v),
          f"at least one style, each one of {evolving.STYLES}")

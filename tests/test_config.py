@@ -157,6 +157,10 @@ def test_int_for_float_and_placeholder_are_accepted(config):
      "'codeio', got 'leg_count' (did you mean 'leg_counting'?)"),
     ({"env.dataset": "codeio", "env.answer": "last_number"},
      "config.env.answer: expected one of"),
+    ({"env.name": "evolving", "env.answer": "answer_tag"},
+     "config.env.answer: expected one of ('whole', 'last_number', "
+     "'answer_tag', 'answer_tag_or_last_number') (('whole', 'last_number') "
+     "for the evolving env"),
     ({"env.eval_dataset": "mbpp"}, "config.env.eval_dataset: expected one of "
      "('', 'humaneval'), got 'mbpp'"),
     ({"train.mode": "asynch"},

@@ -28,10 +28,16 @@ _NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
 _TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
+def last_number_span(text: str) -> tuple[int, int] | None:
+  """Where the last number of `text` is (start, end), or None."""
+  found = list(_NUMBER_RE.finditer(text))
+  return found[-1].span() if found else None
+
+
 def last_number(text: str) -> str:
   """The last number in `text` without thousands separators, or ""."""
-  found = _NUMBER_RE.findall(text)
-  return found[-1].replace(",", "") if found else ""
+  span = last_number_span(text)
+  return text[span[0]:span[1]].replace(",", "") if span else ""
 
 
 def answer_tag(text: str) -> str:

@@ -13,6 +13,9 @@ Styles (`final_answer` text, whole string):
   'boxed':      \\boxed{ANSWER}
   'answer_tag': <answer>ANSWER</answer>
   'plain':      ANSWER with neither wrapper
+With `answer='last_number'` (a chatty instruct model, `config.env.answer`)
+the answer is the reply's last number and its style the wrapper around it
+(`parse_style_last_number`): "So 3 + 4 = \\boxed{7}." is 'boxed' 7.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import bisect
 import re
 from typing import Any, Sequence
 
+from sao_jax.envs import answers
 from sao_jax.envs.base import final_answer
 from sao_jax.envs.base import StepResult
 from sao_jax.envs.reasoning_gym_env import ReasoningGymEnv
@@ -40,6 +44,28 @@ def parse_style(answer: str) -> tuple[str, str]:
     if m:
       return style, m.group(1).strip()
   return "plain", answer
+
+
+_LAST_WRAPPERS = {
+    "boxed": re.compile(r"\\boxed\{([^{}]*)\}"),
+    "answer_tag": re.compile(r"<answer>(.*?)</answer>", re.DOTALL),
+}
+EVOLVING_ANSWER_RULES = ("whole", "last_number")
+
+
+def parse_style_last_number(reply: str) -> tuple[str, str]:
+  """(style, last number) of a chatty reply: 'boxed' / 'answer_tag' when the
+  reply's last number lies inside a \\boxed{} / <answer></answer>, else
+  'plain'; ("plain", "") without a number."""
+  span = answers.last_number_span(reply)
+  if span is None:
+    return "plain", ""
+  number = answers.last_number(reply)
+  for style, pattern in _LAST_WRAPPERS.items():
+    if any(m.start(1) <= span[0] and span[1] <= m.end(1)
+           for m in pattern.finditer(reply)):
+      return style, number
+  return "plain", number
 
 
 def format_style(answer: str, style: str) -> str:
@@ -64,8 +90,15 @@ class EvolvingEnv(ReasoningGymEnv):
 
   def __init__(self, tasks: ReasoningGymTasks,
                styles: Sequence[str] = STYLES,
-               switch_at: Sequence[int] = (100, 200), instruction: str = ""):
+               switch_at: Sequence[int] = (100, 200), instruction: str = "",
+               answer: str = "whole"):
     super().__init__(tasks, instruction)
+    if answer not in EVOLVING_ANSWER_RULES:
+      raise ValueError(
+          f"env.answer={answer!r}: the evolving environment reads a whole "
+          "wrapped answer ('whole') or the wrapper around the reply's last "
+          f"number ('last_number'); choose from {EVOLVING_ANSWER_RULES}.")
+    self.answer_rule = answer
     self.styles, self.switch_at = tuple(styles), tuple(int(v) for v in switch_at)
     bad = [s for s in self.styles if s not in STYLES]
     if bad:
@@ -84,14 +117,18 @@ class EvolvingEnv(ReasoningGymEnv):
     # Its reward is its own (binary quality): no answer or reward rule.
     return {**super(ReasoningGymEnv, cls).config_kwargs(env_cfg, reward),
             "styles": tuple(env_cfg.styles),
-            "switch_at": tuple(env_cfg.style_change_steps)}
+            "switch_at": tuple(env_cfg.style_change_steps),
+            "answer": env_cfg.get("answer", "whole")}
 
   def set_policy_version(self, version: int) -> None:
     self._version = int(version)
 
   def step(self, action_text: str) -> StepResult:
     index = self._require_episode()
-    style, answer = parse_style(final_answer(action_text, self.template))
+    reply = final_answer(action_text, self.template)
+    style, answer = (parse_style_last_number(reply)
+                     if self.answer_rule == "last_number"
+                     else parse_style(reply))
     want = required_style(self._version, self.styles, self.switch_at)
     r_quality = float(self.score(answer) >= 1.0)
     r_style = float(style == want)

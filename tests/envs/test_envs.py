@@ -166,6 +166,32 @@ def test_evolving_reward_flips_at_switch_boundaries(tasks):
     evolving.EvolvingEnv(tasks, styles=("bold",), switch_at=())
 
 
+def test_evolving_reads_the_wrapper_around_a_chatty_replys_last_number(tasks):
+  env = registry.make_env("evolving", tasks, styles=("plain", "boxed",
+                                                     "answer_tag"),
+                          switch_at=(10, 20), answer="last_number")
+  ans = tasks.entry(1)["answer"]
+  replies = {  # reply -> (style, rewarded at versions 0, 10, 20)
+      f"Adding them gives {ans}.": ("plain", (1, 0, 0)),
+      f"So the sum is \\boxed{{{ans}}}, done.": ("boxed", (0, 1, 0)),
+      f"The answer: <answer> {ans} </answer>": ("answer_tag", (0, 0, 1)),
+      # The last number decides: a boxed first try, then a plain correction.
+      f"\\boxed{{{ans}9}} no, it is {ans}": ("plain", (1, 0, 0)),
+      f"<answer>{ans}9</answer>": ("answer_tag", (0, 0, 0)),  # Wrong value.
+      "I cannot tell.": ("plain", (0, 0, 0)),
+  }
+  for reply, (style, rewarded) in replies.items():
+    for version, want in zip((0, 10, 20), rewarded):
+      env.reset(1)
+      env.set_policy_version(version)
+      _, reward, done, info = env.step(reply + tok_lib.END)
+      assert done and info["style"] == style, reply
+      assert reward == want, (reply, version)
+  with pytest.raises(ValueError, match="last_number"):
+    evolving.EvolvingEnv(tasks, styles=("plain",), switch_at=(),
+                         answer="answer_tag")
+
+
 def test_registry():
   assert set(registry.available_envs()) >= {"reasoning_gym", "tool", "evolving"}
   with pytest.raises(KeyError, match="registered"):
@@ -179,7 +205,8 @@ def test_registry():
     ("tool", {"max_tool_calls": 3, "answer_rule": "last_number"}),
     ("tool_longtail", {"max_tool_calls": 3, "min_tokens": 4, "levels": 2,
                        "tool_calls": 1, "tool_latency_s": 0.5}),
-    ("evolving", {"styles": ("plain", "boxed"), "switch_at": (7,)}),
+    ("evolving", {"styles": ("plain", "boxed"), "switch_at": (7,),
+                  "answer_rule": "last_number"}),
 ])
 def test_make_envs_reads_each_env_settings_from_its_section(tasks, name, want):
   env_cfg = base_config.get_config().env

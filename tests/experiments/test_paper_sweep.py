@@ -20,6 +20,7 @@ import pytest
 
 from configs import paper_smollm2
 from configs import paper_smollm2_critic
+from configs import paper_smollm2_online
 from configs import paper_smollm2_seeds
 from configs import paper_smollm2_stability
 from configs import paper_smollm2_staleness
@@ -180,6 +181,33 @@ def test_stability_sweep_is_the_paper_setting_for_300_steps():
         {k: v for k, v in p.items() if k != "_name"})
     config_validation.validate_config(config)
     assert config.train.max_staleness == 2
+
+
+def test_online_sweep_is_the_paper_setting_on_the_evolving_env():
+  """configs/paper_smollm2_online.py: SAO and GRPO+DIS, seeds 0 and 1, the
+  paper config on the evolving env (styles switching at versions 40 and
+  80, read around the reply's last number); all validate."""
+  config = paper_smollm2_online.get_config()
+  assert config.env.name == "evolving" and config.env.answer == "last_number"
+  assert tuple(config.env.style_change_steps) == (40, 80)
+  assert config.train.num_steps == 120
+  for key in ("styles", "style_change_steps", "instruction"):
+    config.env[key] = paper_smollm2.get_config().env[key]
+  config.env.name, config.train.num_steps = "reasoning_gym", 40
+  assert config.to_dict() == paper_smollm2.get_config().to_dict()
+  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  points = paper_smollm2_online.get_sweep()
+  assert [p["_name"] for p in points] == ["sao_s0", "grpo_dis_s0", "sao_s1",
+                                          "grpo_dis_s1"]
+  for p in points:
+    arm = p["_name"].rsplit("_s", 1)[0]
+    assert {k: v for k, v in p.items() if k not in (
+        "_name", "train.seed", "env.seed")} == {
+            k: v for k, v in arms[arm].items() if k != "_name"}
+    config = paper_smollm2_online.get_config()
+    config.update_from_flattened_dict(
+        {k: v for k, v in p.items() if k != "_name"})
+    config_validation.validate_config(config)
 
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
