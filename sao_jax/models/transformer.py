@@ -85,19 +85,23 @@ class DecoderLayer(nn.Module):
   ``use_rope``: Attention's sliding-layer and RoPE flags. With ``linear``
   the token mixer is Qwen3.5's Gated DeltaNet (`linear_attn`) over the
   valid tokens (``tokens``: the bool attention mask [B, T]), ``kv`` its
-  (state, conv states) or None, returned updated.
+  (state, conv states) or None, returned updated. `norm_style='gemma4'`:
+  Gemma's four norms, then the block's output times `layer_scalar` (HF
+  Gemma 4's per-layer buffer, trained here like any weight). ``dims``:
+  Attention's (this layer's shapes; None: layer 0's).
   """
 
   config: ModelConfig
   sparse: bool = False
   linear: bool = False
+  dims: tuple[int, int, bool] | None = None
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None,
                local=None, use_rope=None):
     style = self.config.norm_style
     pre = style != "olmo"  # OLMo 2/3: norms after the sublayers only.
-    post = style in ("gemma", "olmo")
+    post = style in ("gemma", "olmo", "gemma4")
     attention = LatentAttention if self.config.mla else Attention
     normed = RMSNorm(self.config, name="attn_norm")(x) if pre else x
     if self.linear:
@@ -108,7 +112,8 @@ class DecoderLayer(nn.Module):
           cfg.linear_conv_kernel_dim), name="linear_attn")(normed, tokens, kv)
       y, new_kv = y.astype(x.dtype), None if kv is None else new_kv
     else:
-      y, new_kv = attention(self.config, name="attn")(
+      dims = {} if self.config.mla else {"dims": self.dims}
+      y, new_kv = attention(self.config, **dims, name="attn")(
           normed, positions, mask, kv, local, use_rope)
     if post:
       y = RMSNorm(self.config, name="post_attn_norm")(y)
@@ -123,7 +128,11 @@ class DecoderLayer(nn.Module):
       y = MLP(self.config, name="mlp")(y)
     if post:
       y = RMSNorm(self.config, name="post_mlp_norm")(y)
-    x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
+    x = x + y
+    if style == "gemma4":
+      x = x * param(self, "layer_scalar", nn.initializers.ones, (1,),
+                    (None,)).astype(x.dtype)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     return x, new_kv, routed
 
 
@@ -151,56 +160,80 @@ def _block(cfg: ModelConfig) -> type[nn.Module]:
                   prevent_cse=not cfg.scan_layers)
 
 
-def _scan_body(layer, x, kv, forced, flags, positions, mask, end, tokens):
-  """One scanned layer; kv is this layer's (k, v) cache slices or None;
-  flags its (sliding-window flag, RoPE flag), each None where every layer
-  is alike (`_layer_flags`)."""
-  layer_kv = None if kv is None else (kv[0][None], kv[1][None], 0, end)
-  x, new_kv, routed = layer(x, positions, mask, layer_kv, forced, tokens,
-                            *flags)
-  return x, (None if new_kv is None else (new_kv[0][0], new_kv[1][0]),
-             routed)
+def _scan_body(layer, carry, index, forced, flags, positions, mask, end,
+               tokens):
+  """One scanned layer. carry: (x, the whole cache's (k, v) or None): the
+  cache rides in the carry and the layer writes its own slots in place at
+  ``index`` (its layer in the cache), so a decode step writes one token per
+  layer instead of passing each layer's cache through the scan as input and
+  output. flags: the layer's (sliding-window flag, RoPE flag), each None
+  where every layer is alike (`_layer_flags`)."""
+  x, kv = carry
+  x, new_kv, routed = layer(x, positions, mask, None if kv is None else (
+      *kv, index, end), forced, tokens, *flags)
+  return (x, new_kv), routed
 
 
 class LayerGroup(nn.Module):
-  """One repeat of a hybrid decoder's layer pattern (`layer_pattern` layers,
-  `{linear,full}_{j}`), the body the decoder scans."""
+  """One repeat of a grouped decoder's layer pattern (`layer_pattern`
+  layers, `{linear,full,sliding}_{j}`: `ModelConfig.member_name`), the
+  body the decoder scans (`ModelConfig.grouped`)."""
 
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, kv, positions, mask, end, tokens):
+  def __call__(self, x, kv, forced, positions, mask, end, tokens, group=0):
     cfg, block = self.config, _block(self.config)
     layers = []
     for j in range(cfg.layer_pattern()):
-      linear = cfg.is_linear_layer(j)
-      layers.append((j, block(cfg, linear=linear,
-                              name=f"{'linear' if linear else 'full'}_{j}")))
-    return _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens)
+      layers.append((j, block(cfg, cfg.is_moe_layer(j),
+                              linear=cfg.is_linear_layer(j),
+                              dims=cfg.attention_dims(j),
+                              name=cfg.member_name(j))))
+    return _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens,
+                       forced, group)
 
 
-def _group_body(group, x, kv, positions, mask, end, tokens):
-  return group(x, kv, positions, mask, end, tokens)
+def _group_body(group, carry, index, forced, positions, mask, end, tokens):
+  """One scanned repeat; carry: (x, the whole cache or None), written in
+  place at repeat ``index``'s layers (as `_scan_body`); forced: its MoE
+  layers' experts to replay [S, B, T, k] or None. Also returns those
+  layers' (experts, aux, own), each stacked [S, ...]."""
+  x, kv = carry
+  x, kv, routed = group(x, kv, forced, positions, mask, end, tokens, index)
+  return (x, kv), tuple(jnp.stack(r) for r in zip(*routed))
 
 
-def _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens):
-  """x through hybrid layers [(layer index, module)]; kv: the cache's (k,
-  v, linear states) of those layers (by `kind_index`) or None. Returns (x,
-  kv updated)."""
+def _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens,
+                forced=None, group=0):
+  """x through hybrid layers [(layer index in the pattern or the model,
+  module)]; kv: the whole cache's (k, v, linear states) or None, the
+  layers' entries at ``group`` repeats of the pattern in (a traced index
+  under the scan) plus their `kind_index`; forced: experts to replay
+  [S, B, T, k] of their S MoE layers, or None. Returns (x, kv updated,
+  [(experts, aux, own)] of the MoE layers in order)."""
+  routed = []
+  p = cfg.layer_pattern()
+  per_repeat = sum(map(cfg.is_linear_layer, range(p)))
+  base = {True: group * per_repeat, False: group * (p - per_repeat)}
   for i, layer in layers:
-    j = kind_index(cfg, i)
-    if cfg.is_linear_layer(i):
+    linear = cfg.is_linear_layer(i)
+    j = base[linear] + kind_index(cfg, i)
+    f = None if forced is None or not cfg.is_moe_layer(i) else forced[
+        len(routed)]
+    if linear:
       lin = None if kv is None else kv[2]
-      x, new, _ = layer(x, positions, mask, None if kv is None else (
-          lin[0][j], tuple(c[j] for c in lin[1:])), None, tokens)
+      x, new, r = layer(x, positions, mask, None if kv is None else (
+          lin[0][j], tuple(c[j] for c in lin[1:])), f, tokens)
       if kv is not None:
         kv = (kv[0], kv[1], tuple(a.at[j].set(b.astype(a.dtype)) for a, b in
                                   zip(lin, (new[0], *new[1]))))
     else:
-      x, new, _ = layer(x, positions, mask, None if kv is None else (
-          kv[0], kv[1], j, end), None, tokens, cfg.is_local_layer(i), True)
+      x, new, r = layer(x, positions, mask, None if kv is None else (
+          kv[0], kv[1], j, end), f, tokens, cfg.is_local_layer(i), True)
       kv = None if kv is None else (*new, kv[2])
-  return x, kv
+    routed += [] if r is None else [r]
+  return x, kv, routed
 
 
 def _layer_flags(cfg: ModelConfig, first: int, n: int
@@ -219,9 +252,9 @@ def _layer_flags(cfg: ModelConfig, first: int, n: int
 class Decoder(nn.Module):
   """Embedding + decoder layers + final norm (the shared backbone).
 
-  `scan_layers`: one layer body under `nn.scan` over stacked parameters (and
-  over the KV cache's leading layer axis), so a step compiles one layer
-  whatever the depth; else a Python loop (the unrolled reference).
+  `scan_layers`: one layer body under `nn.scan` over stacked parameters
+  (the KV cache in its carry, written in place), so a step compiles one
+  layer whatever the depth; else a Python loop (the unrolled reference).
   """
 
   config: ModelConfig
@@ -230,12 +263,12 @@ class Decoder(nn.Module):
     cfg = self.config
     self.embedder = Embedder(cfg)
     block = _block(cfg)
-    if cfg.scan_layers and cfg.hybrid:
+    if cfg.scan_layers and cfg.grouped:
       self.group = LayerGroup(cfg, name="layer_groups")
       self._group_scan = nn.scan(
           _group_body, variable_axes={"params": 0},
           split_rngs={"params": True},
-          in_axes=(0,) + (nn.broadcast,) * 4,
+          in_axes=(0, 0) + (nn.broadcast,) * 4,
           length=cfg.num_layers // cfg.layer_pattern(),
           metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
     elif cfg.scan_layers:
@@ -250,28 +283,33 @@ class Decoder(nn.Module):
                      for _, _, n, _ in cfg.stages()]
     else:
       self.layers = [block(cfg, cfg.is_moe_layer(i), cfg.is_linear_layer(i),
-                           name=f"layers_{i}")
+                           cfg.attention_dims(i), name=f"layers_{i}")
                      for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
 
   def _run_layers(self, x, positions, mask, cache, forced, tokens):
-    """x through every layer; returns (x, (k, v) of the cache or None,
-    [(experts [B, T, k], aux)] of the MoE layers in order)."""
+    """x through every layer; returns (x, (k, v[, linear states]) of the
+    cache or None, [(experts [B, T, k], aux)] of the MoE layers in order).
+
+    Scanned, the whole cache rides in the scan's carry and each layer writes
+    its new slots in place (`kv_cache.write` at its traced layer index): a
+    step's cache traffic is the live keys/values it reads plus the tokens it
+    writes, as unrolled."""
     cfg = self.config
     end = None if cache is None else cache.end
     routed = []
     kv = None if cache is None else (cache.k, cache.v, cache.linear)
     if cfg.hybrid and not cfg.scan_layers:
-      return (*_run_hybrid(cfg, list(enumerate(self.layers)), x, positions,
-                           mask, kv, end, tokens), routed)
-    if cfg.hybrid:  # The cache by repeat of the layer pattern: [G, n, ...].
-      g = cfg.num_layers // cfg.layer_pattern()
-      kv = jax.tree.map(lambda a: a.reshape(g, a.shape[0] // g, *a.shape[1:]),
-                        kv)
-      x, kv = self._group_scan(self.group, x, kv, positions, mask, end,
-                               tokens)
-      return x, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]),
-                             kv), routed
+      return _run_hybrid(cfg, list(enumerate(self.layers)), x, positions,
+                         mask, kv, end, tokens, forced)
+    if cfg.grouped and cfg.scan_layers:  # Repeat g writes its layers in place.
+      n = cfg.num_layers // cfg.layer_pattern()
+      (x, kv), routed = self._group_scan(
+          self.group, (x, kv), jnp.arange(n, dtype=jnp.int32),
+          None if forced is None else forced.reshape(n, -1, *forced.shape[1:]),
+          positions, mask, end, tokens)
+      # [G, S, ...] -> the MoE layers in order (repeat g, then member).
+      return x, kv, list(zip(*[a.reshape(-1, *a.shape[2:]) for a in routed]))
     if not cfg.scan_layers:
       kv = None if cache is None else (cache.k, cache.v)
       for i, layer in enumerate(self.layers):
@@ -282,27 +320,18 @@ class Decoder(nn.Module):
             tokens, cfg.is_local_layer(i), cfg.uses_rope(i))
         routed += [] if r is None else [r]
       return x, kv, routed
-    if cfg.hybrid:
-      x, _ = self._group_scan(self.group, x, positions, mask, tokens)
-      return x, None, routed
-    ks, vs = [], []
+    kv = None if cache is None else (cache.k, cache.v)
     m = 0
     for stack, scan, (_, first, n, sparse) in zip(self.stacks, self._scans,
                                                   cfg.stages()):
-      kv = None if cache is None else (cache.k[first:first + n],
-                                       cache.v[first:first + n])
       f = None if forced is None or not sparse else forced[m:m + n]
-      x, (kv, r) = scan(stack, x, kv, f, _layer_flags(cfg, first, n),
-                        positions, mask, end, tokens)
-      if kv is not None:
-        ks.append(kv[0])
-        vs.append(kv[1])
+      index = jnp.arange(first, first + n, dtype=jnp.int32)
+      (x, kv), r = scan(stack, (x, kv), index, f,
+                        _layer_flags(cfg, first, n), positions, mask, end,
+                        tokens)
       if sparse:
-        routed += [tuple(x[j] for x in r) for j in range(n)]
+        routed += [tuple(a[j] for a in r) for j in range(n)]
         m += n
-    kv = None if cache is None else (
-        jnp.concatenate(ks) if len(ks) > 1 else ks[0],
-        jnp.concatenate(vs) if len(vs) > 1 else vs[0])
     return x, kv, routed
 
   def __call__(self, tokens, positions, attention_mask, cache=None,
@@ -400,8 +429,15 @@ class Transformer(nn.Module):
       logits = jnp.einsum("btd,dv->btv", x, kernel.astype(x.dtype),
                           preferred_element_type=jnp.float32)
     logits = nn.with_logical_constraint(
-        logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        cap_logits(logits.astype(jnp.float32), cfg.final_logit_softcapping),
+        ("batch", "length", "vocab"))
     return logits, new_cache
+
+
+def cap_logits(logits: Array, cap: float) -> Array:
+  """cap * tanh(logits / cap) (`final_logit_softcapping`, Gemma 4); the
+  logits as they are for cap 0."""
+  return cap * jnp.tanh(logits / cap) if cap else logits
 
 
 def output_weight(params: Any, config: ModelConfig) -> tuple[Array, str]:
