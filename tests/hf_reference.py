@@ -21,7 +21,7 @@ from sao_jax.sampler.sampling import SamplingParams
 
 def save_random_model(model_class, config, path, *, scale: float = 0.2,
                       norm_center: float | None = 1.0, norm_scale: float = 0.2,
-                      buffers: bool = False):
+                      buffers: bool | tuple[str, ...] = False):
   """A transformers model with every weight random, saved to `path`.
 
   Seeds torch with 0, builds `model_class(config)` in eval mode and replaces
@@ -29,7 +29,9 @@ def save_random_model(model_class, config, path, *, scale: float = 0.2,
   `*norm.weight` by `norm_center` + `norm_scale` * N(0, 1) (transformers
   inits RMSNorm weights to 1; `norm_center=None`: `scale` * N(0, 1) like
   the rest, as for Gemma's `1 + w` norms, which init to 0). With `buffers`,
-  the non-RoPE buffers too (e.g. GLM-4.5's router bias).
+  the non-RoPE buffers too (e.g. GLM-4.5's router bias); a tuple: those
+  whose names end in one of its strings, drawn as the norms are (Gemma
+  4's `layer_scalar`, 1 at init).
 
   Returns:
     The model, as saved by `save_pretrained(path)`.
@@ -38,12 +40,15 @@ def save_random_model(model_class, config, path, *, scale: float = 0.2,
   model = model_class(config).eval()
   tensors = list(model.named_parameters())
   if buffers:
-    tensors += list(model.named_buffers())
+    tensors += [(n, b) for n, b in model.named_buffers()
+                if buffers is True or n.endswith(tuple(buffers))]
+  centered = ("norm.weight",) + (
+      () if isinstance(buffers, bool) else tuple(buffers))
   with torch.no_grad():
     for name, p in tensors:
       if name.endswith("inv_freq"):
         continue
-      if norm_center is not None and name.endswith("norm.weight"):
+      if norm_center is not None and name.endswith(centered):
         p.copy_(norm_center + norm_scale * torch.randn_like(p))
       else:
         p.copy_(scale * torch.randn_like(p))

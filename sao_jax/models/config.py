@@ -16,7 +16,7 @@ from sao_jax.models.layers import rope as rope_lib
 # HF `architectures` entries we can read and write (models/families/).
 SUPPORTED_ARCHITECTURES = family_registry.architectures()
 # `ModelConfig.norm_style` / `mlp_activation` values.
-NORM_STYLES = ("llama", "gemma", "olmo", "qwen3_5")
+NORM_STYLES = ("llama", "gemma", "olmo", "qwen3_5", "gemma4")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 # `ModelConfig.layer_types` entries (HF names).
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
@@ -69,6 +69,11 @@ FIELD_RULES = {
                                     "float >= 0 (0: rope_theta)"),
     "query_pre_attn_scalar": ranges.Rule(lambda v: v >= 0,
                                          "float >= 0 (0: head_dim)"),
+    **{k: ranges.Rule(lambda v: v >= 0, "an int >= 0 (0: as the sliding "
+                      "layers)") for k in ("global_head_dim",
+                                           "global_kv_heads")},
+    "final_logit_softcapping": ranges.Rule(lambda v: v >= 0,
+                                           "float >= 0 (0: no cap)"),
 }
 
 
@@ -184,7 +189,11 @@ class ModelConfig:
       ((1 + w) RMSNorm, extra norms after attention and after the MLP,
       embeddings scaled by sqrt(hidden_size)) or 'olmo' (RMSNorm * w on the
       attention and MLP outputs only, before the residual add: OLMo 2/3's
-      post-norm blocks, norms `post_attn_norm`, `post_mlp_norm`).
+      post-norm blocks, norms `post_attn_norm`, `post_mlp_norm`) or
+      'qwen3_5' ((1 + w) RMSNorm, pre-norm blocks) or 'gemma4' (Gemma's
+      four norms and sqrt(hidden_size) embeddings with RMSNorm * w, a
+      scale-free RMSNorm on each value head, and each block's output
+      times its `layer_scalar`).
     mlp_activation: The gated MLP's activation: 'silu' or 'gelu_tanh'.
     attn_output_gate: q_proj also gives a per-head output gate: the
       attention output is multiplied by sigmoid(gate) before o_proj
@@ -194,6 +203,15 @@ class ModelConfig:
       linear_value_head_dim, linear_conv_kernel_dim: the Gated DeltaNet
       layers' sizes (layers/linear_attention.py; HF names); 0 without
       'linear_attention' layers.
+    global_head_dim, global_kv_heads: the 'full_attention' layers' head
+      width and key/value heads where they differ from the sliding
+      layers' head_dim / num_kv_heads (Gemma 4's global layers); 0: the
+      same. Layers of different shapes scan by repeats of the layer
+      pattern (`grouped`).
+    attention_k_eq_v: The 'full_attention' layers have no v_proj: values
+      are the k_proj output (before k's norm and RoPE; Gemma 4).
+    final_logit_softcapping: logits = cap * tanh(logits / cap) (Gemma 4);
+      0: none.
   """
 
   vocab_size: int
@@ -238,6 +256,10 @@ class ModelConfig:
   linear_key_head_dim: int = 0
   linear_value_head_dim: int = 0
   linear_conv_kernel_dim: int = 0
+  global_head_dim: int = 0
+  global_kv_heads: int = 0
+  attention_k_eq_v: bool = False
+  final_logit_softcapping: float = 0.0
 
   @classmethod
   def from_config(cls, model: Any, **overrides: Any) -> "ModelConfig":
@@ -289,6 +311,48 @@ class ModelConfig:
                        "or MLA.")
     if self.hybrid:
       self._check_linear()
+    self._check_global()
+
+  def _check_global(self) -> None:
+    """ValueError for Gemma 4's per-kind attention shapes where they cannot
+    apply."""
+    if not (self.global_head_dim or self.global_kv_heads or
+            self.attention_k_eq_v):
+      return
+    if "full_attention" not in self.layer_types or self.mla:
+      raise ValueError(
+          "global_head_dim, global_kv_heads and attention_k_eq_v shape the "
+          "'full_attention' layers of layer_types; set layer_types (no MLA).")
+    if self.num_heads % (self.global_kv_heads or self.num_kv_heads):
+      raise ValueError(f"global_kv_heads={self.global_kv_heads} must divide "
+                       f"num_heads={self.num_heads}.")
+    if self.rotary_dim or self.qkv_bias or self.attn_output_gate:
+      raise ValueError("global_head_dim / global_kv_heads / "
+                       "attention_k_eq_v cannot be combined with rotary_dim, "
+                       "qkv_bias or attn_output_gate.")
+
+  def attention_dims(self, i: int) -> tuple[int, int, bool]:
+    """Layer i's (key/value heads, head width, values = keys' projection):
+    a 'full_attention' layer's global ones (Gemma 4), else the config's."""
+    if self.layer_types and self.layer_types[i] == "full_attention":
+      return (self.global_kv_heads or self.num_kv_heads,
+              self.global_head_dim or self.head_dim, self.attention_k_eq_v)
+    return self.num_kv_heads, self.head_dim, False
+
+  def member_name(self, j: int) -> str:
+    """The `layer_groups` subtree of member j of the layer pattern
+    (`grouped`): its kind ('linear', 'sliding' or 'full') and j."""
+    kind = ("linear" if self.is_linear_layer(j) else "sliding" if
+            self.layer_types[j] == "sliding_attention" else "full")
+    return f"{kind}_{j}"
+
+  @property
+  def grouped(self) -> bool:
+    """Whether the scanned decoder runs repeats of the layer pattern, one
+    stack per member (`layer_pattern`): linear layers, or attention layers
+    of different shapes (`attention_dims`)."""
+    return self.hybrid or len({self.attention_dims(i) for i in range(
+        self.num_layers)}) > 1
 
   def _check_linear(self) -> None:
     """ValueError for Gated DeltaNet settings the hybrid decoder cannot
@@ -359,28 +423,29 @@ class ModelConfig:
     """Parameters of layer i's token mixer (attention or linear)."""
     if self.is_linear_layer(i):
       return self.linear_attention_params()
-    return self.attention_params()
+    return self.attention_params(i)
 
   @property
   def mla(self) -> bool:
     """Whether attention is multi-head latent attention."""
     return self.kv_lora_rank > 0
 
-  def attention_params(self) -> int:
-    """Parameters of one layer's attention (projections, biases, q/k
+  def attention_params(self, i: int = 0) -> int:
+    """Parameters of layer i's attention (projections, biases, q/k
     norms; not the block's norms)."""
-    d, dh, h = self.hidden_size, self.head_dim, self.num_heads
+    d, h = self.hidden_size, self.num_heads
+    hkv, dh, k_eq_v = self.attention_dims(i)
     if self.mla:
       r, dr = self.kv_lora_rank, self.qk_rope_head_dim
       q = (d * self.q_lora_rank + self.q_lora_rank +
            self.q_lora_rank * h * dh) if self.q_lora_rank else d * h * dh
       return (q + d * (r + dr) + r + r * h * (dh - dr + self.v_head_dim) +
               h * self.v_head_dim * d)
-    attn = d * dh * (h * 2 + self.num_kv_heads * 2)
+    attn = d * dh * (h * 2 + hkv * (1 if k_eq_v else 2))
     if self.qkv_bias:
-      attn += dh * (h + 2 * self.num_kv_heads)
+      attn += dh * (h + 2 * hkv)
     if self.qk_norm:
-      attn += dh * ((h + self.num_kv_heads) if self.qk_norm_full_width else 2)
+      attn += dh * ((h + hkv) if self.qk_norm_full_width else 2)
     if self.attn_output_gate:
       attn += d * h * dh
     return attn
@@ -437,7 +502,8 @@ class ModelConfig:
     """Exact number of parameters of the policy `Transformer`."""
     d, f = self.hidden_size, self.intermediate_size
     attn = self.attention_params()
-    dense = attn + 3 * d * f + (4 if self.norm_style == "gemma" else 2) * d
+    norms = {"gemma": 4 * d, "gemma4": 4 * d + 1}.get(self.norm_style, 2 * d)
+    dense = attn + 3 * d * f + norms  # gemma4: + layer_scalar.
     layers = self.num_layers * dense + sum(
         self.layer_attention_params(i) - attn for i in range(self.num_layers))
     if self.moe is not None:

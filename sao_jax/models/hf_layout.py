@@ -68,15 +68,17 @@ def _fuse(out: list[Entry], fused: tuple[tuple[str, tuple[str, ...]], ...]
   return out
 
 
-def _attention_entries(cfg: ModelConfig, hf: str,
-                       attn: tuple[str, ...]) -> list[Entry]:
-  """One layer's attention tensors (q/k/v biases: Qwen2; q/k norms: Qwen3,
-  Gemma 3, GLM-4.5, full-width: OLMo 2/3)."""
-  d, dh, h = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+def _attention_entries(cfg: ModelConfig, hf: str, attn: tuple[str, ...],
+                       i: int) -> list[Entry]:
+  """Layer i's attention tensors (q/k/v biases: Qwen2; q/k norms: Qwen3,
+  Gemma 3, GLM-4.5, full-width: OLMo 2/3; Gemma 4's global layers: their
+  own shapes, no v_proj with attention_k_eq_v)."""
+  d, h = cfg.hidden_size, cfg.num_heads
+  hkv, dh, k_eq_v = cfg.attention_dims(i)
   same = lambda x: x
   out = []
-  for name, heads in (("q", h), ("k", cfg.num_kv_heads),
-                      ("v", cfg.num_kv_heads)):
+  for name, heads in (("q", h), ("k", hkv)) + ((("v", hkv),) if not k_eq_v
+                                               else ()):
     # Qwen3.5's gated q_proj: per head, the query's rows then the gate's.
     w = 2 * dh if name == "q" and cfg.attn_output_gate else dh
     out.append(Entry(
@@ -144,11 +146,10 @@ def _layer_path(cfg: ModelConfig, name: str, i: int
   of repeat i // pattern (transformer.LayerGroup)."""
   if not cfg.scan_layers:
     return ("decoder", f"layers_{i}"), None
-  if not cfg.hybrid:
+  if not cfg.grouped:
     return ("decoder", name), None
   p = cfg.layer_pattern()
-  kind = "linear" if cfg.is_linear_layer(i) else "full"
-  return ("decoder", "layer_groups", f"{kind}_{i % p}"), i // p
+  return ("decoder", "layer_groups", cfg.member_name(i % p)), i // p
 
 
 def _deinterleave(x: np.ndarray, dr: int, axis: int,
@@ -258,8 +259,8 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
       if cfg.is_linear_layer(i):
         out += _linear_entries(cfg, hf, ours + ("linear_attn",))
       else:
-        out += (_mla_entries if cfg.mla else _attention_entries)(
-            cfg, hf, ours + ("attn",))
+        out += _mla_entries(cfg, hf, ours + ("attn",)) if cfg.mla else (
+            _attention_entries(cfg, hf, ours + ("attn",), i))
       out += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
           Entry(ours + ("mlp", f"{p}_proj"), f"{hf}mlp.{p}_proj.weight",
                 shape, t, t)
@@ -267,6 +268,9 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
                            ("down", (d, f)))]
       out += [Entry(ours + (ours_name, "scale"), f"{hf}{hf_name}.weight",
                     (d,), same, same) for ours_name, hf_name in norm_names]
+      if cfg.norm_style == "gemma4":  # A buffer in transformers.
+        out.append(Entry(ours + ("layer_scalar",), f"{hf}layer_scalar", (1,),
+                         same, same))
       if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
         out[start:] = [dataclasses.replace(
             e, layer=i - first if index is None else index)

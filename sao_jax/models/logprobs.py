@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.transformer import moe_outputs
+from sao_jax.models.transformer import cap_logits
 from sao_jax.models.transformer import output_weight
 from sao_jax.models.transformer import positions_from_mask
 from sao_jax.models.transformer import Transformer
@@ -98,18 +99,19 @@ def logprobs_from_logits(logits: Array, tokens: Array,
                            with_entropy=False)["logp"]
 
 
-def _project(x: Array, weight: Array, layout: str) -> Array:
+def _project(x: Array, weight: Array, layout: str, softcap: float) -> Array:
   """float32 logits of hidden states x [B, C, D], as `Transformer` computes."""
-  return nn.with_logical_constraint(
+  return nn.with_logical_constraint(cap_logits(
       jnp.einsum(f"bcd,{layout}->bcv", x, weight.astype(x.dtype),
                  preferred_element_type=jnp.float32).astype(jnp.float32),
-      ("batch", "length", "vocab"))
+      softcap), ("batch", "length", "vocab"))
 
 
 def chunked_token_stats(hidden: Array, weight: Array, layout: str,
                         tokens: Array, *, chunk: int,
                         temperature: float = 1.0, with_entropy: bool = True,
-                        with_argmax: bool = False) -> Stats:
+                        with_argmax: bool = False,
+                        softcap: float = 0.0) -> Stats:
   """`stats_from_logits` of `hidden @ weight`, `chunk` positions at a time.
 
   The T - 1 predicting positions are padded to a multiple of `chunk` and
@@ -128,6 +130,7 @@ def chunked_token_stats(hidden: Array, weight: Array, layout: str,
     temperature: the sampling temperature (> 0).
     with_entropy: also return 'entropy'.
     with_argmax: also return 'argmax'.
+    softcap: the model's `final_logit_softcapping` (0: none).
 
   Returns:
     As `stats_from_logits`.
@@ -141,14 +144,14 @@ def chunked_token_stats(hidden: Array, weight: Array, layout: str,
   batch, n, dim = x.shape
 
   def body(xt):
-    return _stats(_project(xt[0], weight, layout), xt[1], temperature,
-                  with_entropy, with_argmax)
+    return _stats(_project(xt[0], weight, layout, softcap), xt[1],
+                  temperature, with_entropy, with_argmax)
 
   if n <= chunk:  # One piece: projected as the full path does (all T rows
     # in one matmul, then sliced); XLA CPU fused the projection of the
     # sliced [B, T - 1] rows into the softmax's loop, 6-11 % slower.
-    return stats_from_logits(_project(hidden, weight, layout), tokens,
-                             temperature, with_entropy=with_entropy,
+    return stats_from_logits(_project(hidden, weight, layout, softcap),
+                             tokens, temperature, with_entropy=with_entropy,
                              with_argmax=with_argmax)
   k = -(-n // chunk)
   pad = k * chunk - n
@@ -206,7 +209,7 @@ def policy_token_stats(params: Any, config: ModelConfig, tokens: Array,
     weight, layout = output_weight(params, config)
     stats = chunked_token_stats(x, weight, layout, tokens,
                                 chunk=chunk_positions(config, tokens.shape[0]),
-                                **kw)
+                                softcap=config.final_logit_softcapping, **kw)
   else:
     stats = stats_from_logits(x, tokens, **kw)
   return {**stats, **{f"moe_{k}": v for k, v in moe.items()}}

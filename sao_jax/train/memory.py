@@ -52,7 +52,7 @@ def attention_params(config: ModelConfig) -> int:
   `linear_attn`) and its attention norms (`attn_norm`, `post_attn_norm`)."""
   d = config.hidden_size
   per_layer = d  # attn_norm.
-  if config.norm_style == "gemma":
+  if config.norm_style in ("gemma", "gemma4"):
     per_layer += d  # post_attn_norm (an 'attn' path).
   # norm_style 'olmo': post_attn_norm in place of attn_norm, as many.
   return sum(config.layer_attention_params(i) + per_layer

@@ -56,6 +56,12 @@ CONFIGS = {
         linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=8, linear_value_head_dim=8,
         linear_conv_kernel_dim=4),
+    "Gemma4ForCausalLM": ModelConfig.tiny(
+        norm_style="gemma4", mlp_activation="gelu_tanh", qk_norm=True,
+        tie_embeddings=True, sliding_window=4, local_rope_theta=10.0,
+        query_pre_attn_scalar=1.0, global_head_dim=32, global_kv_heads=1,
+        attention_k_eq_v=True, final_logit_softcapping=30.0,
+        layer_types=("sliding_attention", "full_attention")),
 }
 # (family, other): the other, more general family also expresses the
 # family's config, which reads back unchanged (Mistral without a window is

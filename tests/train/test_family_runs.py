@@ -4,13 +4,18 @@ Llama 3.x (`rope_type` llama3, Llama 3.2's chat template), Qwen3 (q/k norms,
 its template with thinking off and JSON tool calls, the calculator tool
 env), Mistral (a sliding window of 4, shorter than every sequence; Llama
 3.2's template, there being no Mistral template fixture), Gemma 3 (mixed
-sliding/full layers, its own template), Phi-3 (fused projections, half
+sliding/full layers, its own template), Gemma 4 (Gemma 3's template; its
+global layer wider, one key/value head shared as keys and values, a
+logit cap), Phi-3 (fused projections, half
 the head rotated, a window of 4), SmolLM3 (its one layer NoPE; RoPE and
 NoPE layers mixed are its parity row's), OLMo 3 (post-norm blocks,
 full-width q/k norms, a sliding then a full layer; OLMo 2's blocks are
 these, its own row would add a run for its config alone),
 DeepSeek-V3 (a dense layer then a MoE layer, both with multi-head latent
-attention; all four with Llama 3.2's template) and Qwen3-MoE (a dense first
+attention; all four with Llama 3.2's template), Qwen3-Next (a Gated
+DeltaNet layer then a gated full-attention one, each with routed experts
+and a gated shared expert; Qwen3's template; the trainer replays the
+sampler's routing) and Qwen3-MoE (a dense first
 layer then a MoE layer; Qwen3's template; GLM-4.5's run, 2-3x as long, is
 left out: its routing is run through the step in test_train_sharding.py and
 test_routing_sampler.py): a checkpoint directory built with transformers
@@ -60,6 +65,12 @@ FAMILIES = {
         vocab_size=vocab, sliding_window=4, query_pre_attn_scalar=16,
         layer_types=["sliding_attention", "full_attention"],
         **{**_ARCH, "num_hidden_layers": 2}), {}),
+    "gemma4": ("gemma3", lambda vocab: transformers.Gemma4TextConfig(
+        vocab_size=vocab, sliding_window=4, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True,
+        hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention"],
+        **{**_ARCH, "num_hidden_layers": 2}), {}),
     "phi3": ("llama3", lambda vocab: transformers.Phi3Config(
         vocab_size=vocab, pad_token_id=0, sliding_window=4,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
@@ -81,6 +92,14 @@ FAMILIES = {
         vocab_size=vocab, num_experts=4, mlp_only_layers=[0],
         **{**_ARCH, **_MOE}), {
             "env.chat_template_kwargs": {"enable_thinking": False}}),
+    "qwen3_next": ("qwen3", lambda vocab: transformers.Qwen3NextConfig(
+        vocab_size=vocab, num_experts=4, shared_expert_intermediate_size=16,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8,
+        **{**_ARCH, **_MOE}), {
+            "env.chat_template_kwargs": {"enable_thinking": False},
+            "model.routing_replay": "rollout"}),
 }
 # ModelConfig fields that are run settings, not the checkpoint's.
 _RUN_KEYS = ("dtype", "param_dtype", "logits_chunk", "attention",

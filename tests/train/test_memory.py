@@ -44,8 +44,14 @@ def _nbytes(tree) -> int:
          qk_rope_head_dim=8, v_head_dim=12, first_dense_layers=1,
          moe=MoeConfig(num_experts=4, top_k=2, intermediate_size=16,
                        router="sigmoid", n_shared_experts=1)),
+    # Gemma 4: a global layer of its own shape (no v_proj), layer scalars;
+    # the cache as wide as the widest layer.
+    dict(norm_style="gemma4", mlp_activation="gelu_tanh", qk_norm=True,
+         tie_embeddings=True, sliding_window=4, query_pre_attn_scalar=1.0,
+         global_head_dim=32, global_kv_heads=1, attention_k_eq_v=True,
+         layer_types=("sliding_attention", "full_attention")),
 ], ids=["tied", "bias_bf16", "per_layer", "qwen3", "mistral", "gemma3",
-        "olmo3", "qwen3_moe", "glm4_moe", "deepseek_v3"])
+        "olmo3", "qwen3_moe", "glm4_moe", "deepseek_v3", "gemma4"])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_estimate_matches_the_allocated_trees(overrides, frozen):
   """The trees are those the real init, optimizers and cache functions make,

@@ -143,14 +143,17 @@ def check_export(cfg: Any, arch: str, *, qkv_bias: tuple[bool, ...] = (False,),
   other = (cfg.norm_style != norm_style or cfg.mlp_activation != "silu" or
            cfg.query_pre_attn_scalar or cfg.qk_norm_full_width != full_width_qk
            or (not layer_types and (cfg.layer_types or cfg.local_rope_theta))
-           or (not hybrid and (cfg.attn_output_gate or cfg.hybrid)))
+           or (not hybrid and (cfg.attn_output_gate or cfg.hybrid))
+           or cfg.global_head_dim or cfg.global_kv_heads
+           or cfg.attention_k_eq_v or cfg.final_logit_softcapping)
   if other:
     raise UnsupportedConfigError(
         f"{arch} cannot express norm_style={cfg.norm_style!r}, mlp_activation="
         f"{cfg.mlp_activation!r}, qk_norm_full_width="
         f"{cfg.qk_norm_full_width}, query_pre_attn_scalar, layer_types, "
-        "local_rope_theta or attn_output_gate as this config sets them "
-        "(Gemma 3, OLMo 2/3, Qwen3.5); "
+        "local_rope_theta, attn_output_gate or Gemma 4's global_head_dim, "
+        "global_kv_heads, attention_k_eq_v and final_logit_softcapping as "
+        "this config sets them (Gemma 3/4, OLMo 2/3, Qwen3.5); "
         f"export as {cfg.hf_architecture()}.")
   cfg_router = cfg.moe.router if cfg.moe is not None else None
   problems = (("sliding_window", cfg.sliding_window,

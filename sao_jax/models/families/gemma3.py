@@ -19,7 +19,7 @@ from sao_jax.models.families.errors import UnsupportedConfigError
 from sao_jax.models.layers import rope as rope_lib
 
 ARCH = "Gemma3ForCausalLM"
-_GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 # A Gemma block's four norms (ours, HF), in block order.
 NORM_NAMES = (("attn_norm", "input_layernorm"),
               ("post_attn_norm", "post_attention_layernorm"),
@@ -64,9 +64,9 @@ def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   """Every `ModelConfig` field of a HF Gemma 3 text config."""
   act = hf.get("hidden_activation") or hf.get("hidden_act") or (
       "gelu_pytorch_tanh")
-  if act not in _GELU_TANH:
+  if act not in GELU_TANH:
     raise UnsupportedConfigError(
-        f"Gemma 3 hidden_activation={act!r}; only {_GELU_TANH} are supported.")
+        f"Gemma 3 hidden_activation={act!r}; only {GELU_TANH} are supported.")
   for key in ("final_logit_softcapping", "attn_logit_softcapping"):
     if hf.get(key) is not None:
       raise UnsupportedConfigError(
@@ -104,7 +104,7 @@ def to_hf(cfg: Any) -> dict[str, Any]:
   if (cfg.norm_style, cfg.mlp_activation) != ("gemma", "gelu_tanh") or (
       not cfg.qk_norm or cfg.qkv_bias or cfg.moe is not None or
       cfg.rotary_dim or cfg.nope_layers or cfg.qk_norm_full_width or
-      cfg.mla):
+      cfg.mla or cfg.grouped or cfg.final_logit_softcapping):
     raise UnsupportedConfigError(
         "Gemma3ForCausalLM needs norm_style='gemma', mlp_activation="
         "'gelu_tanh', per-head q/k norms, no biases, no experts and RoPE on "

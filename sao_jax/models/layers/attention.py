@@ -126,6 +126,13 @@ def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, spec: MaskSpec,
   return splash_attention(q, k, v, spec, block=bq)
 
 
+def _fit(y: Array, cache: Array) -> Array:
+  """y [B, T, H, D] zero-padded to the cache's slot (heads, width)."""
+  pad = [(0, 0)] * (y.ndim - 2) + [(0, cache.shape[-2] - y.shape[-2]),
+                                   (0, cache.shape[-1] - y.shape[-1])]
+  return jnp.pad(y, pad)
+
+
 class Attention(nn.Module):
   """Grouped-query self-attention with RoPE and an optional KV cache.
 
@@ -136,6 +143,10 @@ reference (materialised scores and mask), the blockwise online-softmax path
 """
 
   config: ModelConfig
+  # (key/value heads, head width, values = k_proj's output) of this layer
+  # (`ModelConfig.attention_dims`); None: layer 0's, as every layer's where
+  # they are alike.
+  dims: tuple[int, int, bool] | None = None
 
   @nn.compact
   def __call__(self, x, positions, spec: MaskSpec, kv=None, local=None,
@@ -147,10 +158,13 @@ reference (materialised scores and mask), the blockwise online-softmax path
     q and k are rotated (False: a NoPE layer, `ModelConfig.nope_layers`;
     a bool or a traced bool scalar; None: as layer 0).
 
-    Returns (out [B,T,D], updated (k_all, v_all) or None).
+    Returns (out [B,T,D], updated (k_all, v_all) or None). A cache wider
+    than this layer's keys (layers of several shapes, Gemma 4) holds them
+    in its first heads and channels.
     """
     cfg = self.config
-    h, hkv, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    hkv, dh, k_eq_v = self.dims or cfg.attention_dims(0)
+    h = cfg.num_heads
     d = cfg.hidden_size
     init = nn.initializers.normal(INIT_STD)
 
@@ -171,6 +185,10 @@ reference (materialised scores and mask), the blockwise online-softmax path
     else:
       q = proj("q", h, "heads")
     k = proj("k", hkv, "kv_heads")
+    v = k if k_eq_v else proj("v", hkv, "kv_heads")  # Gemma 4: values = k.
+    if cfg.norm_style == "gemma4":  # A scale-free norm on each value head.
+      v = RMSNorm(cfg, dh, "head_dim", with_scale=False, name="v_norm")(
+          v).astype(x.dtype)
     if cfg.qk_norm_full_width:  # OLMo 2: over all heads' channels at once.
       q = RMSNorm(cfg, (h, dh), ("heads", "head_dim"), name="q_norm")(
           q).astype(x.dtype)
@@ -199,15 +217,15 @@ reference (materialised scores and mask), the blockwise online-softmax path
       q, k = rope(q), rope(k)
     if cfg.query_pre_attn_scalar:  # Scores q.k / sqrt(scalar) (Gemma).
       q = q * jnp.asarray((dh / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
-    v = proj("v", hkv, "kv_heads")
 
     new_kv = None
     if kv is not None:
       k_all, v_all, layer, end = kv
-      k_all = write(k_all, k, end, (layer,))
-      v_all = write(v_all, v, end, (layer,))
+      k_all = write(k_all, _fit(k, k_all), end, (layer,))
+      v_all = write(v_all, _fit(v, v_all), end, (layer,))
       new_kv = (k_all, v_all)
-      k, v = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
+      k, v = (a[layer][:, :, :hkv, :dh].astype(x.dtype)
+              for a in (k_all, v_all))
 
     if cfg.sliding_window:  # Keys fewer than W slots back.
       spec = spec.replace(window=(

@@ -14,9 +14,9 @@ Array = jax.Array
 
 
 class Embedder(nn.Module):
-  """Token embedding (* sqrt(hidden_size) with `norm_style='gemma'`, in the
-  compute dtype as HF Gemma3TextScaledWordEmbedding); `attend` is the tied
-  output projection (unscaled)."""
+  """Token embedding (* sqrt(hidden_size) with `norm_style` 'gemma' or
+  'gemma4', in the compute dtype as HF Gemma3TextScaledWordEmbedding);
+  `attend` is the tied output projection (unscaled)."""
 
   config: ModelConfig
 
@@ -29,7 +29,7 @@ class Embedder(nn.Module):
   def __call__(self, tokens: Array) -> Array:
     cfg = self.config
     x = jnp.take(self.embedding, tokens, axis=0).astype(cfg.compute_dtype)
-    if cfg.norm_style == "gemma":
+    if cfg.norm_style in ("gemma", "gemma4"):
       x = x * jnp.asarray(cfg.hidden_size ** 0.5, cfg.compute_dtype)
     return x
 

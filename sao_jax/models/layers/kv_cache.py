@@ -43,10 +43,13 @@ class KVCache:
 
 def slot_widths(config: ModelConfig) -> tuple[tuple[int, int],
                                               tuple[int, int]]:
-  """(heads, width) of one slot of `KVCache.k` and of `KVCache.v`."""
+  """(heads, width) of one slot of `KVCache.k` and of `KVCache.v`: the
+  widest attention layer's (`ModelConfig.attention_dims`; narrower layers
+  use the first heads and channels)."""
   if config.mla:
     return (1, config.kv_lora_rank), (1, config.qk_rope_head_dim)
-  kv = (config.num_kv_heads, config.head_dim)
+  dims = [config.attention_dims(i) for i in range(config.num_layers)]
+  kv = (max(h for h, _, _ in dims), max(d for _, d, _ in dims))
   return kv, kv
 
 

@@ -20,7 +20,11 @@ The inverse frequencies follow transformers' `ROPE_INIT_FUNCTIONS` in float32:
 - `dynamic` (NTK): base theta * (factor * L / max_pos - (factor - 1))
   ^ (d / (d - 2)) once the batch's length L = max(position) + 1 exceeds
   max_position_embeddings, as transformers' forward does (it recomputes per
-  call; it also keeps the largest L seen, which a stateless layer cannot).
+  call; it also keeps the largest L seen, which a stateless layer cannot);
+- `proportional` (Gemma 4's full layers): the first
+  int(partial_rotary_factor * head_dim / 2) frequencies of plain RoPE over
+  the whole head, the rest 0 (those channel pairs pass through), all
+  divided by factor.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ ROPE_KEYS = {
                   "max_position_embeddings"},
                  {"short_factor", "long_factor",
                   "original_max_position_embeddings"}),
+    "proportional": ({"factor", "partial_rotary_factor"}, set()),
 }
 
 
@@ -108,6 +113,11 @@ def inv_frequencies(head_dim: int, theta: float, scaling: Any = ()
     return _yarn(pos_freqs, head_dim, theta, s)
   if rope_type == "longrope":
     return _longrope(pos_freqs, s, "short_factor")
+  if rope_type == "proportional":
+    angles = int(float(s.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    inv_freq[angles:] = 0.0
+    return (inv_freq / np.float32(s.get("factor", 1.0))).astype(
+        np.float32), 1.0
   return inv_freq, 1.0
 
 
