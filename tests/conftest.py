@@ -78,6 +78,12 @@ if os.environ.get("SAO_TEST_XLA_OPTIMIZE", "0") != "1":
     os.environ["XLA_FLAGS"] = " ".join(filter(None, (
         os.environ.get("XLA_FLAGS"), "--xla_cpu_use_fusion_emitters=false")))
 
+# A run's processes remove dead processes' segments when they start
+# (segment.reap_orphans); in the suite they must stay, so that the leak check
+# below sees every segment a test's process failed to remove (inherited by
+# every child).
+os.environ["SAO_KEEP_ORPHANS"] = "1"
+
 # sao_jax.ipc.segment's name pattern (make_name: sao_<kind>_<pid>_<8 hex>),
 # spelled out so that this conftest (part of every test target) needs no
 # dependency on the package; tests/ipc/test_ring.py checks that they agree.

@@ -6,7 +6,11 @@ One concern: the lifetime of a ``multiprocessing.shared_memory`` segment.
   user) and unlinked on every exit path of the creator: ``close()``, leaving a
   ``with`` block (also on exception), interpreter exit (``atexit``) and SIGTERM
   (a handler that unlinks, then chains to the previous handler). SIGKILL cannot
-  be caught; the creator's ``multiprocessing`` resource tracker then unlinks it.
+  be caught; the creator's ``multiprocessing`` resource tracker then unlinks it,
+  unless it was killed too (a whole process group SIGKILLed): then the next
+  process that creates a segment removes it (``reap_orphans``: our names whose
+  creator pid is no longer alive; not with ``SAO_KEEP_ORPHANS=1``, which the
+  tests set so that their leak check sees every leak).
 * **Attachers** never unlink and never register the segment with their resource
   tracker. (Before Python 3.13 ``SharedMemory(create=False)`` registers it, so
   an attaching process' tracker would unlink it when that process exits; with
@@ -34,6 +38,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import threading
@@ -49,6 +54,9 @@ _MODE = 0o600
 _NAME_RE = re.compile(rf"^{PREFIX}([A-Za-z0-9]+)_([0-9]+)_([0-9a-f]{{8}})$")
 
 _lock = threading.RLock()
+_reaped = False  # reap_orphans ran in this process (at its first create).
+# Set to 1, leftovers stay (the test suite's leak check must see them all).
+KEEP_ORPHANS_ENV = "SAO_KEEP_ORPHANS"
 _owned: dict[str, shared_memory.SharedMemory] = {}
 _handlers_installed = False
 _prev_sigterm: Any = None
@@ -67,6 +75,47 @@ def creator_pid(name: str) -> int | None:
   (another program's ``/dev/shm/sao_*`` file is not ours to count)."""
   m = _NAME_RE.match(os.path.basename(name))
   return int(m.group(2)) if m else None
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's live process.
+    return True
+  return True
+
+
+def reap_orphans(directory: str = "/dev/shm",
+                 pattern: re.Pattern[str] = _NAME_RE, group: int = 2) -> int:
+  """Removes this user's files (or directories) in ``directory`` whose name
+  matches ``pattern`` and whose creator pid (the match's ``group``) is dead:
+  what a SIGKILLed process group could not clean up. Returns how many."""
+  try:
+    names = os.listdir(directory)
+  except FileNotFoundError:  # No /dev/shm (not Linux).
+    return 0
+  removed = 0
+  for name in names:
+    m = pattern.match(name)
+    if not m or _alive(int(m.group(group))):
+      continue
+    path = os.path.join(directory, name)
+    try:
+      if os.lstat(path).st_uid != os.getuid():
+        continue
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      else:
+        os.unlink(path)
+      removed += 1
+    except (FileNotFoundError, PermissionError):
+      continue  # Another process reaped it first, or not ours to remove.
+  if removed:
+    logging.warning("Removed %d leftover %s entries of dead processes from "
+                    "%s.", removed, pattern.pattern, directory)
+  return removed
 
 
 def shm_path(name: str) -> str:
@@ -156,6 +205,11 @@ def create(kind: str, size: int) -> shared_memory.SharedMemory:
   if size <= 0:
     raise ValueError(f"Segment size must be positive, got {size}.")
   _install_handlers()
+  global _reaped
+  if not _reaped:
+    _reaped = True
+    if os.environ.get(KEEP_ORPHANS_ENV) != "1":
+      reap_orphans()
   name = make_name(kind)
   shm = shared_memory.SharedMemory(name=name, create=True, size=size)
   fd = getattr(shm, "_fd", -1)

@@ -33,6 +33,7 @@ import asyncio
 import concurrent.futures as cf
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from typing import Any, Callable, Sequence
 from absl import logging
 import numpy as np
 
+from sao_jax.ipc import segment
 from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs.base import Environment
 from sao_jax.models.config import ModelConfig
@@ -52,6 +54,11 @@ from sao_jax.sampler import rollout
 
 MIN_CPU_HEAD_DIM = 32  # vLLM's CPU attention refuses smaller heads.
 _KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless the environment sets it.
+
+
+# A sampler's files, by its pid: its model directory and pushed weights.
+_TMP_RE = re.compile(r"^sao_vllm_([0-9]+)_\w+$")
+_PUSH_RE = re.compile(r"^sao_vllm_([0-9]+)\.safetensors$")
 
 
 def check_config(config: Any) -> None:
@@ -155,7 +162,12 @@ class VllmRollout:
       os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     # Never fork this process (JAX's runtime and threads are up).
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    self._dir = tempfile.TemporaryDirectory(prefix="sao_vllm_")
+    # Named by this pid, so that a start after a SIGKILLed sampler removes
+    # what it could not (its config directory, its pushed tensors).
+    if os.environ.get(segment.KEEP_ORPHANS_ENV) != "1":
+      segment.reap_orphans(tempfile.gettempdir(), _TMP_RE, 1)
+      segment.reap_orphans("/dev/shm", _PUSH_RE, 1)
+    self._dir = tempfile.TemporaryDirectory(prefix=f"sao_vllm_{os.getpid()}_")
     with open(os.path.join(self._dir.name, "config.json"), "w") as f:
       json.dump(cfg.to_hf_config(self.arch), f)
     self._loop = asyncio.new_event_loop()
