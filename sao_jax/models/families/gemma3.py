@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from sao_jax.models.families import common
 from sao_jax.models.families import registry
 from sao_jax.models.families.errors import UnsupportedConfigError
 from sao_jax.models.layers import rope as rope_lib
@@ -111,32 +112,32 @@ def to_hf(cfg: Any) -> dict[str, Any]:
         "every "
         "channel of every layer; "
         f"export as {cfg.hf_architecture()}.")
-  full = {k: v for k, v in cfg.rope_scaling if k != "max_position_embeddings"}
-  full.setdefault("rope_type", "default")
   types = list(cfg.layer_types) or [
       "sliding_attention" if cfg.sliding_window else "full_attention"
   ] * cfg.num_layers
   return {
-      "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-      "intermediate_size": cfg.intermediate_size,
-      "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads,
-      "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-      "hidden_activation": "gelu_pytorch_tanh",
-      "rms_norm_eps": cfg.rms_norm_eps,
-      "rope_parameters": {
-          "full_attention": {**full, "rope_theta": cfg.rope_theta},
-          "sliding_attention": {
-              "rope_type": "default",
-              "rope_theta": cfg.local_rope_theta or cfg.rope_theta}},
-      "sliding_window": cfg.sliding_window or None, "layer_types": types,
+      **gemma_to_hf(cfg, ARCH, "gemma3_text", types),
       "query_pre_attn_scalar": _number(cfg.query_pre_attn_scalar or
                                        cfg.head_dim),
       "final_logit_softcapping": None, "attn_logit_softcapping": None,
-      "attention_bias": False, "tie_word_embeddings": cfg.tie_embeddings,
-      "torch_dtype": cfg.param_dtype, "dtype": cfg.param_dtype,
+      "attention_bias": False,
   }
+
+
+def gemma_to_hf(cfg: Any, arch: str, model_type: str,
+                types: list[str]) -> dict[str, Any]:
+  """The config.json keys Gemma 3 and 4 share: Llama's sizes, GeGLU, and
+  RoPE per layer kind (the sliding layers' plain, at local_rope_theta)."""
+  out = common.base_to_hf(cfg, arch, model_type)
+  for key in ("hidden_act", "rope_theta", "max_position_embeddings"):
+    out.pop(key, None)
+  return {**out, "hidden_activation": "gelu_pytorch_tanh",
+          "rope_parameters": {
+              "full_attention": common.rope_parameters(cfg),
+              "sliding_attention": {
+                  "rope_type": "default",
+                  "rope_theta": cfg.local_rope_theta or cfg.rope_theta}},
+          "sliding_window": cfg.sliding_window or None, "layer_types": types}
 
 
 FAMILY = registry.register(registry.Family(

@@ -152,32 +152,15 @@ def to_hf(cfg: Any) -> dict[str, Any]:
         "a full layer, no biases, experts, gate, MLA or linear layers and "
         f"RoPE on every layer; export as {cfg.hf_architecture()}.")
   types = list(cfg.layer_types)
-  full = dict(cfg.rope_scaling)
-  full.setdefault("rope_type", "default")
   kv, dim, _ = cfg.attention_dims(types.index("full_attention"))
   return {
-      "architectures": [ARCH], "model_type": MODEL_TYPE,
-      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-      "intermediate_size": cfg.intermediate_size,
-      "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads,
-      "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-      "hidden_activation": "gelu_pytorch_tanh",
-      "rms_norm_eps": cfg.rms_norm_eps,
-      "rope_parameters": {
-          "full_attention": {**full, "rope_theta": cfg.rope_theta},
-          "sliding_attention": {
-              "rope_type": "default",
-              "rope_theta": cfg.local_rope_theta or cfg.rope_theta}},
-      "sliding_window": cfg.sliding_window or None, "layer_types": types,
+      **gemma3.gemma_to_hf(cfg, ARCH, MODEL_TYPE, types),
       "per_layer_config": {
           str(i): {"head_dim": dim, "num_key_value_heads": kv}
           for i, t in enumerate(types) if t == "full_attention"},
       "attention_k_eq_v": cfg.attention_k_eq_v,
       "final_logit_softcapping": cfg.final_logit_softcapping or None,
       **{k: off for k, (_, off) in _REFUSED.items()},
-      "tie_word_embeddings": cfg.tie_embeddings,
-      "torch_dtype": cfg.param_dtype, "dtype": cfg.param_dtype,
   }
 
 
