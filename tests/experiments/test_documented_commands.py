@@ -113,6 +113,16 @@ TINY: dict[str, Tiny] = {
                   "bazel test //:smoke_tests)"),
     "sao_jax.main": Tiny(args=_MAIN),
     "sao_jax.main configs/smollm2.py": Tiny(args=_MAIN_PRETRAINED),
+    # Four codeio training tasks, two held out: a sandbox call each makes
+    # their hidden tests.
+    "sao_jax.main configs/smollm2_codeio.py": Tiny(
+        args=(*_MAIN_PRETRAINED, "--config.env.size=4")),
+    # The block's run's checkpoint (or the one-layer SmolLM2 where nothing
+    # ran: the repair command), two held-out problems, two samples each.
+    "sao_jax.evaluate": Tiny(args=(
+        *_config_flags({"model.num_layers": 1, "train.sft_steps": 0,
+                        "env.size": 4, "env.eval_size": 2}),
+        "--samples=2", "--k=1,2")),
     "sao_jax.models.convert": Tiny(),  # Once: a converted copy is kept.
     "experiments/sweep.py": Tiny(
         args=tuple(f"--main_flag={f}" for f in _MAIN)),
