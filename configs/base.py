@@ -65,10 +65,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Mixture of experts (docs/design/models.md "Mixture of experts"): 0 experts =
   # a dense model. router 'softmax' (Qwen3-MoE) or 'sigmoid' (GLM-4.5 /
   # DeepSeek-V3: grouped top-k, score-correction bias, routed scaling).
+  # Shared experts: their width (0: n_shared_experts x intermediate_size)
+  # and a sigmoid gate on their output (Qwen3-Next).
   config.model.moe = ml_collections.ConfigDict({
       "num_experts": 0, "top_k": 2, "intermediate_size": 0,
       "router": "softmax", "norm_topk_prob": True, "n_group": 1,
-      "topk_group": 1, "routed_scaling_factor": 1.0, "n_shared_experts": 0})
+      "topk_group": 1, "routed_scaling_factor": 1.0, "n_shared_experts": 0,
+      "shared_intermediate_size": 0, "shared_expert_gate": False})
   config.model.first_dense_layers = 0  # Dense layers before the MoE ones.
   config.model.rotary_dim = 0  # Channels RoPE rotates (0: all; GLM: half).
   # Sliding attention window of every layer (Mistral): a query sees keys

@@ -90,6 +90,12 @@ class MoeConfig:
   topk_group: int = 1  # sigmoid router: groups a token may use
   routed_scaling_factor: float = 1.0
   n_shared_experts: int = 0  # dense experts on every token (GLM)
+  # The shared experts' width (Qwen3-Next shared_expert_intermediate_size);
+  # 0: n_shared_experts * intermediate_size.
+  shared_intermediate_size: int = 0
+  # A sigmoid gate sigmoid(x . w) on the shared experts' output (Qwen3-Next
+  # shared_expert_gate).
+  shared_expert_gate: bool = False
 
   def __post_init__(self):
     if self.router not in ROUTERS:
@@ -103,7 +109,17 @@ class MoeConfig:
           f"MoE n_group={self.n_group} must divide num_experts="
           f"{self.num_experts} and topk_group={self.topk_group} be in "
           f"[1, n_group].")
+    if (self.shared_intermediate_size or self.shared_expert_gate) and (
+        not self.n_shared_experts):
+      raise ValueError(
+          "MoE shared_intermediate_size / shared_expert_gate need "
+          f"n_shared_experts >= 1 (got {self.n_shared_experts}).")
 
+  @property
+  def shared_width(self) -> int:
+    """The shared experts' SwiGLU width (0: none)."""
+    return self.shared_intermediate_size or (
+        self.n_shared_experts * self.intermediate_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,8 +379,7 @@ class ModelConfig:
       raise ValueError(
           f"'linear_attention' layers need {LINEAR_FIELDS} >= 1 (got "
           f"{sizes}), value heads a multiple of key heads.")
-    others = dict(moe=self.moe is not None, mla=self.mla,
-                  nope_layers=self.nope_layers,
+    others = dict(mla=self.mla, nope_layers=self.nope_layers,
                   norm_style=self.norm_style not in ("llama", "qwen3_5"))
     bad = sorted(k for k, v in others.items() if v)
     if bad:
@@ -403,11 +418,13 @@ class ModelConfig:
         self.layer_types[i] == "linear_attention")
 
   def layer_pattern(self) -> int:
-    """The shortest period p of `layer_types` dividing num_layers (the
-    hybrid decoder scans num_layers / p repeats of p layers)."""
+    """The shortest period p of the layers' kinds (`layer_types` and
+    whether each is a MoE layer) dividing num_layers (the hybrid decoder
+    scans num_layers / p repeats of p layers)."""
     n = self.num_layers
+    kind = lambda i: (self.layer_types[i], self.is_moe_layer(i))
     return next(p for p in range(1, n + 1) if n % p == 0 and all(
-        self.layer_types[i] == self.layer_types[i % p] for i in range(n)))
+        kind(i) == kind(i % p) for i in range(n)))
 
   def linear_attention_params(self) -> int:
     """Parameters of one Gated DeltaNet layer (its projections, short
@@ -509,7 +526,9 @@ class ModelConfig:
     if self.moe is not None:
       moe = self.moe
       sparse = attn + 2 * d + d * moe.num_experts + 3 * d * (
-          moe.intermediate_size * (moe.num_experts + moe.n_shared_experts))
+          moe.intermediate_size * moe.num_experts + moe.shared_width)
+      if moe.shared_expert_gate:
+        sparse += d
       if moe.router == "sigmoid":
         sparse += moe.num_experts  # The score-correction bias.
       layers += self.num_moe_layers * (sparse - dense)

@@ -238,8 +238,12 @@ def load_hf_checkpoint(
         raise CheckpointError(
             f"Tensor {e.hf_name!r} in {file} has shape {shape}, expected "
             f"{e.hf_shape} from config.json.")
-      # e.part: rows of a fused tensor (Phi-3's qkv_proj, gate_up_proj).
-      x = _read_tensor(handles[file], e.hf_name, file, e.part)
+      # e.part: rows of a fused tensor (Phi-3's qkv_proj, gate_up_proj),
+      # of each of its row blocks if it has several (Qwen3-Next's).
+      x = _read_tensor(handles[file], e.hf_name, file,
+                       e.part if e.groups == 1 else None)
+      if e.groups > 1:
+        x = hf_layout.take_part(e, x)
       return e.to_ours(x).astype(dtype)
 
     for group in hf_layout.groups(entries):
@@ -291,7 +295,7 @@ def _iter_hf_tensors(config: ModelConfig, params: Any, arch: str
         x = x if index is None else x[index]
       x = np.ascontiguousarray(e.to_hf(x))
       want = e.hf_shape if e.part is None else (
-          (e.part[1] - e.part[0],) + e.hf_shape[1:])
+          (e.groups * (e.part[1] - e.part[0]),) + e.hf_shape[1:])
       if x.shape != want:
         raise CheckpointError(
             f"Parameter {'/'.join(e.path)} gives {e.hf_name!r} of shape "
@@ -307,10 +311,10 @@ def _hf_tensors(config: ModelConfig, params: Any,
     if e.part is None:
       out[e.hf_name] = x
     else:
-      parts.setdefault(e.hf_name, []).append((e.part[0], x))
+      parts.setdefault(e.hf_name, []).append((e, x))
       out[e.hf_name] = None  # Keeps the tensors' order.
   for name, xs in parts.items():
-    out[name] = np.concatenate([x for _, x in sorted(xs, key=lambda p: p[0])])
+    out[name] = hf_layout.join_parts(xs)
   return out
 
 

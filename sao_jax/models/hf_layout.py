@@ -38,14 +38,34 @@ class Entry:
   # Rows [start, stop) of the fused HF tensor `hf_name` (of shape
   # `hf_shape`) that are this parameter; None: the whole tensor.
   part: tuple[int, int] | None = None
+  # The fused tensor's rows as `groups` equal blocks, each holding every
+  # part's share in part order (Qwen3-Next's in_proj_qkvz: per key head
+  # q, k, v, z); `part` is then a row range of each block.
+  groups: int = 1
 
 
-def _fuse(out: list[Entry], fused: tuple[tuple[str, tuple[str, ...]], ...]
-          ) -> list[Entry]:
+def take_part(e: Entry, whole: np.ndarray) -> np.ndarray:
+  """Entry e's rows of its whole fused HF tensor (in block order)."""
+  blocks = whole.reshape(e.groups, -1, *whole.shape[1:])
+  return blocks[:, e.part[0]:e.part[1]].reshape(-1, *whole.shape[1:])
+
+
+def join_parts(parts: list[tuple[Entry, np.ndarray]]) -> np.ndarray:
+  """A fused HF tensor from its parts' rows (the inverse of `take_part`)."""
+  parts = sorted(parts, key=lambda p: p[0].part[0])
+  blocks = [x.reshape(e.groups, -1, *x.shape[1:]) for e, x in parts]
+  out = np.concatenate(blocks, axis=1)
+  return out.reshape(-1, *out.shape[2:])
+
+
+def _fuse(cfg: ModelConfig, out: list[Entry],
+          fused: tuple[tuple[str, ...], ...]) -> list[Entry]:
   """`out` with each layer's tensors `{prefix}{part}.weight` of a fusion
-  (fused name, part names) replaced by row ranges of `{prefix}{fused}.weight`
-  (rows in part order, as HF's split / chunk reads them)."""
-  for fused_name, parts in fused:
+  (fused name, part names[, the `ModelConfig` field counting its row
+  blocks]) replaced by row ranges of `{prefix}{fused}.weight` (rows in part
+  order, as HF's split / chunk reads them; with blocks, in each block)."""
+  for fused_name, parts, *blocks in fused:
+    groups = int(getattr(cfg, blocks[0])) if blocks else 1
     suffixes = tuple(f".{p}.weight" for p in parts)
     layers: dict[str, list[int]] = {}
     for j, e in enumerate(out):
@@ -60,11 +80,12 @@ def _fuse(out: list[Entry], fused: tuple[tuple[str, tuple[str, ...]], ...]
       rows, start = sum(out[j].hf_shape[0] for j in idx), 0
       for j in idx:
         e = out[j]
+        share = e.hf_shape[0] // groups  # Its rows in each block.
         out[j] = dataclasses.replace(
             e, hf_name=f"{prefix}{fused_name}.weight",
             hf_shape=(rows,) + e.hf_shape[1:],
-            part=(start, start + e.hf_shape[0]))
-        start += e.hf_shape[0]
+            part=(start, start + share), groups=groups)
+        start += share
   return out
 
 
@@ -105,8 +126,10 @@ def _attention_entries(cfg: ModelConfig, hf: str, attn: tuple[str, ...],
 
 def _linear_entries(cfg: ModelConfig, hf: str,
                     ours: tuple[str, ...]) -> list[Entry]:
-  """One Gated DeltaNet layer's tensors (HF Qwen3.5 `linear_attn.*`): the
-  fused in_proj_qkv and conv1d rows (q, k, v) are our per-part params."""
+  """One Gated DeltaNet layer's tensors (HF `linear_attn.*`): the fused
+  conv1d rows (q, k, v) are our per-part params; the input projections are
+  one `in_proj_{q,k,v,z,b,a}` each, which a family fuses its way (Qwen3.5's
+  in_proj_qkv; Qwen3-Next's in_proj_qkvz / in_proj_ba per key head)."""
   d, a = cfg.hidden_size, f"{hf}linear_attn."
   hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
   hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
@@ -118,9 +141,9 @@ def _linear_entries(cfg: ModelConfig, hf: str,
   for name, heads, dim in parts:
     part = (start, start + heads * dim)
     out += [
-        Entry(ours + (f"{name}_proj",), f"{a}in_proj_qkv.weight", (rows, d),
-              lambda w, n=heads, k=dim: w.T.reshape(d, n, k),
-              lambda w, n=heads, k=dim: w.reshape(d, n * k).T, part=part),
+        Entry(ours + (f"{name}_proj",), f"{a}in_proj_{name}.weight",
+              (heads * dim, d), lambda w, n=heads, k=dim: w.T.reshape(d, n, k),
+              lambda w, n=heads, k=dim: w.reshape(d, n * k).T),
         Entry(ours + (f"{name}_conv",), f"{a}conv1d.weight",
               (rows, 1, kernel),
               lambda w, n=heads, k=dim: w.reshape(n, k, kernel),
@@ -206,7 +229,7 @@ def _mla_entries(cfg: ModelConfig, hf: str,
 def _moe_entries(cfg: ModelConfig, hf: str,
                  moe: tuple[str, ...]) -> list[Entry]:
   """One MoE layer's router, experts (one HF tensor per expert) and shared
-  experts (HF Qwen3-MoE / GLM-4.5 names)."""
+  experts (HF Qwen3-MoE / GLM-4.5 / Qwen3-Next names)."""
   d, m = cfg.hidden_size, cfg.moe
   f, e_count = m.intermediate_size, m.num_experts
   same, t = (lambda x: x), (lambda x: x.T)
@@ -222,11 +245,17 @@ def _moe_entries(cfg: ModelConfig, hf: str,
                        f"{hf}mlp.experts.{e}.{name}_proj.weight", shape, t, t,
                        expert=e))
   if m.n_shared_experts:
-    fs = f * m.n_shared_experts
+    fs = m.shared_width
+    # Qwen's gated shared expert (Qwen2-MoE, Qwen3-Next) is `shared_expert`,
+    # GLM's and DeepSeek's `shared_experts`.
+    shared = "shared_expert" if m.shared_expert_gate else "shared_experts"
     for name, shape in (("gate", (fs, d)), ("up", (fs, d)), ("down", (d, fs))):
       out.append(Entry(moe + (f"shared_{name}_proj",),
-                       f"{hf}mlp.shared_experts.{name}_proj.weight", shape, t,
-                       t))
+                       f"{hf}mlp.{shared}.{name}_proj.weight", shape, t, t))
+    if m.shared_expert_gate:
+      out.append(Entry(moe + ("shared_expert_gate",),
+                       f"{hf}mlp.shared_expert_gate.weight", (1, d),
+                       lambda w: w[0], lambda w: w[None]))
   return out
 
 
@@ -280,7 +309,7 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
   if not cfg.tie_embeddings:
     out.append(Entry(("lm_head",), "lm_head.weight", (cfg.vocab_size, d), t,
                      t))
-  return _fuse(out, family.fused) if family.fused else out
+  return _fuse(cfg, out, family.fused) if family.fused else out
 
 
 def groups(all_entries: list[Entry]) -> list[list[Entry]]:

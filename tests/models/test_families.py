@@ -62,6 +62,14 @@ CONFIGS = {
         query_pre_attn_scalar=1.0, global_head_dim=32, global_kv_heads=1,
         attention_k_eq_v=True, final_logit_softcapping=30.0,
         layer_types=("sliding_attention", "full_attention")),
+    "Qwen3NextForCausalLM": ModelConfig.tiny(
+        norm_style="qwen3_5", qk_norm=True, attn_output_gate=True,
+        rotary_dim=4, layer_types=("linear_attention", "full_attention"),
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, moe=MoeConfig(
+            **_MOE, n_shared_experts=1, shared_intermediate_size=24,
+            shared_expert_gate=True)),
 }
 # (family, other): the other, more general family also expresses the
 # family's config, which reads back unchanged (Mistral without a window is
@@ -77,7 +85,8 @@ def test_every_registered_family_is_tested_here():
   assert set(SUPPORTED_ARCHITECTURES) == set(CONFIGS)
   assert MOE_ARCHITECTURES == {"Qwen3MoeForCausalLM": "softmax",
                                "Glm4MoeForCausalLM": "sigmoid",
-                               "DeepseekV3ForCausalLM": "sigmoid"}
+                               "DeepseekV3ForCausalLM": "sigmoid",
+                               "Qwen3NextForCausalLM": "softmax"}
 
 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
@@ -111,6 +120,17 @@ def test_tensor_names_follow_the_family():
   llama = {e.hf_name for e in hf_layout.entries(CONFIGS["LlamaForCausalLM"])}
   assert "model.layers.0.post_attention_layernorm.weight" in llama
   assert not any("feedforward" in n for n in llama)
+  # Qwen3-Next fuses its linear layers' projections per key head and names
+  # its gated shared expert in the singular.
+  nxt = hf_layout.entries(CONFIGS["Qwen3NextForCausalLM"])
+  qkvz = [e for e in nxt
+          if e.hf_name == "model.layers.0.linear_attn.in_proj_qkvz.weight"]
+  assert [(e.path[-1], e.part, e.groups) for e in qkvz] == [
+      ("q_proj", (0, 8), 2), ("k_proj", (8, 16), 2), ("v_proj", (16, 32), 2),
+      ("z_proj", (32, 48), 2)]
+  names = {e.hf_name for e in nxt}
+  assert "model.layers.1.mlp.shared_expert_gate.weight" in names
+  assert "model.layers.1.mlp.shared_expert.up_proj.weight" in names
 
 
 def test_unknown_architecture_and_duplicate_registration_are_refused():

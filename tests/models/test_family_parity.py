@@ -197,6 +197,22 @@ def _qwen3_5_config() -> Any:
   return config
 
 
+_QWEN3_NEXT_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4,
+                          linear_key_head_dim=8, linear_value_head_dim=6,
+                          linear_conv_kernel_dim=4)
+
+
+def _qwen3_next_config() -> Any:
+  """A linear then a gated full-attention layer (one repeat), each with
+  eight routed experts and a gated shared expert of its own width."""
+  return transformers.Qwen3NextConfig(
+      **{**_MOE, "num_hidden_layers": 2}, num_experts=8,
+      shared_expert_intermediate_size=24, **_QWEN3_NEXT_LINEAR,
+      layer_types=["linear_attention", "full_attention"],
+      rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                       "partial_rotary_factor": 0.5})
+
+
 _GEMMA4_LAYER_TYPES = ("sliding_attention", "full_attention") * 2
 _GEMMA4_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.5,
                 "factor": 2.0}
@@ -447,6 +463,41 @@ FAMILIES = {
                          ({"layer_types": ["linear_attention",
                                            "sliding_attention"]},
                           "layer_types"))),
+    # Qwen3-Next: Qwen3.5's hybrid decoder (its linear layers' input
+    # projections fused per key head) over softmax-routed experts and a
+    # shared expert scaled by a sigmoid gate.
+    "qwen3_next": Family(
+        atol=2e-5,  # Measured 3.7e-6.
+        arch="Qwen3NextForCausalLM",
+        hf_config=_qwen3_next_config,
+        reads={"layer_types": ("linear_attention", "full_attention"),
+               "attn_output_gate": True, "norm_style": "qwen3_5",
+               "rotary_dim": 4, "moe.num_experts": 8, "moe.router": "softmax",
+               "moe.n_shared_experts": 1, "moe.shared_intermediate_size": 24,
+               "moe.shared_expert_gate": True, "num_moe_layers": 2,
+               **_QWEN3_NEXT_LINEAR},
+        batch=dict(vocab=96), weights=dict(norm_center=None),
+        layouts=("default", "unrolled-dense"),
+        checks=frozenset({"moe", "batch_decode"}),
+        tiny=dict(layer_types=("linear_attention", "full_attention"),
+                  norm_style="qwen3_5", qk_norm=True, attn_output_gate=True,
+                  rotary_dim=4, **_QWEN3_NEXT_LINEAR, moe=MoeConfig(
+                      num_experts=4, top_k=2, intermediate_size=16,
+                      n_shared_experts=1, shared_intermediate_size=24,
+                      shared_expert_gate=True)),
+        export_refusals=((None, "Qwen3_5ForCausalLM", "moe"),
+                         (None, "Qwen3MoeForCausalLM", "norm_style"),
+                         ({"layer_types": ("linear_attention",
+                                           "full_attention"),
+                           "norm_style": "qwen3_5", "qk_norm": True,
+                           "attn_output_gate": True, **_QWEN3_NEXT_LINEAR,
+                           "moe": MoeConfig(num_experts=4, top_k=2,
+                                            intermediate_size=16)},
+                          "Qwen3NextForCausalLM", "one gated shared")),
+        import_refusals=(({"mlp_only_layers": [1]}, "mlp_only_layers"),
+                         ({"num_experts": 0}, "Qwen3_5ForCausalLM's"),
+                         ({"attention_bias": True}, "attention_bias")),
+        marks=(pytest.mark.slow,)),
     # Gemma 4: Gemma 3's layers with w (not 1 + w) norms, a value norm,
     # unscaled scores, per-layer output scalars (buffers, perturbed about
     # 1), and global layers of their own shape (scanned as a layer pattern).
@@ -865,8 +916,11 @@ def _logits_and_routing(config: ModelConfig, params: Any, tokens: np.ndarray,
 @pytest.mark.parametrize("reference", _rows("moe"), indirect=True)
 def test_moe_routing_is_recorded(reference):
   config, params = hf.load_hf_checkpoint(reference.path)
-  assert params["decoder"]["moe_layers"]["moe"]["gate_proj"].shape == (
-      2, 8, 32, 16)
+  # The experts' stacks (one, or a hybrid decoder's one per pattern member).
+  stacks = [x.shape for k, x in jax.tree_util.tree_leaves_with_path(params)
+            if jax.tree_util.keystr(k).endswith("['moe']['gate_proj']")]
+  assert sum(s[0] for s in stacks) == 2
+  assert {s[1:] for s in stacks} == {(8, 32, 16)}
   tokens, mask, positions = reference.batch
   got, moe = _logits_and_routing(config, params, tokens, mask, positions)
   want = reference.want

@@ -44,6 +44,13 @@ def _nbytes(tree) -> int:
          qk_rope_head_dim=8, v_head_dim=12, first_dense_layers=1,
          moe=MoeConfig(num_experts=4, top_k=2, intermediate_size=16,
                        router="sigmoid", n_shared_experts=1)),
+    dict(norm_style="qwen3_5", qk_norm=True, attn_output_gate=True,
+         rotary_dim=4, layer_types=("linear_attention", "full_attention"),
+         linear_num_key_heads=2, linear_num_value_heads=4,
+         linear_key_head_dim=8, linear_value_head_dim=8,
+         linear_conv_kernel_dim=4, moe=MoeConfig(
+             num_experts=4, top_k=2, intermediate_size=16, n_shared_experts=1,
+             shared_intermediate_size=24, shared_expert_gate=True)),
     # Gemma 4: a global layer of its own shape (no v_proj), layer scalars;
     # the cache as wide as the widest layer.
     dict(norm_style="gemma4", mlp_activation="gelu_tanh", qk_norm=True,
@@ -51,7 +58,8 @@ def _nbytes(tree) -> int:
          global_head_dim=32, global_kv_heads=1, attention_k_eq_v=True,
          layer_types=("sliding_attention", "full_attention")),
 ], ids=["tied", "bias_bf16", "per_layer", "qwen3", "mistral", "gemma3",
-        "olmo3", "qwen3_moe", "glm4_moe", "deepseek_v3", "gemma4"])
+        "olmo3", "qwen3_moe", "glm4_moe", "deepseek_v3", "qwen3_next",
+        "gemma4"])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_estimate_matches_the_allocated_trees(overrides, frozen):
   """The trees are those the real init, optimizers and cache functions make,
@@ -75,7 +83,7 @@ def test_estimate_matches_the_allocated_trees(overrides, frozen):
   assert est.policy_optimizer == _nbytes(jax.eval_shape(tx.init, policy))
   assert est.critic_params == _nbytes(value)
   assert est.critic_optimizer == _nbytes(jax.eval_shape(value_tx.init, value))
-  assert est.kv_cache == _nbytes((cache.k, cache.v))
+  assert est.kv_cache == _nbytes((cache.k, cache.v, cache.linear))
   assert est.total == sum((est.policy_params, est.policy_optimizer,
                            est.critic_params, est.critic_optimizer,
                            est.kv_cache))

@@ -21,3 +21,4 @@ from sao_jax.models.families import olmo3  # pylint: disable=unused-import
 from sao_jax.models.families import deepseek_v3  # pylint: disable=unused-import
 from sao_jax.models.families import qwen3_5  # pylint: disable=unused-import
 from sao_jax.models.families import gemma4  # pylint: disable=unused-import
+from sao_jax.models.families import qwen3_next  # pylint: disable=unused-import

@@ -42,16 +42,18 @@ def _layer_types(hf: Mapping[str, Any]) -> tuple[str, ...]:
   if len(types) != n or not set(types) <= {"linear_attention",
                                            "full_attention"}:
     raise UnsupportedConfigError(
-        f"Qwen3.5 layer_types={list(types)} must name each of the {n} "
+        f"layer_types={list(types)} must name each of the {n} "
         "layers 'linear_attention' or 'full_attention'.")
   return types
 
 
-def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
-  """Every `ModelConfig` field of a HF Qwen3.5 text config."""
+def from_hf(hf: Mapping[str, Any], family: str = "Qwen3.5"
+            ) -> dict[str, Any]:
+  """Every `ModelConfig` field of a HF Qwen3.5 text config (the hybrid
+  decoder's of a Qwen3-Next one)."""
   if hf.get("attention_bias", False):
     raise UnsupportedConfigError(
-        "Qwen3.5 attention_bias=True is not supported.")
+        f"{family} attention_bias=True is not supported.")
   hf = {**_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
   rope = dict(hf.get("rope_parameters") or {})
   rope.setdefault("partial_rotary_factor",
@@ -69,17 +71,20 @@ def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
           **{k: int(hf[k]) for k in _LINEAR}}
 
 
-def to_hf(cfg: Any) -> dict[str, Any]:
-  """The HF Qwen3.5 config.json dict of `cfg`."""
-  common.check_export(cfg, ARCH, qk_norm=(True,), norm_style="qwen3_5",
-                      partial_rotary=True, layer_types=True, hybrid=True)
+def to_hf(cfg: Any, arch: str = ARCH, model_type: str = MODEL_TYPE,
+          router: str | None = None) -> dict[str, Any]:
+  """The HF Qwen3.5 config.json dict of `cfg` (or the hybrid decoder's
+  keys as `arch`, whose MoE has `router`: Qwen3-Next)."""
+  common.check_export(cfg, arch, qk_norm=(True,), norm_style="qwen3_5",
+                      partial_rotary=True, layer_types=True, hybrid=True,
+                      router=router)
   if not cfg.attn_output_gate or set(cfg.layer_types) - {
       "linear_attention", "full_attention"}:
     raise UnsupportedConfigError(
-        f"{ARCH} needs attn_output_gate=True and layer_types of "
+        f"{arch} needs attn_output_gate=True and layer_types of "
         "'linear_attention' / 'full_attention' only.")
   factor = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
-  out = common.base_to_hf(cfg, ARCH, MODEL_TYPE)
+  out = common.base_to_hf(cfg, arch, model_type)
   return {**out, "attention_bias": False,
           "layer_types": list(cfg.layer_types) or ["full_attention"] * (
               cfg.num_layers),
@@ -88,6 +93,11 @@ def to_hf(cfg: Any) -> dict[str, Any]:
           **{k: getattr(cfg, k) for k in _LINEAR}}
 
 
+# The linear layers' q, k, v input projections: one tensor, in that order.
+FUSED = (("linear_attn.in_proj_qkv", tuple(
+    f"linear_attn.in_proj_{p}" for p in "qkv")),)
+
 FAMILY = registry.register(registry.Family(
     architecture=ARCH, model_type=MODEL_TYPE, from_hf=from_hf, to_hf=to_hf,
-    claims=lambda cfg: cfg.norm_style == "qwen3_5", priority=10))
+    claims=lambda cfg: cfg.norm_style == "qwen3_5", priority=10,
+    fused=FUSED))

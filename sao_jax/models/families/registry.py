@@ -40,7 +40,9 @@ class Family:
     moe_router: The router of a mixture-of-experts family, None if dense.
     fused: (HF fused tensor, the Llama tensors it holds in row order) of a
       layer, e.g. Phi-3's ('self_attn.qkv_proj', ('self_attn.q_proj',
-      'self_attn.k_proj', 'self_attn.v_proj')); () for none.
+      'self_attn.k_proj', 'self_attn.v_proj')); () for none. A third item
+      names the `ModelConfig` field counting equal row blocks that each
+      hold every part's share in order (Qwen3-Next's per key head).
     skipped: HF config.json dict -> name prefixes of tensors the import
       skips (not part of the model we run: DeepSeek-V3's multi-token
       prediction layers); None: none.
@@ -54,7 +56,7 @@ class Family:
   priority: int = 50
   norm_names: tuple[tuple[str, str], ...] = LLAMA_NORMS
   moe_router: str | None = None
-  fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
+  fused: tuple[tuple[Any, ...], ...] = ()
   skipped: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
 
 

@@ -142,7 +142,7 @@ def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array,
 
 
 def causal_conv1d(x: Array, weight: Array, state: Array | None = None,
-                  count: Array | None = None) -> tuple[Array, Array]:
+                  end: Array | None = None) -> tuple[Array, Array]:
   """Depthwise causal convolution over time, then SiLU.
 
   Args:
@@ -151,8 +151,8 @@ def causal_conv1d(x: Array, weight: Array, state: Array | None = None,
       squeezed), tap K-1 on the current token.
     state: [B, C, K-1] the K-1 inputs before x (None: zeros, a sequence's
       start).
-    count: int32 [B] real tokens of each row, first (the rest padding the
-      state skips); None: all T.
+    end: int32 [B] one past each row's last real token (the state skips
+      padding after it); None: all T.
 
   Returns:
     (silu(conv) [B, T, C] in x's dtype, the state after x: its last K-1
@@ -167,9 +167,9 @@ def causal_conv1d(x: Array, weight: Array, state: Array | None = None,
   windows = jnp.stack([full[..., i:i + t] for i in range(kernel)], axis=-1)
   out = jnp.einsum("bctk,ck->btc", windows.astype(jnp.float32),
                    weight.astype(jnp.float32))
-  if count is None:
+  if end is None:
     return jax.nn.silu(out).astype(x.dtype), full[..., t:]
-  index = count[:, None, None] + jnp.arange(kernel - 1)[None, None]
+  index = end[:, None, None] + jnp.arange(kernel - 1)[None, None]
   return jax.nn.silu(out).astype(x.dtype), jnp.take_along_axis(
       full, jnp.broadcast_to(index, full.shape[:2] + (kernel - 1,)), axis=-1)
 
@@ -186,7 +186,9 @@ class LinearAttentionDims:
 
 
 class GatedDeltaNet(nn.Module):
-  """Qwen3.5's linear-attention layer (HF Qwen3_5GatedDeltaNet).
+  """Qwen3.5's and Qwen3-Next's linear-attention layer (HF
+  Qwen3_5GatedDeltaNet, Qwen3NextGatedDeltaNet: the same function, their
+  projections fused differently; models/hf_layout.py).
 
   q, k, v = silu(conv(x W)) per channel (their HF `in_proj_qkv` rows and
   `conv1d` channels, split by part), beta = sigmoid(x W_b), g =
@@ -194,8 +196,9 @@ class GatedDeltaNet(nn.Module):
   one recurrent step for a single token with a state); then w * RMSNorm(o)
   * silu(x W_z) per value head and the output projection. Padding tokens
   (mask False) are zeroed first, as transformers does, and neither decay
-  nor write the state; with a state, each row's real tokens come first
-  (the sampler's right-padded chunks) and the conv state skips the rest.
+  nor write the state; with a state, a row's real tokens are contiguous
+  (after left padding: a prefill; before right padding: the sampler's
+  chunks) and the conv state skips the padding after them.
 
   Parameters: {q,k}_proj [embed, kv_heads, head_dim], {v,z}_proj [embed,
   heads, head_dim], {b,a}_proj [embed, heads], {q,k,v}_conv [(kv_)heads,
@@ -221,7 +224,11 @@ class GatedDeltaNet(nn.Module):
               "k": (n.key_heads, n.key_dim, "kv_heads"),
               "v": (n.value_heads, n.value_dim, "heads")}
     convs, new_convs = {}, []
-    count = None if state is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
+    # One past each row's last real token: its real tokens may follow
+    # left padding (a prefill) or precede right padding (the sampler's
+    # chunks); padding inputs are zeros, as a sequence's start state.
+    end = None if state is None else jnp.max(
+        jnp.where(mask, jnp.arange(t, dtype=jnp.int32) + 1, 0), axis=1)
     for j, (name, (heads, dim, axis)) in enumerate(shapes.items()):
       w = param(self, f"{name}_proj", init, (d, heads, dim),
                 ("embed", axis, "head_dim"))
@@ -230,7 +237,7 @@ class GatedDeltaNet(nn.Module):
                 (axis, "head_dim", None))
       y, conv_state = causal_conv1d(
           y.reshape(b, t, heads * dim), c.reshape(heads * dim, -1),
-          None if state is None else state[1][j], count)
+          None if state is None else state[1][j], end)
       convs[name] = y.reshape(b, t, heads, dim)
       new_convs.append(conv_state)
     hv, dv = n.value_heads, n.value_dim

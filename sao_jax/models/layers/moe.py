@@ -13,7 +13,8 @@ The chosen experts run dropless: the N·k (token, expert) assignments are
 sorted by expert and each expert's SwiGLU runs on its own rows only, as three
 `jax.lax.ragged_dot` grouped matmuls (no expert sees a token it was not
 routed, no capacity, no dropped tokens). GLM's shared experts are one dense
-SwiGLU on every token, added to the routed output.
+SwiGLU on every token, added to the routed output; Qwen3-Next's
+(`shared_expert_gate`) is scaled by sigmoid(x . w_g) per token first.
 
 Routing replay (R3): with `forced` expert ids (those the sampler recorded),
 the block uses them instead of its own choice and recomputes only their
@@ -142,7 +143,8 @@ class MoeBlock(nn.Module):
 
   Parameters: router/kernel [embed, expert], router/bias [expert] (sigmoid
   router), experts/{gate,up}_proj [expert, embed, mlp], experts/down_proj
-  [expert, mlp, embed], shared/{gate,up,down}_proj (n_shared_experts > 0).
+  [expert, mlp, embed], shared_{gate,up,down}_proj (n_shared_experts > 0),
+  shared_expert_gate [embed] (`MoeConfig.shared_expert_gate`).
   Returns (y, experts int32 [B, T, k] used, load-balancing loss, the
   router's own choice [B, T, k]); the experts are what the sampler records
   for replay.
@@ -175,12 +177,16 @@ class MoeBlock(nn.Module):
     y = grouped_swiglu(x.reshape(b * t, d), routing.experts, routing.weights,
                        w_gate, w_up, w_down).reshape(b, t, d)
     if moe.n_shared_experts:
-      fs = f * moe.n_shared_experts
+      fs = moe.shared_width
       sg = param(self, "shared_gate_proj", init, (d, fs), ("embed", "mlp"))
       su = param(self, "shared_up_proj", init, (d, fs), ("embed", "mlp"))
       sd = param(self, "shared_down_proj", init, (fs, d), ("mlp", "embed"))
       hdn = jax.nn.silu(x @ sg.astype(x.dtype)) * (x @ su.astype(x.dtype))
-      y = y + hdn @ sd.astype(x.dtype)
+      shared = hdn @ sd.astype(x.dtype)
+      if moe.shared_expert_gate:
+        w = param(self, "shared_expert_gate", init, (d,), ("embed",))
+        shared = jax.nn.sigmoid(x @ w.astype(x.dtype))[..., None] * shared
+      y = y + shared
     aux = load_balancing_loss(routing, mask)
     shape = (b, t, moe.top_k)
     return (y, routing.experts.reshape(shape), aux,
