@@ -251,6 +251,14 @@ def get_config() -> ml_collections.ConfigDict:
   # ('v5e-8:4-7': on each host of that TPU slice the sampler takes those chips);
   # '' = no split.
   config.sampler.chips = ""
+  # The native sampler's mesh over its devices (sao_jax/sampler/mesh.py;
+  # docs/design/pods.md "The sampler's mesh"): data replicas, the expert
+  # axis (MoE experts) and tensor parallel (heads, KV heads, MLP, vocab);
+  # one size may be -1 (the rest of the sampler's devices). 1, 1, 1: one.
+  config.sampler.mesh = ml_collections.ConfigDict()
+  config.sampler.mesh.data = 1
+  config.sampler.mesh.expert = 1
+  config.sampler.mesh.tensor = 1
   # JAX's persistent compilation cache for the sampler process ('' = off):
   # its decode shapes compile once per machine instead of once per run.
   config.sampler.compilation_cache_dir = ""

@@ -361,6 +361,13 @@ def _check_mesh(c: Any) -> None:
     raise ConfigError(f"config.mesh.rules: {e}") from None
   if c.mesh.data > 0 and c.mesh.fsdp > 0:
     _check_batch_divisible(c, c.mesh.data * c.mesh.fsdp)
+  sizes = [c.sampler.mesh[a] for a in ("data", "expert", "tensor")]
+  try:
+    sharding.check_mesh_sizes(sizes)
+  except sharding.MeshError:
+    raise _fail("sampler.mesh", "data, expert, tensor sizes positive or "
+                "-1 (fill), at most one -1", dict(zip(
+                    ("data", "expert", "tensor"), sizes))) from None
 
 
 def _check_batch_divisible(c: Any, shards: int) -> None:

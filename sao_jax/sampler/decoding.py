@@ -22,6 +22,12 @@ For a mixture-of-experts policy (``config.moe``) the appends and decodes
 also return the experts each fed token was routed to in each MoE layer,
 int32 [B, C, M, k] (routing replay, R3: the trainer's forward reuses them);
 a dense policy returns None there (no extra output, no cost).
+
+Traced under a sampler mesh (`sampler/mesh.py`: `jax.set_mesh` and the
+logical-axis rules), every operation constrains the state it returns to its
+logical axes (`state_axes`, `constrain_state`): the cache split over KV
+heads and rows, so consecutive calls never reshard it. Without a mesh the
+constraints are no-ops.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ import functools
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao_jax import sharding
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.transformer import init_cache
 from sao_jax.models.transformer import KVCache
@@ -43,6 +51,7 @@ from sao_jax.sampler.sampling import SamplingParams
 
 Array = jax.Array
 PAD_ID = 0
+WARNED: set[str] = set()  # Axes a size does not divide: logged once.
 
 
 @flax.struct.dataclass
@@ -82,6 +91,41 @@ class DecodeOutput:
   experts: Array | None = None
 
 
+def state_axes(state: DecodeState) -> DecodeState:
+  """The logical axis names of each of ``state``'s arrays (a `DecodeState`
+  whose leaves are name tuples): keys/values by KV head, everything by row;
+  a hybrid decoder's linear states by row only."""
+  kv = ("layers", "batch", "length", "kv_heads", "head_dim")
+  c = state.cache
+  return DecodeState(
+      cache=c.replace(
+          k=kv, v=kv, valid=("batch", "length"),
+          end=("batch",) if c.end.ndim else (),
+          linear=None if c.linear is None else tuple(
+              ("layers", "batch") + (None,) * (a.ndim - 2) for a in c.linear)),
+      last_logits=("batch", "vocab"), pos=("batch",))
+
+
+def is_names(x: Any) -> bool:
+  """A leaf of `state_axes`: a tuple of axis names."""
+  return isinstance(x, tuple) and all(n is None or isinstance(n, str)
+                                      for n in x)
+
+
+def constrain_state(state: DecodeState) -> DecodeState:
+  """``state`` held to its logical axes under the traced-in mesh and rules
+  (`sharding.logical_to_spec`: axes a size does not divide are dropped);
+  unchanged where no mesh is set."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return state
+  rules = tuple(nn.get_logical_axis_rules()) or None
+  return jax.tree.map(
+      lambda names, a: jax.lax.with_sharding_constraint(
+          a, sharding.logical_to_spec(names, a.shape, mesh, rules, WARNED)),
+      state_axes(state), state, is_leaf=is_names)
+
+
 def init_state(config: ModelConfig, batch_size: int,
                max_len: int) -> DecodeState:
   """An empty state with `max_len` cache slots per row (per-row ends)."""
@@ -114,10 +158,10 @@ def _forward(params, config, state: DecodeState, tokens, mask
   row_logits = jnp.take_along_axis(
       logits, jnp.maximum(last, 0)[:, None, None], axis=1)[:, 0]
   has_any = last >= 0
-  return DecodeState(
+  return constrain_state(DecodeState(
       cache=cache,
       last_logits=jnp.where(has_any[:, None], row_logits, state.last_logits),
-      pos=state.pos + jnp.sum(mask, axis=1, dtype=jnp.int32)), experts
+      pos=state.pos + jnp.sum(mask, axis=1, dtype=jnp.int32))), experts
 
 
 @functools.partial(jax.jit, static_argnames=("config",),
@@ -172,7 +216,7 @@ def append_rows(params: Any, config: ModelConfig, state: DecodeState,
   A row listed with an all-False mask is put back unchanged (bucket padding).
   """
   sub, experts = _forward(params, config, _rows_of(state, rows), tokens, mask)
-  return _put_rows(state, rows, sub), experts
+  return constrain_state(_put_rows(state, rows, sub)), experts
 
 
 def _decode(params: Any, config: ModelConfig, state: DecodeState, rng: Array,
@@ -256,7 +300,7 @@ def decode_rows(params: Any, config: ModelConfig, state: DecodeState,
   sub, out = _decode(params, config, _rows_of(state, rows), rng, stop_ids,
                      active, budget, row_keys, max_new_tokens=max_new_tokens,
                      sampling=sampling)
-  return _put_rows(state, rows, sub), out
+  return constrain_state(_put_rows(state, rows, sub)), out
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))
@@ -274,7 +318,7 @@ def clear_rows(state: DecodeState, rows: Array) -> DecodeState:
   cache = state.cache.replace(valid=state.cache.valid & ~rows[:, None],
                               end=jnp.where(rows, 0, state.cache.end),
                               linear=jax.tree.map(zero, state.cache.linear))
-  return DecodeState(cache=cache,
-                     last_logits=jnp.where(rows[:, None], 0.0,
-                                           state.last_logits),
-                     pos=jnp.where(rows, 0, state.pos))
+  return constrain_state(DecodeState(
+      cache=cache, last_logits=jnp.where(rows[:, None], 0.0,
+                                         state.last_logits),
+      pos=jnp.where(rows, 0, state.pos)))

@@ -56,6 +56,7 @@ from sao_jax.envs.base import Environment
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import feed as feed_lib
 from sao_jax.sampler import interface
+from sao_jax.sampler import mesh as mesh_lib
 from sao_jax.sampler import rollout
 from sao_jax.sampler.generate import Generator
 from sao_jax.sampler.generate import Segment
@@ -81,7 +82,7 @@ class Decoder(Protocol):
 
 
 # (model_config, params, batch, max_len, sampling, rng, min_bucket,
-# row_subsets) -> a `Decoder`.
+# row_subsets, mesh) -> a `Decoder`.
 DecoderFactory = Callable[..., Decoder]
 
 
@@ -144,11 +145,13 @@ class NativeRollout:
 
   def update_weights(self, params: Any, version: int) -> None:
     if self._gen is None:
-      s = self.settings
+      s, o = self.settings, self.opts
+      mesh = None if o.mesh is None else mesh_lib.SamplerMesh.build(
+          o.mesh, o.mesh_rules)
       self._gen = self._decoder(
-          self._model_config, params, self.opts.num_slots,
-          self.limits.cache_len(), s.sampling, self._rng,
-          self.limits.min_prompt_bucket, self.opts.row_subsets)
+          self._model_config, params, o.num_slots, self.limits.cache_len(),
+          s.sampling, self._rng, self.limits.min_prompt_bucket,
+          o.row_subsets, mesh)
     else:
       keep = self.opts.kv_on_swap == "keep"
       if keep:

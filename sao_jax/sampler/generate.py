@@ -18,6 +18,7 @@ not rewrite them: a token's record is the routing its own weights chose.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -27,6 +28,7 @@ import numpy as np
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.logprobs import unwrap_params
 from sao_jax.sampler import decoding
+from sao_jax.sampler import mesh as mesh_lib
 from sao_jax.sampler.decoding import PAD_ID
 from sao_jax.sampler.sampling import SamplingParams
 
@@ -92,7 +94,8 @@ class Generator:
   def __init__(self, config: ModelConfig, params: Any, batch_size: int,
                max_len: int, sampling: SamplingParams = SamplingParams(),
                rng: Array | None = None, min_bucket: int = MIN_BUCKET,
-               row_subsets: bool = True):
+               row_subsets: bool = True,
+               mesh: mesh_lib.SamplerMesh | None = None):
     """Args:
       config: model config.
       params: `Transformer` params (plain, boxed or `{'params': ...}`).
@@ -108,6 +111,9 @@ class Generator:
         compile); False: every call runs the whole batch, masked
         (``config.sampler.row_subsets``; pays for itself only when a
         forward over the full batch costs more than compiling those shapes).
+      mesh: the sampler's mesh (`sampler/mesh.py`): the weights and the
+        cache are placed on it and every program runs over it; None: one
+        device, or wherever the weights already are (evaluation).
     """
     self.config = config
     self.batch_size = batch_size
@@ -115,7 +121,15 @@ class Generator:
     self.sampling = sampling
     self.min_bucket = int(min_bucket)
     self.row_subsets = bool(row_subsets)
-    self._params = unwrap_params(params)
+    self._mesh = mesh
+    self._init_state = functools.partial(decoding.init_state, config,
+                                         batch_size, self.max_len)
+    self._param_shardings = None
+    if mesh is not None:
+      self._param_shardings = mesh.param_shardings(config)
+      self._init_state = jax.jit(self._init_state, out_shardings=(
+          mesh.state_shardings(jax.eval_shape(self._init_state))))
+    self._params = self._place(params)
     self._rng = jax.random.PRNGKey(0) if rng is None else rng
     self._history: list[list[int]] = [[] for _ in range(batch_size)]
     self._state: decoding.DecodeState | None = None
@@ -123,6 +137,13 @@ class Generator:
     # MoE only: per row, uint16 [n, M, k] chunks aligned with its history.
     self._experts: list[list[np.ndarray]] = [[] for _ in range(batch_size)]
     self.last_steps = 0  # Loop iterations of the last `generate` call.
+
+  def _place(self, params: Any) -> Any:
+    """Plain params, on the mesh if there is one."""
+    params = unwrap_params(params)
+    if self._mesh is None:
+      return params
+    return jax.device_put(params, self._param_shardings)
 
   @property
   def histories(self) -> list[list[int]]:
@@ -177,7 +198,7 @@ class Generator:
         the tokens already fed (as PipelineRL does) instead of recomputing
         the cache under the new weights before next use.
     """
-    self._params = unwrap_params(params)
+    self._params = self._place(params)
     if not keep_cache:
       self._state = None
 
@@ -192,7 +213,8 @@ class Generator:
     if self._state is not None:
       mask = np.zeros(self.batch_size, np.bool_)
       mask[rows] = True
-      self._state = decoding.clear_rows(self._state, jnp.asarray(mask))
+      with mesh_lib.maybe(self._mesh):
+        self._state = decoding.clear_rows(self._state, jnp.asarray(mask))
 
   def _check_room(self, need: Sequence[int]) -> None:
     """Raises unless every row's history plus ``need[i]`` tokens fits."""
@@ -207,16 +229,16 @@ class Generator:
     """Prefills a fresh cache with every row's history (one call); returns
     a MoE policy's experts of that prefill, [B, L, M, k] (else None)."""
     self._check_room([0] * self.batch_size)
-    self._state = decoding.init_state(self.config, self.batch_size,
-                                      self.max_len)
+    self._state = self._init_state()
     longest = max(len(h) for h in self._history)
     if not longest:
       return None
     tokens, mask = _right_pad(self._history,
                               bucket_length(longest, self.min_bucket))
-    self._state, experts = decoding.append_chunk(
-        self._params, self.config, self._state, jnp.asarray(tokens),
-        jnp.asarray(mask))
+    with mesh_lib.maybe(self._mesh):
+      self._state, experts = decoding.append_chunk(
+          self._params, self.config, self._state, jnp.asarray(tokens),
+          jnp.asarray(mask))
     return experts
 
   def _pick(self, rows: list[int]) -> list[int] | None:
@@ -258,15 +280,18 @@ class Generator:
     picked = self._pick(rows)
     if picked is None:
       tokens, mask = _right_pad(chunks, length)
-      self._state, experts = decoding.append_chunk(
-          self._params, self.config, self._state, jnp.asarray(tokens),
-          jnp.asarray(mask))
+      with mesh_lib.maybe(self._mesh):
+        self._state, experts = decoding.append_chunk(
+            self._params, self.config, self._state, jnp.asarray(tokens),
+            jnp.asarray(mask))
       self._record(range(self.batch_size), experts, [len(c) for c in chunks])
       return
     tokens, mask = _right_pad([chunks[i] for i in picked], length)
-    self._state, experts = decoding.append_rows(
-        self._params, self.config, self._state, jnp.asarray(picked, jnp.int32),
-        jnp.asarray(tokens), jnp.asarray(mask))
+    with mesh_lib.maybe(self._mesh):
+      self._state, experts = decoding.append_rows(
+          self._params, self.config, self._state,
+          jnp.asarray(picked, jnp.int32), jnp.asarray(tokens),
+          jnp.asarray(mask))
     self._record(picked, experts, [len(chunks[i]) for i in picked])
 
   def generate(self, stop_ids: Sequence[Sequence[int]] | Sequence[int],
@@ -299,18 +324,19 @@ class Generator:
     stops = _stop_array(stop_ids, b)
     picked = self._pick([int(i) for i in np.flatnonzero(budget)])
     kw = dict(max_new_tokens=steps, sampling=self.sampling)
-    if picked is None:  # Most rows generate: the whole batch runs.
-      picked = list(range(b))
-      self._state, out = decoding.decode(
-          self._params, self.config, self._state, key, jnp.asarray(stops),
-          jnp.asarray(act), jnp.asarray(budget), row_keys, **kw)
-    else:  # Only the generating rows (padded with idle ones) run.
-      sel = np.asarray(picked)
-      self._state, out = decoding.decode_rows(
-          self._params, self.config, self._state, jnp.asarray(sel), key,
-          jnp.asarray(stops[sel]), jnp.asarray(act[sel]),
-          jnp.asarray(budget[sel]),
-          None if row_keys is None else jnp.asarray(row_keys)[sel], **kw)
+    with mesh_lib.maybe(self._mesh):
+      if picked is None:  # Most rows generate: the whole batch runs.
+        picked = list(range(b))
+        self._state, out = decoding.decode(
+            self._params, self.config, self._state, key, jnp.asarray(stops),
+            jnp.asarray(act), jnp.asarray(budget), row_keys, **kw)
+      else:  # Only the generating rows (padded with idle ones) run.
+        sel = np.asarray(picked)
+        self._state, out = decoding.decode_rows(
+            self._params, self.config, self._state, jnp.asarray(sel), key,
+            jnp.asarray(stops[sel]), jnp.asarray(act[sel]),
+            jnp.asarray(budget[sel]),
+            None if row_keys is None else np.asarray(row_keys)[sel], **kw)
     toks, logps, count, stopped, loop_steps, experts = jax.device_get(
         (out.tokens, out.logprobs, out.num_tokens, out.stopped, out.steps,
          out.experts))

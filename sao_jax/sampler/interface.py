@@ -28,6 +28,7 @@ import dataclasses
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from sao_jax import ranges
+from sao_jax import sharding
 from sao_jax.data.trajectory import Trajectory
 from sao_jax.sampler import feed as feed_lib
 from sao_jax.sampler import rollout
@@ -61,6 +62,11 @@ class EngineOptions:
   env_threads: int = 4
   n_rollouts: int = 1
   row_subsets: bool = True
+  # The native engine's device mesh (``sampler.mesh``: data, expert, tensor
+  # sizes; `sampler/mesh.py`) and the trainer's logical-axis rules (None:
+  # the defaults); mesh None: no mesh (the weights stay where they are).
+  mesh: tuple[int, int, int] | None = None
+  mesh_rules: Any = None
 
   def __post_init__(self):
     ranges.check_fields(self, FIELD_RULES)
@@ -77,7 +83,10 @@ class EngineOptions:
                weight_poll_tokens=int(s.weight_poll_tokens),
                refill=bool(s.refill), kv_on_swap=str(s.kv_on_swap),
                env_threads=int(s.env_threads), n_rollouts=int(s.n_rollouts),
-               row_subsets=bool(s.row_subsets))
+               row_subsets=bool(s.row_subsets),
+               mesh=tuple(int(s.mesh[a]) for a in ("data", "expert",
+                                                    "tensor")),
+               mesh_rules=sharding.normalize_rules(config.mesh.rules))
 
 
 @dataclasses.dataclass(frozen=True)
