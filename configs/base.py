@@ -112,6 +112,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.global_kv_heads = 0
   config.model.attention_k_eq_v = False
   config.model.final_logit_softcapping = 0.0
+  # Gemma 4's E2B / E4B: per-layer embeddings' width (0: none), the last
+  # layers attending with an earlier layer's keys and values, and those
+  # layers' MLPs twice as wide.
+  config.model.per_layer_input_size = 0
+  config.model.kv_shared_layers = 0
+  config.model.double_wide_mlp = False
   # Routing replay (R3): 'rollout' makes the trainer's forward use the
   # experts the sampler recorded for every token (gate weights recomputed,
   # so the router still learns); 'off' routes on its own.

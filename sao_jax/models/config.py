@@ -74,6 +74,10 @@ FIELD_RULES = {
                                            "global_kv_heads")},
     "final_logit_softcapping": ranges.Rule(lambda v: v >= 0,
                                            "float >= 0 (0: no cap)"),
+    "per_layer_input_size": ranges.Rule(
+        lambda v: v >= 0, "an int >= 0 (0: no per-layer embeddings)"),
+    "kv_shared_layers": ranges.Rule(lambda v: v >= 0,
+                                    "an int >= 0 (0: none share)"),
 }
 
 
@@ -228,6 +232,15 @@ class ModelConfig:
       are the k_proj output (before k's norm and RoPE; Gemma 4).
     final_logit_softcapping: logits = cap * tanh(logits / cap) (Gemma 4);
       0: none.
+    per_layer_input_size: Gemma 4's per-layer embeddings (PLE; HF
+      hidden_size_per_layer_input) when > 0: each layer adds a gated
+      projection of its own input of this width, from a [vocab, L * P]
+      table and a projection of the embeddings (layers/per_layer.py).
+    kv_shared_layers: The last this many layers have no k/v projections
+      and attend with the keys and values of the last earlier layer of their
+      type (`kv_source`; Gemma 4's num_kv_shared_layers).
+    double_wide_mlp: Those KV-shared layers' MLPs are 2 * intermediate_size
+      wide (`mlp_size`; Gemma 4's use_double_wide_mlp).
   """
 
   vocab_size: int
@@ -276,6 +289,9 @@ class ModelConfig:
   global_kv_heads: int = 0
   attention_k_eq_v: bool = False
   final_logit_softcapping: float = 0.0
+  per_layer_input_size: int = 0
+  kv_shared_layers: int = 0
+  double_wide_mlp: bool = False
 
   @classmethod
   def from_config(cls, model: Any, **overrides: Any) -> "ModelConfig":
@@ -328,6 +344,12 @@ class ModelConfig:
     if self.hybrid:
       self._check_linear()
     self._check_global()
+    if self.kv_shared_layers:  # Every shared layer has a source.
+      if self.kv_shared_layers >= self.num_layers or self.mla:
+        raise ValueError(f"kv_shared_layers={self.kv_shared_layers} must be "
+                         f"< num_layers={self.num_layers} (no MLA).")
+      for i in range(self.num_layers):
+        self.kv_source(i)
 
   def _check_global(self) -> None:
     """ValueError for Gemma 4's per-kind attention shapes where they cannot
@@ -355,6 +377,26 @@ class ModelConfig:
               self.global_head_dim or self.head_dim, self.attention_k_eq_v)
     return self.num_kv_heads, self.head_dim, False
 
+  def kv_source(self, i: int) -> int:
+    """The layer whose keys and values layer i attends with: i, or for the
+    last `kv_shared_layers` layers the last unshared layer of their type."""
+    first = self.num_layers - self.kv_shared_layers
+    kind = lambda j: self.layer_types[j] if self.layer_types else ""
+    if i < first:
+      return i
+    for j in range(first - 1, -1, -1):
+      if kind(j) == kind(i):
+        return j
+    raise ValueError(
+        f"kv_shared_layers={self.kv_shared_layers}: layer {i} "
+        f"({kind(i) or 'attention'}) has no unshared layer of its type.")
+
+  def mlp_size(self, i: int) -> int:
+    """Layer i's MLP width (twice intermediate_size for a KV-shared layer
+    with `double_wide_mlp`)."""
+    wide = self.double_wide_mlp and self.kv_source(i) != i
+    return self.intermediate_size * (2 if wide else 1)
+
   def member_name(self, j: int) -> str:
     """The `layer_groups` subtree of member j of the layer pattern
     (`grouped`): its kind ('linear', 'sliding' or 'full') and j."""
@@ -367,8 +409,9 @@ class ModelConfig:
     """Whether the scanned decoder runs repeats of the layer pattern, one
     stack per member (`layer_pattern`): linear layers, or attention layers
     of different shapes (`attention_dims`)."""
-    return self.hybrid or len({self.attention_dims(i) for i in range(
-        self.num_layers)}) > 1
+    return self.hybrid or bool(
+        self.per_layer_input_size or self.kv_shared_layers) or len(
+            {self.attention_dims(i) for i in range(self.num_layers)}) > 1
 
   def _check_linear(self) -> None:
     """ValueError for Gated DeltaNet settings the hybrid decoder cannot
@@ -421,6 +464,8 @@ class ModelConfig:
     """The shortest period p of the layers' kinds (`layer_types` and
     whether each is a MoE layer) dividing num_layers (the hybrid decoder
     scans num_layers / p repeats of p layers)."""
+    if self.kv_shared_layers:  # Shared KV: no period.
+      return self.num_layers
     n = self.num_layers
     kind = lambda i: (self.layer_types[i], self.is_moe_layer(i))
     return next(p for p in range(1, n + 1) if n % p == 0 and all(
@@ -452,6 +497,8 @@ class ModelConfig:
     norms; not the block's norms)."""
     d, h = self.hidden_size, self.num_heads
     hkv, dh, k_eq_v = self.attention_dims(i)
+    if self.kv_source(i) != i:  # Shared KV: q, o and q's norm only.
+      return d * dh * h * 2 + (dh if self.qk_norm else 0)
     if self.mla:
       r, dr = self.kv_lora_rank, self.qk_rope_head_dim
       q = (d * self.q_lora_rank + self.q_lora_rank +
@@ -532,6 +579,11 @@ class ModelConfig:
       if moe.router == "sigmoid":
         sparse += moe.num_experts  # The score-correction bias.
       layers += self.num_moe_layers * (sparse - dense)
+    layers += sum(3 * d * (self.mlp_size(i) - f)
+                  for i in range(self.num_layers))
+    if self.per_layer_input_size:  # layers/per_layer.py.
+      p, n = self.per_layer_input_size, self.num_layers
+      layers += n * (2 * d * p + d) + (self.vocab_size + d) * n * p + p
     head = 0 if self.tie_embeddings else d * self.vocab_size
     return self.vocab_size * d + layers + d + head
 

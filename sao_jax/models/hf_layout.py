@@ -98,8 +98,9 @@ def _attention_entries(cfg: ModelConfig, hf: str, attn: tuple[str, ...],
   hkv, dh, k_eq_v = cfg.attention_dims(i)
   same = lambda x: x
   out = []
-  for name, heads in (("q", h), ("k", hkv)) + ((("v", hkv),) if not k_eq_v
-                                               else ()):
+  names = (("q", h),) if cfg.kv_source(i) != i else (  # Shared KV: q, o.
+      (("q", h), ("k", hkv)) + ((("v", hkv),) if not k_eq_v else ()))
+  for name, heads in names:
     # Qwen3.5's gated q_proj: per head, the query's rows then the gate's.
     w = 2 * dh if name == "q" and cfg.attn_output_gate else dh
     out.append(Entry(
@@ -280,6 +281,16 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
 
   out = [Entry(("decoder", "embedder", "embedding"),
                "model.embed_tokens.weight", (cfg.vocab_size, d), same, same)]
+  ple = cfg.per_layer_input_size  # Gemma 4's per-layer embeddings.
+  if ple:
+    w, pl = cfg.num_layers * ple, ("decoder", "per_layer")
+    out += [Entry(pl + ("embedding",), "model.embed_tokens_per_layer.weight",
+                  (cfg.vocab_size, w), same, same),
+            Entry(pl + ("projection",),
+                  "model.per_layer_model_projection.weight", (w, d), t, t),
+            Entry(pl + ("norm", "scale"),
+                  "model.per_layer_projection_norm.weight", (ple,), same,
+                  same)]
   for name, first, count, sparse in cfg.stages():
     for i in range(first, first + count):
       start = len(out)
@@ -290,6 +301,7 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
       else:
         out += _mla_entries(cfg, hf, ours + ("attn",)) if cfg.mla else (
             _attention_entries(cfg, hf, ours + ("attn",), i))
+      f = cfg.mlp_size(i)
       out += _moe_entries(cfg, hf, ours + ("moe",)) if sparse else [
           Entry(ours + ("mlp", f"{p}_proj"), f"{hf}mlp.{p}_proj.weight",
                 shape, t, t)
@@ -300,6 +312,15 @@ def entries(cfg: ModelConfig, arch: str | None = None) -> list[Entry]:
       if cfg.norm_style == "gemma4":  # A buffer in transformers.
         out.append(Entry(ours + ("layer_scalar",), f"{hf}layer_scalar", (1,),
                          same, same))
+      if ple:
+        pl = ours + ("per_layer",)
+        out += [Entry(pl + ("gate",), f"{hf}per_layer_input_gate.weight",
+                      (ple, d), t, t),
+                Entry(pl + ("projection",), f"{hf}per_layer_projection.weight",
+                      (d, ple), t, t),
+                Entry(pl + ("post_norm", "scale"),
+                      f"{hf}post_per_layer_input_norm.weight", (d,), same,
+                      same)]
       if cfg.scan_layers:  # Layer i of the stage's stacked leaves.
         out[start:] = [dataclasses.replace(
             e, layer=i - first if index is None else index)

@@ -68,6 +68,8 @@ from sao_jax.models.layers.masks import positions_from_mask  # pylint: disable=u
 from sao_jax.models.layers.mlp import MLP
 from sao_jax.models.layers.moe import MoeBlock
 from sao_jax.models.layers.norms import RMSNorm
+from sao_jax.models.layers.per_layer import PerLayerEmbedding
+from sao_jax.models.layers.per_layer import PerLayerInput
 
 Array = jax.Array
 
@@ -88,17 +90,24 @@ class DecoderLayer(nn.Module):
   (state, conv states) or None, returned updated. `norm_style='gemma4'`:
   Gemma's four norms, then the block's output times `layer_scalar` (HF
   Gemma 4's per-layer buffer, trained here like any weight). ``dims``:
-  Attention's (this layer's shapes; None: layer 0's).
+  Attention's (this layer's shapes; None: layer 0's); ``shared``: no k/v
+  projections (Gemma 4's KV-shared layers: ``shared_kv``, Attention's);
+  ``source``: later layers share its keys and values (Attention's);
+  ``mlp_size``: the MLP's width (0: intermediate_size); ``ple``: this
+  layer's per-layer input [B, T, P] (layers/per_layer.py) or None.
   """
 
   config: ModelConfig
   sparse: bool = False
   linear: bool = False
   dims: tuple[int, int, bool] | None = None
+  shared: bool = False
+  source: bool = False
+  mlp_size: int = 0
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, forced=None, tokens=None,
-               local=None, use_rope=None):
+               local=None, use_rope=None, ple=None, shared_kv=None):
     style = self.config.norm_style
     pre = style != "olmo"  # OLMo 2/3: norms after the sublayers only.
     post = style in ("gemma", "olmo", "gemma4")
@@ -112,9 +121,11 @@ class DecoderLayer(nn.Module):
           cfg.linear_conv_kernel_dim), name="linear_attn")(normed, tokens, kv)
       y, new_kv = y.astype(x.dtype), None if kv is None else new_kv
     else:
-      dims = {} if self.config.mla else {"dims": self.dims}
-      y, new_kv = attention(self.config, **dims, name="attn")(
-          normed, positions, mask, kv, local, use_rope)
+      mla = self.config.mla
+      y, new_kv = attention(self.config, **({} if mla else {
+          "dims": self.dims, "source": self.source}), name="attn")(
+              normed, positions, mask, kv, local, use_rope,
+              **({} if mla else {"shared_kv": shared_kv}))
     if post:
       y = RMSNorm(self.config, name="post_attn_norm")(y)
     x = x + y
@@ -125,10 +136,12 @@ class DecoderLayer(nn.Module):
           self.config, self.config.moe, name="moe")(y, tokens, forced)
       routed = (experts, aux, own)
     else:
-      y = MLP(self.config, name="mlp")(y)
+      y = MLP(self.config, self.mlp_size, name="mlp")(y)
     if post:
       y = RMSNorm(self.config, name="post_mlp_norm")(y)
     x = x + y
+    if ple is not None:  # Gemma 4's per-layer input.
+      x = x + PerLayerInput(self.config, name="per_layer")(x, ple)
     if style == "gemma4":
       x = x * param(self, "layer_scalar", nn.initializers.ones, (1,),
                     (None,)).astype(x.dtype)
@@ -182,41 +195,53 @@ class LayerGroup(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, kv, forced, positions, mask, end, tokens, group=0):
+  def __call__(self, x, kv, forced, positions, mask, end, tokens, group=0,
+               ple=None):
     cfg, block = self.config, _block(self.config)
-    layers = []
-    for j in range(cfg.layer_pattern()):
-      layers.append((j, block(cfg, cfg.is_moe_layer(j),
-                              linear=cfg.is_linear_layer(j),
-                              dims=cfg.attention_dims(j),
-                              name=cfg.member_name(j))))
+    layers = [(j, block(cfg, **_member(cfg, j), name=cfg.member_name(j)))
+              for j in range(cfg.layer_pattern())]
     return _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens,
-                       forced, group)
+                       forced, group, ple)
 
 
-def _group_body(group, carry, index, forced, positions, mask, end, tokens):
+def _member(cfg: ModelConfig, i: int) -> dict[str, Any]:
+  """DecoderLayer's fields for layer (or pattern member) i."""
+  return dict(sparse=cfg.is_moe_layer(i), linear=cfg.is_linear_layer(i),
+              dims=cfg.attention_dims(i), shared=cfg.kv_source(i) != i,
+              source=any(cfg.kv_source(k) == i != k
+                         for k in range(cfg.num_layers)),
+              mlp_size=cfg.mlp_size(i))
+
+
+def _group_body(group, carry, index, forced, ple, positions, mask, end,
+                tokens):
   """One scanned repeat; carry: (x, the whole cache or None), written in
   place at repeat ``index``'s layers (as `_scan_body`); forced: its MoE
   layers' experts to replay [S, B, T, k] or None. Also returns those
   layers' (experts, aux, own), each stacked [S, ...]."""
   x, kv = carry
-  x, kv, routed = group(x, kv, forced, positions, mask, end, tokens, index)
+  x, kv, routed = group(x, kv, forced, positions, mask, end, tokens, index,
+                        ple)
   return (x, kv), tuple(jnp.stack(r) for r in zip(*routed))
 
 
 def _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens,
-                forced=None, group=0):
+                forced=None, group=0, ple=None):
   """x through hybrid layers [(layer index in the pattern or the model,
   module)]; kv: the whole cache's (k, v, linear states) or None, the
   layers' entries at ``group`` repeats of the pattern in (a traced index
   under the scan) plus their `kind_index`; forced: experts to replay
-  [S, B, T, k] of their S MoE layers, or None. Returns (x, kv updated,
-  [(experts, aux, own)] of the MoE layers in order)."""
-  routed = []
+  [S, B, T, k] of their S MoE layers, or None; ple: their per-layer inputs
+  [B, T, n, P] in list order, or None. A KV-shared layer (Gemma 4) attends
+  with its `kv_source`'s keys and values, which ran before it (with
+  KV-shared layers the pattern is the whole model). Returns (x, kv
+  updated, [(experts, aux, own)] of the MoE layers in order)."""
+  routed, sources = [], {}
+
   p = cfg.layer_pattern()
   per_repeat = sum(map(cfg.is_linear_layer, range(p)))
   base = {True: group * per_repeat, False: group * (p - per_repeat)}
-  for i, layer in layers:
+  for n, (i, layer) in enumerate(layers):
     linear = cfg.is_linear_layer(i)
     j = base[linear] + kind_index(cfg, i)
     f = None if forced is None or not cfg.is_moe_layer(i) else forced[
@@ -229,9 +254,19 @@ def _run_hybrid(cfg, layers, x, positions, mask, kv, end, tokens,
         kv = (kv[0], kv[1], tuple(a.at[j].set(b.astype(a.dtype)) for a, b in
                                   zip(lin, (new[0], *new[1]))))
     else:
-      x, new, r = layer(x, positions, mask, None if kv is None else (
-          kv[0], kv[1], j, end), f, tokens, cfg.is_local_layer(i), True)
-      kv = None if kv is None else (*new, kv[2])
+      src = cfg.kv_source(i)
+      own = src == i
+      x, new, r = layer(
+          x, positions, mask,
+          (kv[0], kv[1], j, end) if own and kv is not None else None, f,
+          tokens, cfg.is_local_layer(i), True,
+          None if ple is None else ple[:, :, n], sources.get(src))
+      if own and kv is not None:
+        kv = (*new, kv[2])
+        hkv, dh, _ = cfg.attention_dims(i)
+        new = tuple(a[j][:, :, :hkv, :dh].astype(x.dtype) for a in new)
+      if own and new is not None:
+        sources[i] = (*new, end)
     routed += [] if r is None else [r]
   return x, kv, routed
 
@@ -263,12 +298,14 @@ class Decoder(nn.Module):
     cfg = self.config
     self.embedder = Embedder(cfg)
     block = _block(cfg)
+    if cfg.per_layer_input_size:
+      self.per_layer = PerLayerEmbedding(cfg)
     if cfg.scan_layers and cfg.grouped:
       self.group = LayerGroup(cfg, name="layer_groups")
       self._group_scan = nn.scan(
           _group_body, variable_axes={"params": 0},
           split_rngs={"params": True},
-          in_axes=(0, 0) + (nn.broadcast,) * 4,
+          in_axes=(0, 0, 0) + (nn.broadcast,) * 4,
           length=cfg.num_layers // cfg.layer_pattern(),
           metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
     elif cfg.scan_layers:
@@ -282,12 +319,11 @@ class Decoder(nn.Module):
           length=n, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
                      for _, _, n, _ in cfg.stages()]
     else:
-      self.layers = [block(cfg, cfg.is_moe_layer(i), cfg.is_linear_layer(i),
-                           cfg.attention_dims(i), name=f"layers_{i}")
+      self.layers = [block(cfg, **_member(cfg, i), name=f"layers_{i}")
                      for i in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg)
 
-  def _run_layers(self, x, positions, mask, cache, forced, tokens):
+  def _run_layers(self, x, positions, mask, cache, forced, tokens, ple):
     """x through every layer; returns (x, (k, v[, linear states]) of the
     cache or None, [(experts [B, T, k], aux)] of the MoE layers in order).
 
@@ -299,14 +335,16 @@ class Decoder(nn.Module):
     end = None if cache is None else cache.end
     routed = []
     kv = None if cache is None else (cache.k, cache.v, cache.linear)
-    if cfg.hybrid and not cfg.scan_layers:
+    if cfg.grouped and not cfg.scan_layers:
       return _run_hybrid(cfg, list(enumerate(self.layers)), x, positions,
-                         mask, kv, end, tokens, forced)
+                         mask, kv, end, tokens, forced, ple=ple)
     if cfg.grouped and cfg.scan_layers:  # Repeat g writes its layers in place.
       n = cfg.num_layers // cfg.layer_pattern()
       (x, kv), routed = self._group_scan(
           self.group, (x, kv), jnp.arange(n, dtype=jnp.int32),
           None if forced is None else forced.reshape(n, -1, *forced.shape[1:]),
+          None if ple is None else jnp.moveaxis(ple.reshape(
+              *ple.shape[:2], n, -1, ple.shape[-1]), 2, 0),
           positions, mask, end, tokens)
       # [G, S, ...] -> the MoE layers in order (repeat g, then member).
       return x, kv, list(zip(*[a.reshape(-1, *a.shape[2:]) for a in routed]))
@@ -358,8 +396,10 @@ class Decoder(nn.Module):
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     forced = None if routing is None else jnp.moveaxis(
         routing.astype(jnp.int32), 2, 0)
+    ple = self.per_layer(tokens, x) if (
+        self.config.per_layer_input_size) else None
     x, kv, routed = self._run_layers(x, positions, mask, cache, forced,
-                                     attention_mask.astype(jnp.bool_))
+                                     attention_mask.astype(jnp.bool_), ple)
     if routed:
       self.sow("moe", "experts", jnp.stack([r[0] for r in routed], axis=2))
       self.sow("moe", "aux_loss", jnp.mean(jnp.stack([r[1] for r in routed])))

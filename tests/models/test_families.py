@@ -61,6 +61,7 @@ CONFIGS = {
         tie_embeddings=True, sliding_window=4, local_rope_theta=10.0,
         query_pre_attn_scalar=1.0, global_head_dim=32, global_kv_heads=1,
         attention_k_eq_v=True, final_logit_softcapping=30.0,
+        per_layer_input_size=8,
         layer_types=("sliding_attention", "full_attention")),
     "Qwen3NextForCausalLM": ModelConfig.tiny(
         norm_style="qwen3_5", qk_norm=True, attn_output_gate=True,

@@ -5,8 +5,9 @@ its template with thinking off and JSON tool calls, the calculator tool
 env), Mistral (a sliding window of 4, shorter than every sequence; Llama
 3.2's template, there being no Mistral template fixture), Gemma 3 (mixed
 sliding/full layers, its own template), Gemma 4 (Gemma 3's template; its
-global layer wider, one key/value head shared as keys and values, a
-logit cap), Phi-3 (fused projections, half
+global layers wider, one key/value head shared as keys and values, a
+logit cap, per-layer embeddings, its last layer attending with the
+previous one's keys and values), Phi-3 (fused projections, half
 the head rotated, a window of 4), SmolLM3 (its one layer NoPE; RoPE and
 NoPE layers mixed are its parity row's), OLMo 3 (post-norm blocks,
 full-width q/k norms, a sliding then a full layer; OLMo 2's blocks are
@@ -68,9 +69,12 @@ FAMILIES = {
     "gemma4": ("gemma3", lambda vocab: transformers.Gemma4TextConfig(
         vocab_size=vocab, sliding_window=4, global_head_dim=32,
         num_global_key_value_heads=1, attention_k_eq_v=True,
-        hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
-        layer_types=["sliding_attention", "full_attention"],
-        **{**_ARCH, "num_hidden_layers": 2}), {}),
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab,
+        num_kv_shared_layers=1, use_double_wide_mlp=True,
+        final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention",
+                     "full_attention"],
+        **{**_ARCH, "num_hidden_layers": 3}), {}),
     "phi3": ("llama3", lambda vocab: transformers.Phi3Config(
         vocab_size=vocab, pad_token_id=0, sliding_window=4,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,

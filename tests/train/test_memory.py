@@ -51,12 +51,15 @@ def _nbytes(tree) -> int:
          linear_conv_kernel_dim=4, moe=MoeConfig(
              num_experts=4, top_k=2, intermediate_size=16, n_shared_experts=1,
              shared_intermediate_size=24, shared_expert_gate=True)),
-    # Gemma 4: a global layer of its own shape (no v_proj), layer scalars;
-    # the cache as wide as the widest layer.
+    # Gemma 4: global layers of their own shape (no v_proj), layer scalars,
+    # per-layer embeddings, two KV-shared layers (no k/v, MLPs twice as
+    # wide); the cache as wide as the widest layer.
     dict(norm_style="gemma4", mlp_activation="gelu_tanh", qk_norm=True,
          tie_embeddings=True, sliding_window=4, query_pre_attn_scalar=1.0,
          global_head_dim=32, global_kv_heads=1, attention_k_eq_v=True,
-         layer_types=("sliding_attention", "full_attention")),
+         per_layer_input_size=8, num_layers=4, kv_shared_layers=2,
+         double_wide_mlp=True,
+         layer_types=("sliding_attention", "full_attention") * 2),
 ], ids=["tied", "bias_bf16", "per_layer", "qwen3", "mistral", "gemma3",
         "olmo3", "qwen3_moe", "glm4_moe", "deepseek_v3", "qwen3_next",
         "gemma4"])

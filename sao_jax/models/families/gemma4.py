@@ -10,12 +10,15 @@ output times its `layer_scalar`, and `final_logit_softcapping`. Its global
 values from k_proj where `attention_k_eq_v`, and proportional RoPE on a
 part of each head (layers/rope.py). The decoder scans repeats of the
 layer pattern when the two kinds differ in shape (`ModelConfig.grouped`).
+E2B / E4B's per-layer embeddings (`hidden_size_per_layer_input`;
+layers/per_layer.py) and last layers attending with an earlier layer's
+keys and values (`num_kv_shared_layers`, their MLPs twice as wide with
+`use_double_wide_mlp`) are `ModelConfig` options too.
 
-Refused (not in the shared layers yet, issue 41): per-layer embeddings
-(`hidden_size_per_layer_input` > 0: E2B / E4B), KV sharing across layers
-(`num_kv_shared_layers`), the MoE block (`enable_moe_block`: 26B-A4B),
-bidirectional attention and attention biases. `Gemma4ForConditionalGeneration`
-(vision / audio towers) is another architecture. docs/design/extending.md.
+Refused (not in the shared layers yet, issue 41): the MoE block
+(`enable_moe_block`: 26B-A4B), bidirectional attention and attention
+biases. `Gemma4ForConditionalGeneration` (vision / audio towers) is another
+architecture. docs/design/extending.md.
 """
 
 from __future__ import annotations
@@ -37,10 +40,10 @@ _ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                             "rope_theta": 1e6}}
 # config.json keys of what we cannot run: (transformers' default where the
 # key is missing, the value meaning "off").
-_REFUSED = {"hidden_size_per_layer_input": (256, 0),
-            "num_kv_shared_layers": (0, 0), "enable_moe_block": (False, False),
+_REFUSED = {"enable_moe_block": (False, False),
             "use_bidirectional_attention": (None, None),
             "attention_bias": (False, False)}
+_PLE = 256  # hidden_size_per_layer_input's default.
 
 
 def _layer_types(hf: Mapping[str, Any], n: int) -> tuple[str, ...]:
@@ -122,6 +125,14 @@ def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   head_dim = int(hf.get("head_dim") or 256)  # transformers' defaults.
   kv_heads = int(hf.get("num_key_value_heads") or 4)
   global_dim, global_kv = _global_dims(hf, types, head_dim, kv_heads)
+  ple = int(hf.get("hidden_size_per_layer_input", _PLE) or 0)
+  if ple and int(hf.get("vocab_size_per_layer_input") or hf["vocab_size"]
+                 ) != int(hf["vocab_size"]):
+    raise UnsupportedConfigError(
+        "Gemma 4 vocab_size_per_layer_input="
+        f"{hf['vocab_size_per_layer_input']} != vocab_size="
+        f"{hf['vocab_size']} is not supported (one table per token).")
+  shared = int(hf.get("num_kv_shared_layers") or 0)
   return dict(
       vocab_size=int(hf["vocab_size"]), hidden_size=int(hf["hidden_size"]),
       intermediate_size=int(hf["intermediate_size"]), num_layers=n,
@@ -135,7 +146,9 @@ def from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
       global_head_dim=0 if global_dim == head_dim else global_dim,
       global_kv_heads=0 if global_kv == kv_heads else global_kv,
       attention_k_eq_v=bool(hf.get("attention_k_eq_v", False)),
-      final_logit_softcapping=float(hf.get("final_logit_softcapping") or 0))
+      final_logit_softcapping=float(hf.get("final_logit_softcapping") or 0),
+      per_layer_input_size=ple, kv_shared_layers=shared,
+      double_wide_mlp=bool(shared and hf.get("use_double_wide_mlp")))
 
 
 def to_hf(cfg: Any) -> dict[str, Any]:
@@ -160,11 +173,25 @@ def to_hf(cfg: Any) -> dict[str, Any]:
           for i, t in enumerate(types) if t == "full_attention"},
       "attention_k_eq_v": cfg.attention_k_eq_v,
       "final_logit_softcapping": cfg.final_logit_softcapping or None,
+      "hidden_size_per_layer_input": cfg.per_layer_input_size,
+      "vocab_size_per_layer_input": cfg.vocab_size,
+      "num_kv_shared_layers": cfg.kv_shared_layers,
+      "use_double_wide_mlp": cfg.double_wide_mlp,
       **{k: off for k, (_, off) in _REFUSED.items()},
   }
+
+
+def _skipped(hf: Mapping[str, Any]) -> tuple[str, ...]:
+  """The KV-shared layers' k/v tensors a checkpoint may hold (transformers
+  ignores them too)."""
+  n = int(hf["num_hidden_layers"])
+  shared = int(hf.get("num_kv_shared_layers") or 0)
+  return tuple(f"model.layers.{i}.self_attn.{name}"
+               for i in range(n - shared, n)
+               for name in ("k_proj", "v_proj", "k_norm", "v_norm"))
 
 
 FAMILY = registry.register(registry.Family(
     architecture=ARCH, model_type=MODEL_TYPE, from_hf=from_hf, to_hf=to_hf,
     claims=lambda cfg: cfg.norm_style == "gemma4", priority=10,
-    norm_names=gemma3.NORM_NAMES))
+    norm_names=gemma3.NORM_NAMES, skipped=_skipped))

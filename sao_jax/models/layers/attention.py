@@ -147,16 +147,22 @@ reference (materialised scores and mask), the blockwise online-softmax path
   # (`ModelConfig.attention_dims`); None: layer 0's, as every layer's where
   # they are alike.
   dims: tuple[int, int, bool] | None = None
+  # Later layers attend with this layer's keys and values (Gemma 4's shared
+  # KV): without a cache it returns them in place of the cache.
+  source: bool = False
 
   @nn.compact
   def __call__(self, x, positions, spec: MaskSpec, kv=None, local=None,
-               use_rope=None):
+               use_rope=None, shared_kv=None):
     """x: [B,T,D]; spec: which keys each query sees (layers/masks.py);
     kv: (k_all, v_all, layer, end) or None; local: whether this is a
     sliding-window layer (a bool, or a traced bool scalar under a layer scan
     mixing both kinds; None: every layer is like layer 0); use_rope: whether
     q and k are rotated (False: a NoPE layer, `ModelConfig.nope_layers`;
-    a bool or a traced bool scalar; None: as layer 0).
+    a bool or a traced bool scalar; None: as layer 0). shared_kv: (k, v,
+    the cache's end or None) of the layer whose keys and values this one
+    attends with (Gemma 4's KV-shared layers: no k/v projections, nothing
+    written).
 
     Returns (out [B,T,D], updated (k_all, v_all) or None). A cache wider
     than this layer's keys (layers of several shapes, Gemma 4) holds them
@@ -184,11 +190,15 @@ reference (materialised scores and mask), the blockwise online-softmax path
       q, gate = q[..., :dh], q[..., dh:]
     else:
       q = proj("q", h, "heads")
-    k = proj("k", hkv, "kv_heads")
-    v = k if k_eq_v else proj("v", hkv, "kv_heads")  # Gemma 4: values = k.
-    if cfg.norm_style == "gemma4":  # A scale-free norm on each value head.
-      v = RMSNorm(cfg, dh, "head_dim", with_scale=False, name="v_norm")(
-          v).astype(x.dtype)
+    if shared_kv is not None:  # Another layer's k, v (Gemma 4).
+      k, v, shared_end = shared_kv
+    else:
+      k = proj("k", hkv, "kv_heads")
+      v = k if k_eq_v else proj("v", hkv, "kv_heads")  # Gemma 4: values = k.
+      if cfg.norm_style == "gemma4":  # A scale-free norm on each value head.
+        v = RMSNorm(cfg, dh, "head_dim", with_scale=False, name="v_norm")(
+            v).astype(x.dtype)
+    own_k = shared_kv is None
     if cfg.qk_norm_full_width:  # OLMo 2: over all heads' channels at once.
       q = RMSNorm(cfg, (h, dh), ("heads", "head_dim"), name="q_norm")(
           q).astype(x.dtype)
@@ -196,7 +206,8 @@ reference (materialised scores and mask), the blockwise online-softmax path
           k).astype(x.dtype)
     elif cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE.
       q = RMSNorm(cfg, dh, "head_dim", name="q_norm")(q).astype(x.dtype)
-      k = RMSNorm(cfg, dh, "head_dim", name="k_norm")(k).astype(x.dtype)
+      if own_k:
+        k = RMSNorm(cfg, dh, "head_dim", name="k_norm")(k).astype(x.dtype)
     local = cfg.is_local_layer(0) if local is None else local
     static = isinstance(local, bool)
 
@@ -214,11 +225,11 @@ reference (materialised scores and mask), the blockwise online-softmax path
     if not isinstance(use_rope, bool):  # Mixed RoPE / NoPE layers, scanned.
       q, k = (jnp.where(use_rope, rope(y), y) for y in (q, k))
     elif use_rope:
-      q, k = rope(q), rope(k)
+      q, k = rope(q), rope(k) if own_k else k
     if cfg.query_pre_attn_scalar:  # Scores q.k / sqrt(scalar) (Gemma).
       q = q * jnp.asarray((dh / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
 
-    new_kv = None
+    new_kv = (k, v) if self.source and kv is None else None
     if kv is not None:
       k_all, v_all, layer, end = kv
       k_all = write(k_all, _fit(k, k_all), end, (layer,))
@@ -233,7 +244,8 @@ reference (materialised scores and mask), the blockwise online-softmax path
           jnp.where(local, cfg.sliding_window, 0).astype(jnp.int32)))
     b, t = x.shape[:2]
     q = q.reshape(b, t, hkv, h // hkv, dh)  # Query head j*G+g uses kv head j.
-    out = attend(cfg, q, k, v, spec, kv is not None).reshape(b, t, h, dh)
+    cached = kv is not None or (not own_k and shared_end is not None)
+    out = attend(cfg, q, k, v, spec, cached).reshape(b, t, h, dh)
     if gate is not None:
       out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
     o_kernel = param(self, "o_proj", init, (h, dh, d),

@@ -17,13 +17,14 @@ class MLP(nn.Module):
   SwiGLU; 'gelu_tanh': Gemma's GeGLU with the tanh approximation)."""
 
   config: ModelConfig
+  features: int = 0  # Hidden width; 0: intermediate_size.
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     init = nn.initializers.normal(INIT_STD)
-    shape_in, shape_out = (cfg.hidden_size, cfg.intermediate_size), (
-        cfg.intermediate_size, cfg.hidden_size)
+    f = self.features or cfg.intermediate_size
+    shape_in, shape_out = (cfg.hidden_size, f), (f, cfg.hidden_size)
     gate = param(self, "gate_proj", init, shape_in, ("embed", "mlp"))
     up = param(self, "up_proj", init, shape_in, ("embed", "mlp"))
     down = param(self, "down_proj", init, shape_out, ("mlp", "embed"))
