@@ -25,7 +25,10 @@ Figures (``--figures``, comma-separated), one JSON line each with the load:
   heads of 32, 2 layers, vocab 32,768, remat (``model.remat`` or
   ``model.remat_policy='full'``, whichever the tree has). The last line
   checks the goals: temp(Tmax)/temp(Tmin) <= 1.25 x Tmax/Tmin, temp under
-  4 GiB at Tmax.
+  4 GiB at Tmax. ``--model=hybrid`` (issue 41) takes a Qwen3.5-shaped
+  hybrid decoder instead (`hybrid_model`: three Gated DeltaNet layers then
+  one gated full-attention layer, its chunked training form), at one
+  repeat of that pattern (4 layers).
 - ``compile``: seconds to lower and compile that step at ``--layers``
   (``--compile_seq`` tokens), median of ``--compile_repeats``; goal: deepest
   <= 1.5 x shallowest.
@@ -125,6 +128,37 @@ def issue_model(args, layers: int) -> ModelConfig:
                      num_heads=8, num_kv_heads=2, head_dim=args.hidden // 8)
 
 
+# A Qwen3.5 layer pattern (HF full_attention_interval 4).
+HYBRID_PATTERN = ("linear_attention",) * 3 + ("full_attention",)
+
+
+def hybrid_model(args, layers: int) -> ModelConfig:
+  """Qwen3.5's text decoder scaled down to ``--hidden`` with its ratios
+  (transformers' Qwen3_5TextConfig at hidden 4096: MLP 3x; full attention
+  16 / 4 heads of 256, here 4 / 1 of hidden/4, a quarter of each head
+  rotated, an output gate, q/k norms; linear layers 16 key / 32 value heads
+  of 128, here 4 / 8 of hidden/8); `layers` a multiple of the 4-layer
+  pattern."""
+  if layers % len(HYBRID_PATTERN):
+    raise SystemExit(f"--model=hybrid: {layers} layers is not a multiple of "
+                     f"its {len(HYBRID_PATTERN)}-layer pattern; use e.g. "
+                     "--layers=4,8,32.")
+  h = args.hidden
+  return ModelConfig(
+      vocab_size=args.vocab, hidden_size=h, intermediate_size=3 * h,
+      num_layers=layers, num_heads=4, num_kv_heads=1, head_dim=h // 4,
+      rotary_dim=h // 16, qk_norm=True, attn_output_gate=True,
+      norm_style="qwen3_5",
+      layer_types=HYBRID_PATTERN * (layers // len(HYBRID_PATTERN)),
+      linear_num_key_heads=4, linear_num_value_heads=8,
+      linear_key_head_dim=h // 8, linear_value_head_dim=h // 8,
+      linear_conv_kernel_dim=4)
+
+
+# --model: (the model at a depth, its depth in the memory figure).
+MODELS = {"issue": (issue_model, 2), "hybrid": (hybrid_model, 4)}
+
+
 def abstract_inputs(cfg: ModelConfig, batch: int, seq: int):
   """Shapes of a train state and a batch (nothing allocated)."""
   ptx, vtx = optim.make_optimizer(1e-4), optim.make_optimizer(5e-4)
@@ -163,13 +197,14 @@ def arm_config(base: ModelConfig, arm: str, arms) -> tuple[ModelConfig, list]:
 def memory_figures(args, arms) -> None:
   """Temp memory per arm and T; the goals line."""
   temps: dict[str, dict[int, float]] = {a: {} for a in args.arms}
+  model, depth = MODELS[args.model]
   for seq in args.seqs:
     for arm in args.arms:
-      cfg, ignored = arm_config(issue_model(args, 2), arm, arms)
+      cfg, ignored = arm_config(model(args, depth), arm, arms)
       compiled, secs = compiled_step(cfg, 1, seq, args.critic_updates)
       mem = compiled.memory_analysis()
       temps[arm][seq] = mem.temp_size_in_bytes / MIB
-      emit("step_temp_memory", arm=arm, batch=1, seq=seq,
+      emit("step_temp_memory", model=args.model, arm=arm, batch=1, seq=seq,
            temp_mib=round(temps[arm][seq], 1),
            argument_mib=round(mem.argument_size_in_bytes / MIB, 1),
            output_mib=round(mem.output_size_in_bytes / MIB, 1),
@@ -183,7 +218,7 @@ def memory_figures(args, arms) -> None:
     if lo == hi:
       continue
     ratio = t[hi] / t[lo]
-    emit("step_temp_memory_goals", arm=arm, seq_lo=lo, seq_hi=hi,
+    emit("step_temp_memory_goals", model=args.model, arm=arm, seq_lo=lo, seq_hi=hi,
          temp_ratio=round(ratio, 2), token_ratio=hi / lo,
          linear_within_25pct=ratio <= 1.25 * hi / lo,
          temp_hi_mib=round(t[hi], 1), under_4gib=t[hi] < 4096)
@@ -194,14 +229,15 @@ def compile_figures(args, arms) -> None:
   secs: dict[str, dict[int, float]] = {a: {} for a in args.arms}
   for layers in args.layers:
     for arm in args.arms:
-      cfg, ignored = arm_config(issue_model(args, layers), arm, arms)
+      cfg, ignored = arm_config(MODELS[args.model][0](args, layers), arm,
+                                arms)
       runs = []
       for _ in range(args.compile_repeats):
         jax.clear_caches()
         runs.append(compiled_step(cfg, 1, args.compile_seq,
                                   args.critic_updates)[1])
       secs[arm][layers] = statistics.median(runs)
-      emit("step_compile_s", arm=arm, layers=layers, seq=args.compile_seq,
+      emit("step_compile_s", model=args.model, arm=arm, layers=layers, seq=args.compile_seq,
            compile_s=round(secs[arm][layers], 2),
            runs=[round(r, 2) for r in runs], overrides=arms[arm],
            ignored=ignored)
@@ -326,6 +362,9 @@ def parse_args(argv=None):
                  help="ARM:KEY=VALUE (JSON value) changes an arm's override.")
   p.add_argument("--seqs", type=_ints,
                  default=_ints("512,1024,2048,4096,8192,16384,32768"))
+  p.add_argument("--model", choices=sorted(MODELS), default="issue",
+                 help="issue: issue 25's dense model; hybrid: Qwen3.5-shaped "
+                 "(Gated DeltaNet + full attention, issue 41).")
   p.add_argument("--vocab", type=int, default=32768)
   p.add_argument("--hidden", type=int, default=256,
                  help="Residual width; MLP 4x, 8 heads / 2 kv of hidden/8.")

@@ -76,3 +76,20 @@ def test_set_changes_an_arm_and_rejects_unknown_arms():
     assert "unknown ['nope']" in str(e)
   else:
     raise AssertionError("an unknown arm was accepted")
+
+
+def test_hybrid_model_is_qwen3_5_shaped():
+  args = bench.parse_args(["--model=hybrid", "--hidden=256"])
+  model, depth = bench.MODELS[args.model]
+  cfg = model(args, depth)
+  assert cfg.hybrid and cfg.layer_pattern() == 4 and cfg.num_layers == 4
+  assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+  # Qwen3.5's ratios at hidden 4096 (MLP 12288, 16 / 4 heads of 256, linear
+  # 16 key / 32 value heads of 128), scaled to 256.
+  assert (cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+          cfg.head_dim, cfg.rotary_dim) == (768, 4, 1, 64, 16)
+  assert (cfg.linear_num_key_heads * cfg.linear_key_head_dim,
+          cfg.linear_num_value_heads * cfg.linear_value_head_dim) == (128, 256)
+  assert cfg.attn_output_gate and cfg.qk_norm
+  with pytest.raises(SystemExit, match="multiple of its 4-layer pattern"):
+    model(args, 6)
