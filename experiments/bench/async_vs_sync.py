@@ -20,7 +20,14 @@ ring + trainer) on the same config and the same number of trajectories:
 (configs/longtail.py): the long tail of agentic work: 0..4 tool calls per
 episode, geometric (half none, one in sixteen four), each answered after
 ``--tool_latency_s`` (default the config's 1 s), and actions of 8 or 16
-tokens.
+tokens. ``--workload=repair``: coding judged by tests
+(``env.name='repair'``, docs/design/grading.md "Repository repair"): the
+random-init policy submits the buggy package at once (its first action is
+text, not a tool call), so every episode ends with one real test-suite run
+in the grading sandbox, as slow and uneven as the workspaces' suites (11 to
+~100 tests); one training task per workspace (each found once per
+sampler), lengths derived from the repair demonstrations, 8 episodes a
+step.
 
 The sampler is pinned to one core and the trainer to the other. The figure
 is the steady-state time of the train steps (``train_wall_s``: no SFT, no
@@ -59,8 +66,9 @@ _NEW_TOKENS = flags.DEFINE_integer(
     "Balanced workload: tokens per turn; sets the generation/training "
     "balance (the random-init policy rarely stops early, so episodes use the "
     "budget).")
-_WORKLOAD = flags.DEFINE_enum("workload", "balanced", ["balanced", "longtail"],
-                              "Episode lengths (module docstring).")
+_WORKLOAD = flags.DEFINE_enum(
+    "workload", "balanced", ["balanced", "longtail", "repair"],
+    "Episode lengths and environment (module docstring).")
 _LATENCY = flags.DEFINE_float(
     "tool_latency_s", None, "Long-tail workload: seconds a tool call takes "
     "(default: configs/longtail.py's).")
@@ -87,6 +95,20 @@ ARMS = {
 }
 
 
+# The coding workload's overrides of the quickstart's model and task: a
+# tokenizer trained on code, lengths derived from the repair demonstrations
+# (observations cut at 128 characters), one task per workspace, 8 episodes
+# a step (CPU-sized).
+REPAIR = {
+    "env.name": "repair", "env.dataset_config": {}, "env.size": 4,
+    "env.eval_size": 1, "env.max_turns": 2, "env.max_tool_calls": 1,
+    "env.code_observation_chars": 128, "tokenizer.datasets": ("codeio",),
+    "tokenizer.vocab_size": 2048, "tokenizer.corpus_size": 500,
+    "model.vocab_size": 2048, "sampler.max_new_tokens": 0,
+    "sampler.max_total_tokens": 0, "train.max_seq_len": 0,
+    "sampler.batch_size": 8, "train.batch_size": 8}
+
+
 def bench_config(arm: str):
   """The workload's model and task (``loop_setup.loop_config``) in ``arm``."""
   overrides = {
@@ -102,6 +124,8 @@ def bench_config(arm: str):
     overrides.update({"sampler.max_new_tokens": n,
                       "sampler.max_total_tokens": 32 + n,
                       "train.max_seq_len": 32 + n})
+  if _WORKLOAD.value == "repair":
+    overrides.update(REPAIR)
   if _LATENCY.value is not None:
     overrides["env.longtail_tool_latency_s"] = _LATENCY.value
   overrides.update(loop_setup.parse_sets(_SET.value))
