@@ -57,3 +57,16 @@ def libtpu_available() -> tuple[bool, str]:
         got.stderr.strip().splitlines() or [""])[-1]
   ok, why = json.loads(got.stdout.strip().splitlines()[-1])
   return bool(ok), why
+
+
+def aot(*flags: str, timeout: float = 900) -> tuple[
+    subprocess.CompletedProcess, dict[str, dict]]:
+  """Runs ``python -m sao_jax.aot *flags`` in a child with libtpu; the
+  finished process and its JSON reports by program."""
+  env = dict(os.environ, PYTHONPATH=_ROOT, **TPU_ENV)
+  got = subprocess.run([sys.executable, "-m", "sao_jax.aot", *flags],
+                       cwd=_ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout, check=False)
+  reports = {r["program"]: r for r in map(json.loads, (
+      l for l in got.stdout.splitlines() if l.startswith("{")))}
+  return got, reports

@@ -8,11 +8,6 @@ compiles for a v5p-64 (the whole model's figures are BENCHMARKS.md's "TPU
 slices on paper").
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -25,7 +20,6 @@ from sao_jax.train import setup
 # Asked of a child (libtpu never loads in pytest's process; the answer is
 # cached per process, so test_aot's probe in the same worker is this one).
 _OK, _WHY = fresh_process.libtpu_available()
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_architecture_is_qwen3_30b_a3b():
@@ -58,19 +52,13 @@ def test_one_layer_compiles_for_a_v5p_64():
   # One scanned layer at 64 tokens, not two at 1,024: the same program's
   # shapes, sharding and expert layout (its TPU compile 55 -> 35 s from 256
   # tokens to 64, the command 100 -> 62 CPU-s).
-  env = dict(os.environ, PYTHONPATH=_ROOT, **fresh_process.TPU_ENV)
-  got = subprocess.run(
-      [sys.executable, "-m", "sao_jax.aot",
-       "--config=configs/qwen3_30b_a3b.py", "--topology=v5p-64",
-       "--config.sampler.chips=v5p-64:2,3", "--config.train.batch_size=16",
-       "--config.model.num_layers=1", "--config.train.max_seq_len=64",
-       "--config.sampler.max_total_tokens=64",
-       "--config.sampler.max_new_tokens=32", "--programs=sao_step"],
-      cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900,
-      check=False)
+  got, reports = fresh_process.aot(
+      "--config=configs/qwen3_30b_a3b.py", "--topology=v5p-64",
+      "--config.sampler.chips=v5p-64:2,3", "--config.train.batch_size=16",
+      "--config.model.num_layers=1", "--config.train.max_seq_len=64",
+      "--config.sampler.max_total_tokens=64",
+      "--config.sampler.max_new_tokens=32", "--programs=sao_step")
   assert got.returncode == 0, got.stderr[-3000:]
-  reports = {r["program"]: r for r in map(json.loads, (
-      l for l in got.stdout.splitlines() if l.startswith("{")))}
   step = reports["sao_step"]
   assert step["fits"] and step["devices"] == 16, step
   assert 0 < step["peak_bytes"] <= step["hbm_bytes"], step

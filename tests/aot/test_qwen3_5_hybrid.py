@@ -9,11 +9,6 @@ full width with a small vocabulary compile for a v5p-64 (the whole model's
 figures are BENCHMARKS.md's "TPU slices on paper").
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 import fresh_process
@@ -23,7 +18,6 @@ from sao_jax.train import memory
 from sao_jax.train import setup
 
 _OK, _WHY = fresh_process.libtpu_available()
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.ref
@@ -70,20 +64,13 @@ def test_one_pattern_repeat_compiles_for_a_v5p_64():
   # 4 layers (one scanned repeat) at full width, vocabulary 1,024, 128
   # tokens (two 64-token chunks of the delta rule): the same program's
   # shapes and sharding as the whole model's.
-  env = dict(os.environ, PYTHONPATH=_ROOT, **fresh_process.TPU_ENV)
-  got = subprocess.run(
-      [sys.executable, "-m", "sao_jax.aot",
-       "--config=configs/qwen3_5_hybrid.py:4", "--topology=v5p-64",
-       "--config.model.vocab_size=1024", "--config.train.batch_size=16",
-       "--config.train.max_seq_len=128",
-       "--config.sampler.max_total_tokens=128",
-       "--config.sampler.max_new_tokens=64",
-       "--programs=sao_step,sampler_decode"],
-      cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900,
-      check=False)
+  got, reports = fresh_process.aot(
+      "--config=configs/qwen3_5_hybrid.py:4", "--topology=v5p-64",
+      "--config.model.vocab_size=1024", "--config.train.batch_size=16",
+      "--config.train.max_seq_len=128", "--config.sampler.max_total_tokens=128",
+      "--config.sampler.max_new_tokens=64",
+      "--programs=sao_step,sampler_decode")
   assert got.returncode == 0, got.stderr[-3000:]
-  reports = {r["program"]: r for r in map(json.loads, (
-      l for l in got.stdout.splitlines() if l.startswith("{")))}
   step, decode = reports["sao_step"], reports["sampler_decode"]
   assert step["fits"] and step["devices"] == 16, step
   assert decode["fits"] and decode["devices"] == 1, decode
