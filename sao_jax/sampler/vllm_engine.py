@@ -78,6 +78,13 @@ def check_config(config: Any) -> None:
         "replay needs the experts of every token the sampler fed, which the "
         "vLLM engine does not record; use routing_replay='off' or "
         "sampler.engine='native'.")
+  mesh = s.get("mesh")
+  if mesh is not None and any(int(v) != 1 for v in mesh.values()):
+    raise ValueError(
+        f"config.sampler.mesh={dict(mesh)} with sampler.engine='vllm': the "
+        "sampler mesh lays out the native engine's devices; the vLLM engine "
+        "runs on one device here. Leave sampler.mesh at 1, 1, 1, or use "
+        "sampler.engine='native'.")
   if not 0 < float(s.vllm_gpu_memory) < 1:
     raise ValueError(
         f"config.sampler.vllm_gpu_memory={s.vllm_gpu_memory}: the share of "

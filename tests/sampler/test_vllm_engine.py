@@ -67,6 +67,9 @@ def _config(**sampler):
     ({"top_k": 20}, "top_p=1 and top_k=0"),
     ({"vllm_gpu_memory": 1.0}, r"must be in \(0, 1\)"),
     ({"vllm_gpu_memory": 0.0}, r"must be in \(0, 1\)"),
+    ({"mesh": ml_collections.ConfigDict({"data": 1, "expert": 1,
+                                         "tensor": 4})},
+     "lays out the native engine's devices"),
 ])
 def test_settings_vllm_cannot_report_exactly_are_refused(change, words):
   vllm_engine.check_config(_config())  # The defaults pass.
