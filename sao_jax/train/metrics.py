@@ -275,7 +275,7 @@ def run_summary(eval_before: Mapping[str, float],
       "staleness_mean": float(c["staleness_mean"]),
       "staleness_max": float(c["staleness_max"]),
       "wall_s": elapsed,
-      "train_wall_s": clock.steady_end - clock.steady_start,
+      "train_wall_s": clock.steady_s,
       "train_wall_steps": float(clock.steady_steps),
       "trainer_idle_frac": clock.trainer_wait / max(1e-9, elapsed),
   }
@@ -312,6 +312,12 @@ class RunClock:
   @property
   def elapsed(self) -> float:
     return time.perf_counter() - self.start
+
+  @property
+  def steady_s(self) -> float:
+    """Seconds of the ``steady_steps`` steady steps (0 without one: a run,
+    or a resumed run's remainder, too short for a steady state)."""
+    return self.steady_end - self.steady_start if self.steady_steps else 0.0
 
   def step_done(self, done: int, last_compile_before: int) -> None:
     """Steps after ``last_compile_before + 1`` (the last step that compiles:

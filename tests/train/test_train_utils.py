@@ -183,3 +183,16 @@ def test_frozen_attention_updates_only_the_rest():
   # Adam's first step moves each trained leaf by -lr * sign(g) (bias-corrected).
   np.testing.assert_allclose(new["layer_0"]["mlp"]["up"], 0.9, atol=1e-5)
   np.testing.assert_allclose(new["value_head"]["kernel"], 0.9, atol=1e-5)
+
+
+def test_run_clock_steady_state_excludes_compiles_and_is_never_negative():
+  clock = metrics.RunClock()
+  clock.step_done(1, last_compile_before=1)  # Compiling steps.
+  clock.step_done(2, last_compile_before=1)
+  clock.step_done(3, last_compile_before=1)  # The steady state begins.
+  # No steady step yet (a resumed run stopped here once logged
+  # train_wall_s = -30892, 0 - the start time).
+  assert clock.steady_steps == 0 and clock.steady_s == 0.0
+  clock.step_done(4, last_compile_before=1)
+  assert clock.steady_steps == 1
+  assert clock.steady_s == clock.steady_end - clock.steady_start > 0.0
