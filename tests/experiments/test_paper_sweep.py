@@ -107,11 +107,25 @@ def test_staleness_sweep_sets_eta_as_bound_and_lag():
           == paper_smollm2.get_config().to_dict())
 
 
+def _is_arm_with_seed(module, point, arm, seed=0):
+  """Checks that sweep ``point`` of config ``module`` is the paper config's
+  ``arm`` at ``seed`` and nothing else; returns its validated config."""
+  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
+  assert point["train.seed"] == point["env.seed"] == seed
+  assert {k: v for k, v in point.items() if k not in (
+      "_name", "train.seed", "env.seed")} == {
+          k: v for k, v in arms[arm].items() if k != "_name"}
+  config = module.get_config()
+  config.update_from_flattened_dict(
+      {k: v for k, v in point.items() if k != "_name"})
+  config_validation.validate_config(config)
+  return config
+
+
 def test_vllm_sweep_is_the_paper_setting_with_vllm_rollouts():
   """configs/paper_smollm2_vllm.py: SAO and GRPO (no DIS), seed 0, each the
   paper config's arm with only the engine changed; both validate (vLLM
   reports exact log-probs only without top-p/top-k truncation)."""
-  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
   points = paper_smollm2_vllm.get_sweep()
   assert [p["_name"] for p in points] == ["sao_vllm_s0", "grpo_vllm_s0"]
   config = paper_smollm2_vllm.get_config()
@@ -119,14 +133,7 @@ def test_vllm_sweep_is_the_paper_setting_with_vllm_rollouts():
   config.sampler.engine = "native"
   assert config.to_dict() == paper_smollm2.get_config().to_dict()
   for p, arm in zip(points, ("sao", "grpo")):
-    assert p["train.seed"] == p["env.seed"] == 0
-    assert {k: v for k, v in p.items() if k not in (
-        "_name", "train.seed", "env.seed")} == {
-            k: v for k, v in arms[arm].items() if k != "_name"}
-    config = paper_smollm2_vllm.get_config()
-    config.update_from_flattened_dict(
-        {k: v for k, v in p.items() if k != "_name"})
-    config_validation.validate_config(config)
+    config = _is_arm_with_seed(paper_smollm2_vllm, p, arm)
     config.sampler.top_p = 0.9
     with pytest.raises(ValueError, match="top_p"):
       config_validation.validate_config(config)
@@ -169,17 +176,10 @@ def test_stability_sweep_is_the_paper_setting_for_300_steps():
   config.train.num_steps, config.train.eval_every = 40, 10
   config.train.checkpoint_every = 5
   assert config.to_dict() == paper_smollm2.get_config().to_dict()
-  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
   points = paper_smollm2_stability.get_sweep()
   assert [p["_name"] for p in points] == ["sao_300_s0", "grpo_300_s0"]
   for p, arm in zip(points, ("sao", "grpo")):
-    assert {k: v for k, v in p.items() if k not in (
-        "_name", "train.seed", "env.seed")} == {
-            k: v for k, v in arms[arm].items() if k != "_name"}
-    config = paper_smollm2_stability.get_config()
-    config.update_from_flattened_dict(
-        {k: v for k, v in p.items() if k != "_name"})
-    config_validation.validate_config(config)
+    config = _is_arm_with_seed(paper_smollm2_stability, p, arm)
     assert config.train.max_staleness == 2
 
 
@@ -195,19 +195,12 @@ def test_online_sweep_is_the_paper_setting_on_the_evolving_env():
     config.env[key] = paper_smollm2.get_config().env[key]
   config.env.name, config.train.num_steps = "reasoning_gym", 40
   assert config.to_dict() == paper_smollm2.get_config().to_dict()
-  arms = {p["_name"]: p for p in paper_smollm2.get_sweep()}
   points = paper_smollm2_online.get_sweep()
   assert [p["_name"] for p in points] == ["sao_s0", "grpo_dis_s0", "sao_s1",
                                           "grpo_dis_s1"]
   for p in points:
-    arm = p["_name"].rsplit("_s", 1)[0]
-    assert {k: v for k, v in p.items() if k not in (
-        "_name", "train.seed", "env.seed")} == {
-            k: v for k, v in arms[arm].items() if k != "_name"}
-    config = paper_smollm2_online.get_config()
-    config.update_from_flattened_dict(
-        {k: v for k, v in p.items() if k != "_name"})
-    config_validation.validate_config(config)
+    arm, seed = p["_name"].rsplit("_s", 1)
+    _is_arm_with_seed(paper_smollm2_online, p, arm, int(seed))
 
 
 def _tiny_checkpoint(smollm2_dir: str, out: str) -> None:
