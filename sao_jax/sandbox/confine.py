@@ -134,7 +134,8 @@ def drop_capabilities():
 def wipe(dirs):
   """Empties `dirs` (their own mode restored), whatever a call did to the
   permissions of what it made; mount points in them (the interpreter's
-  prefixes bound under /tmp) stay. True when nothing is left."""
+  prefixes bound under /tmp) and the directories that lead to them stay.
+  True when nothing else is left."""
   clean = True
   keep = {d for d, _ in dirs}  # The fallback's tmp/ and shm/ in scratch.
   for d, mode in dirs:
@@ -142,35 +143,42 @@ def wipe(dirs):
       st = os.lstat(d)
       if st.st_mode & 0o7777 != mode:
         os.chmod(d, mode)
-      clean &= _empty(d, st.st_dev, keep)
+      clean &= _empty(d, st.st_dev, keep)[0]
     except OSError:
       clean = False
   return clean
 
 
 def _empty(d, dev, keep):
-  """Removes what is in `d` on device `dev`; True when that is all of it."""
+  """Removes what is in `d` on device `dev`; returns (True when that is all
+  of it, True when `d` leads to a mount point and so must stay)."""
   try:
     entries = os.listdir(d)
   except PermissionError:
     os.chmod(d, 0o700)  # The owner may always; then list again.
     entries = os.listdir(d)
-  clean = True
+  clean, mounts = True, False
   for name in entries:
     path = os.path.join(d, name)
     st = os.lstat(path)
-    if st.st_dev != dev or path in keep:
-      continue  # A mount point (read-only bind), or wiped on its own.
+    if st.st_dev != dev:
+      mounts = True  # A mount point (a read-only bind): it stays.
+      continue
+    if path in keep:
+      continue  # Wiped on its own.
     if (st.st_mode & 0o170000) == 0o040000:
       if st.st_mode & 0o700 != 0o700:
         os.chmod(path, 0o700)
-      if _empty(path, dev, keep):
+      sub_clean, sub_mounts = _empty(path, dev, keep)
+      if not sub_clean:
+        clean = False
+      elif sub_mounts:
+        mounts = True  # E.g. /tmp/<checkout> above a venv bound there.
+      else:
         try:
           os.rmdir(path)
         except OSError:
           clean = False
-      else:
-        clean = False
     else:
       os.unlink(path)
-  return clean
+  return clean, mounts

@@ -74,7 +74,8 @@ def test_warm_state_is_wiped_between_calls(warm_pool):
   assert warm_pool.mechanism in ("bwrap", "landlock")
   first = warm_pool.run("""
 import builtins, os, tempfile
-builtins.LEAK = 1
+print(sorted(os.listdir(tempfile.gettempdir())))  # A checkout under /tmp
+builtins.LEAK = 1  # shows its directory, bound there (e.g. /tmp/sao_jax).
 x = 41
 open("scratch_file", "w").write("x")
 open(os.path.join(tempfile.gettempdir(), "tmp_file"), "w").write("x")
@@ -82,14 +83,17 @@ os.makedirs("sub/dir")
 print(len(os.listdir(".")), x + 1)
 """)
   entries = 2 if warm_pool.mechanism == "bwrap" else 4  # + tmp/, shm/.
-  assert (first.exit_code, first.stdout) == (0, f"{entries} 42\n"), first
+  fresh_tmp = first.stdout.splitlines()[0]
+  assert (first.exit_code, first.stdout) == (
+      0, f"{fresh_tmp}\n{entries} 42\n"), first
   second = warm_pool.run("""
 import builtins, os, tempfile
 print(hasattr(builtins, "LEAK"), "x" in globals(), sorted(os.listdir(".")),
-      os.listdir(tempfile.gettempdir()))
+      sorted(os.listdir(tempfile.gettempdir())))
 """)
   names = "[]" if warm_pool.mechanism == "bwrap" else "['shm', 'tmp']"
-  assert second.stdout == f"False False {names} []\n", second
+  assert second.stdout == f"False False {names} {fresh_tmp}\n", second
+  assert "tmp_file" not in fresh_tmp
 
 
 @pytest.mark.multiprocess
@@ -153,3 +157,43 @@ def test_a_pool_whose_sandboxes_cannot_start_says_so(monkeypatch):
   for mode in ("warm", "strict"):
     with pytest.raises(pool_lib.SandboxError, match="did not start"):
       SandboxPool(Limits(), workers=2, mode=mode, mechanism="bwrap")
+
+
+@pytest.mark.multiprocess
+def test_wipe_keeps_mounts_and_the_directories_above_them(tmp_path):
+  """The bwrap sandbox binds the interpreter's prefixes at their own paths, so
+  a checkout under /tmp puts /tmp/<checkout>/.venv (a mount) in the wiped
+  /tmp: the wipe removes what a call made around it and keeps the mount and
+  the directories leading to it (it used to report the sandbox spoiled and
+  restart it after every call)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  if not shutil.which("unshare"):
+    pytest.skip("unshare (util-linux) is not installed")
+  root = tmp_path / "tmp"
+  script = f"""
+import os, subprocess, sys
+from sao_jax.sandbox import confine
+root = {str(root)!r}
+os.makedirs(root + "/checkout/.venv")
+subprocess.run(["mount", "-t", "tmpfs", "none", root + "/checkout/.venv"],
+               check=True)
+open(root + "/checkout/.venv/python", "w").write("x")
+os.makedirs(root + "/checkout/made/deep")
+open(root + "/checkout/made/deep/f", "w").write("x")
+open(root + "/checkout/file", "w").write("x")
+os.makedirs(root + "/other")
+os.chmod(root + "/checkout", 0o500)
+clean = confine.wipe([(root, 0o755)])
+print(clean, sorted(os.listdir(root)), sorted(os.listdir(root + "/checkout")),
+      os.listdir(root + "/checkout/.venv"))
+"""
+  os.makedirs(root)
+  out = subprocess.run(["unshare", "-rm", sys.executable, "-c", script],
+                       capture_output=True, text=True, check=False,
+                       cwd=os.path.dirname(os.path.dirname(
+                           os.path.dirname(os.path.abspath(__file__)))))
+  if out.returncode and "Operation not permitted" in out.stderr:
+    pytest.skip(f"no user namespaces here: {out.stderr[-200:]}")
+  assert out.stdout == "True ['checkout'] ['.venv'] ['python']\n", out.stderr
