@@ -11,7 +11,8 @@ config_validation.py (which checks keys, it does not use them) reads it:
   attribute of its parameter or ``_get(param, "leaf")``;
 * or dynamically, where the code spreads a whole group (``DYNAMIC_READS``):
   the ModelConfig fields, the hyper-parameters of the registered losses, the
-  keyword arguments of ``optim.make_optimizer``, the mesh axes.
+  keyword arguments of ``optim.make_optimizer``, the mesh axes (the
+  trainer's and the sampler's).
 
 This would have caught the four dead keys of issue 14: on the tree before it
 (``git archive 09524b3 sao_jax configs``, with ``envs/from_config.py`` in
@@ -31,6 +32,7 @@ from sao_jax import sharding
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.config import MoeConfig
 from sao_jax.rl import registry
+from sao_jax.sampler import mesh as sampler_mesh
 from sao_jax.train import optim
 
 _PKG = pathlib.Path(__file__).resolve().parents[1] / "sao_jax"
@@ -65,6 +67,8 @@ def _dynamic_reads() -> set[str]:
   params = inspect.signature(optim.make_optimizer).parameters
   reads |= {f"optim.{k}" for k in params if k != "lr"}
   reads |= {f"mesh.{a}" for a in sharding.MESH_AXES}
+  # sampler/mesh.py's mesh_sizes reads each of sampler.mesh's FIELDS.
+  reads |= {f"sampler.mesh.{f}" for f in sampler_mesh.FIELDS}
   return reads
 
 

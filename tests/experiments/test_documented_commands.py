@@ -300,9 +300,10 @@ def test_effective_argv_drops_overridden_repeated_and_moot_options():
   assert effective_argv(argv, tiny) == [
       "prog", "--set=c=3", "--seq=8", "--steps=1", "--set=a=1", "--set=b=2"]
   # The documents' three scan_layers commands are one tiny form, and so are
-  # three of long_context's.
+  # three of long_context's six (the others: the new_unrolled and
+  # new_dots arms' --set overrides, and the hybrid model).
   for key, runs in (("experiments/bench/scan_layers.py", 1),
-                    ("experiments/bench/long_context.py", 3)):
+                    ("experiments/bench/long_context.py", 4)):
     forms = {shlex.join(effective_argv(c.argv + list(TINY[c.key].args),
                                        TINY[c.key]))
              for c in documented_commands() if c.key == key}
@@ -396,7 +397,10 @@ def tiny_argv(cmd: Command, tmp: pathlib.Path,
       skip = "=" not in a
       continue
     kept.append(a)
-  moved = [_expand(re.sub(r"^(--[\w.]+=)?runs/", rf"\g<1>{tmp}/runs/",
+  # The documents' /tmp/ and runs/ go under the test's directory; the
+  # interpreter stays where it is (a checkout under /tmp has its venv there).
+  moved = [a if a == sys.executable else
+           _expand(re.sub(r"^(--[\w.]+=)?runs/", rf"\g<1>{tmp}/runs/",
                           a.replace("/tmp/", f"{tmp}/tmp/")), env)
            for a in kept]
   return moved + list(tiny.args)
