@@ -188,6 +188,19 @@ TINY: dict[str, Tiny] = {
     # tests/aot/test_deepseek_v3_4l.py's). Not one dense layer: a MoE config
     # whose layers are all dense does not decode yet (routing replay's
     # record expects a MoE layer), a known gap.
+    # One repeat of the hybrid's layer pattern (three linear-attention layers
+    # and a full one; a scanned program compiles one repeat's body at any
+    # depth), the decode chunk over 128 slots: `--config.model.num_layers=1`
+    # would leave the 32 layer types of the whole model. The sao_step and
+    # the figures: tests/aot/test_qwen3_5_hybrid.py.
+    "sao_jax.aot configs/qwen3_5_hybrid.py": Tiny(
+        args=("--config=configs/qwen3_5_hybrid.py:4",
+              "--config.model.vocab_size=1024",
+              "--config.sampler.max_total_tokens=128",
+              "--config.sampler.max_new_tokens=64", "--programs=sampler_decode"),
+        drop=("--config",), env=tuple(fresh_process.TPU_ENV.items()),
+        why="its config file with an argument (config_flags defines each "
+        "override once per --config)"),
     "sao_jax.aot configs/deepseek_v3_4l.py": Tiny(
         args=(*_AOT_TINY, "--config.model.first_dense_layers=0"),
         env=tuple(fresh_process.TPU_ENV.items())),
