@@ -51,7 +51,8 @@ _HF_STACK = [
 EXTRAS_REQUIRE = {
     "test": [
         "pytest>=8,<10",
-        "pytest-xdist>=3.6,<4",  # pytest.ini: two worker processes.
+        "pytest-xdist>=3.6,<4",  # pytest.ini: three worker processes.
+        "pytest-timeout>=2.3,<3",  # pytest.ini: a hung test fails, named.
         "hypothesis>=6.100,<7",
         "chex>=0.1.90,<0.2",
         "psutil>=5.9",
