@@ -209,6 +209,7 @@ def no_leaked_shared_memory(foreign_shm_files):  # pylint: disable=redefined-out
 
 # SAO_TEST_CPU_LOG=path: one JSON line per test with the CPU seconds (user +
 # sys) its phases used in the test process and in the children it waited for
+# (its wall seconds, when it ended and on which xdist worker: a timeline)
 # (resource.getrusage), so the suite's budget can be spent where the CPU goes
 # (wall times under pytest-xdist count the other workers' load too).
 _CPU_LOG = os.environ.get("SAO_TEST_CPU_LOG")
@@ -232,4 +233,18 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
   with open(_CPU_LOG, "a") as f:
     f.write(json.dumps({"test": item.nodeid,
                         "cpu_s": round(_cpu_seconds() - start, 2),
-                        "wall_s": round(time.monotonic() - wall, 2)}) + "\n")
+                        "wall_s": round(time.monotonic() - wall, 2),
+                        "end": round(time.time(), 2),
+                        "worker": os.environ.get("PYTEST_XDIST_WORKER", "")
+                        }) + "\n")
+
+
+def pytest_collection_modifyitems(items):
+  """Files with a ``slow`` test first, each file kept whole (its module
+  fixtures set up once), otherwise in collection order: the longest work
+  starts while every worker still has a queue, and the run ends on short
+  tests instead of one worker finishing a 2-minute test alone (collection
+  order put tests/sampler/ and tests/train/, the heaviest files, last)."""
+  slow_files = {item.path for item in items
+                if item.get_closest_marker("slow") is not None}
+  items.sort(key=lambda item: item.path not in slow_files)  # Stable.

@@ -83,7 +83,10 @@ class Tiny:
     moot: Options of the documented command (each with a value) that the
       tiny form never reads: still passed, but two commands that differ only in
       them run one tiny form (``effective_argv``); why in ``why``.
-    ci: Not run here: what runs it in CI instead (``.ci/run``'s phases).
+    ci: Not run here: what runs it in CI instead (``.ci/run``'s phases, or a
+      test, ``tests/<file>.py::<test>``, that runs its tiny form and checks
+      its output: test_a_test_that_runs_a_command_runs_it checks the
+      command's options are that test's).
     why: Why something is dropped or run elsewhere.
     smollm2: Reads the converted SmolLM2 from its default place though its
       command does not name it (commands that name it get it anyway).
@@ -140,9 +143,11 @@ TINY: dict[str, Tiny] = {
         why="xxhash.h comes from a downloaded sdist; the C bound is skipped"),
     "experiments/bench/ring_routing.py": Tiny(
         args=("--repeats=1", "--tokens=64", "--total_mib=1")),
+    # At 16 cache slots the four `--layers both` commands (512 to 32k slots)
+    # are one tiny form; the long caches' figures are the benchmark's.
     "experiments/bench/decode.py": Tiny(
         args=("--repeats=1", "--new_tokens=2", "--batch=2", "--prompt_len=4",
-              "--vocab=64")),
+              "--vocab=64", "--max_total_tokens=16")),
     "experiments/bench/train_step.py": Tiny(
         args=("--repeats=1", "--warmup=0", "--matmul_n=64",
               "--sizes=quickstart", "--batch=1", "--seq=16",
@@ -188,19 +193,13 @@ TINY: dict[str, Tiny] = {
     # tests/aot/test_deepseek_v3_4l.py's). Not one dense layer: a MoE config
     # whose layers are all dense does not decode yet (routing replay's
     # record expects a MoE layer), a known gap.
-    # One repeat of the hybrid's layer pattern (three linear-attention layers
-    # and a full one; a scanned program compiles one repeat's body at any
-    # depth), the decode chunk over 128 slots: `--config.model.num_layers=1`
-    # would leave the 32 layer types of the whole model. The sao_step and
-    # the figures: tests/aot/test_qwen3_5_hybrid.py.
+    # Its tiny form is a test's: one repeat of the layer pattern
+    # (`configs/qwen3_5_hybrid.py:4`; a scanned program compiles one repeat's
+    # body at any depth; `--config.model.num_layers=1` would leave the whole
+    # model's 32 layer types), both programs, 128 tokens, each report checked.
     "sao_jax.aot configs/qwen3_5_hybrid.py": Tiny(
-        args=("--config=configs/qwen3_5_hybrid.py:4",
-              "--config.model.vocab_size=1024",
-              "--config.sampler.max_total_tokens=128",
-              "--config.sampler.max_new_tokens=64", "--programs=sampler_decode"),
-        drop=("--config",), env=tuple(fresh_process.TPU_ENV.items()),
-        why="its config file with an argument (config_flags defines each "
-        "override once per --config)"),
+        ci="tests/aot/test_qwen3_5_hybrid.py::"
+        "test_one_pattern_repeat_compiles_for_a_v5p_64 (in .ci/run phase 3)"),
     "sao_jax.aot configs/deepseek_v3_4l.py": Tiny(
         args=(*_AOT_TINY, "--config.model.first_dense_layers=0"),
         env=tuple(fresh_process.TPU_ENV.items())),
@@ -291,6 +290,29 @@ def test_every_documented_command_has_a_tiny_form():
   # And the table holds nothing that is no longer documented.
   keys = {c.key for c in commands}
   assert set(TINY) - keys == set(), set(TINY) - keys
+
+
+def test_a_test_that_runs_a_command_runs_it():
+  """A command whose tiny form is a test's: that test exists and passes the
+  documented command's module, config file, topology and programs."""
+  named = [c for c in documented_commands()
+           if TINY[c.key].ci.startswith("tests/")]
+  assert named, "no documented command names a test as its tiny form"
+  for cmd in named:
+    path, _, test = TINY[cmd.key].ci.split()[0].partition("::")
+    source = (REPO / path).read_text()
+    body = source.split(f"def {test}(", 1)
+    assert len(body) == 2, f"{path} has no {test} ({cmd.text})"
+    body = body[1].split("\ndef ", 1)[0]
+    module = cmd.argv[2] if cmd.argv[1] == "-m" else cmd.argv[1]
+    assert (module == "sao_jax.aot" and "fresh_process.aot(" in body
+            or module in body), (module, path, test)
+    for a in cmd.argv[1:]:
+      name, _, value = a.partition("=")
+      if name in ("--topology", "--programs"):
+        assert f'"{a}"' in body, (a, path, test)
+      elif name == "--config":
+        assert f'"--config={value}:' in body or f'"{a}"' in body, (a, test)
 
 
 def test_the_parser_finds_chains_continuations_and_options():
