@@ -203,3 +203,37 @@ def test_chunked_gradient_memory_is_linear_in_tokens():
   (a [T, T] score matrix would be 16x)."""
   small, large = _grad_temp_mib(1024), _grad_temp_mib(4096)
   assert 3 < large / small < 5, (small, large)
+
+
+def test_unit_lower_solve_is_xlas_triangular_solve_and_cpu_runs_no_trsm():
+  """The UT transform's solve (unit_lower_solve) and its gradients equal
+  lax.linalg.triangular_solve's; on CPU it is forward substitution, with no
+  LAPACK trsm call (jaxlib 0.10.2's batched trsm waits on the thread pool it
+  runs on: two at once on a 2-core machine hung a SAO step for good), while
+  TPU programs keep XLA's triangular solve."""
+  rng = np.random.default_rng(6)
+  a = jax.numpy.asarray(rng.standard_normal((2, 3, 64, 64)) * 0.2,
+                        dtype=np.float32)
+  b = jax.numpy.asarray(rng.standard_normal((2, 3, 64, 24)), dtype=np.float32)
+  w = rng.standard_normal(b.shape).astype(np.float32)
+  xla = lambda a, b: jax.lax.linalg.triangular_solve(
+      a, b, left_side=True, lower=True, unit_diagonal=True)
+  loss = lambda solve: jax.jit(jax.value_and_grad(
+      lambda a, b: (solve(a, b) * w).sum(), argnums=(0, 1)))
+  (got, (got_a, got_b)), (want, (want_a, want_b)) = (
+      loss(la.unit_lower_solve)(a, b), loss(xla)(a, b))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  np.testing.assert_allclose(la.unit_lower_solve(a, b), xla(a, b),
+                             atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got_a, want_a, atol=1e-4, rtol=1e-5)
+  np.testing.assert_allclose(got_b, want_b, atol=1e-5, rtol=1e-5)
+  assert np.abs(np.tril(want_a, -1)).max() > 1.0
+  assert np.abs(np.triu(np.asarray(got_a))).max() == 0  # Strictly lower.
+
+  x = _inputs(seed=7)
+  step = jax.jit(jax.grad(lambda q: la.chunked_gated_delta_rule(
+      q, x["k"], x["v"], x["g"], x["beta"], chunk=CHUNK)[0].sum()))
+  cpu = step.lower(x["q"]).as_text()
+  assert "trsm" not in cpu and "triangular_solve" not in cpu
+  tpu = step.trace(x["q"]).lower(lowering_platforms=("tpu",)).as_text()
+  assert "stablehlo.triangular_solve" in tpu

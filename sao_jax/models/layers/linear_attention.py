@@ -90,6 +90,60 @@ def recurrent_gated_delta_rule(q: Array, k: Array, v: Array, g: Array,
   return jnp.moveaxis(out, 0, 1), state  # [T, B, H, Dv] -> [B, T, H, Dv].
 
 
+def _substitute(a: Array, b: Array) -> Array:
+  """x with (I + strictly_lower(a)) x = b: forward substitution, a row of
+  the C x C system at a time (``lax.fori_loop``; rows not yet solved are
+  zero, so a's diagonal and upper part never count)."""
+  a = jnp.tril(a, -1)
+
+  def row(i, x):
+    a_i = jax.lax.dynamic_index_in_dim(a, i, axis=-2, keepdims=False)
+    b_i = jax.lax.dynamic_index_in_dim(b, i, axis=-2, keepdims=False)
+    x_i = b_i - jnp.einsum("...j,...jd->...d", a_i, x)
+    return jax.lax.dynamic_update_index_in_dim(x, x_i, i, axis=-2)
+
+  return jax.lax.fori_loop(0, a.shape[-1], row, jnp.zeros_like(b))
+
+
+def _lower_solve(a: Array, b: Array) -> Array:
+  """(I + strictly_lower(a))^-1 b. XLA's triangular solve on TPU and GPU;
+  forward substitution on CPU, where the solve is LAPACK's batched trsm
+  through jaxlib's FFI, whose ParallelBatchMap waits on the XLA thread pool
+  it runs on: two solves of one program running at once on a 2-thread pool
+  (a 2-core machine) each wait for work the other's thread would do, and
+  the step never returns (jaxlib 0.10.2; seen as a hung SAO step of a
+  hybrid model in a CI run)."""
+  return jax.lax.platform_dependent(
+      a, b, cpu=_substitute,
+      default=lambda a, b: jax.lax.linalg.triangular_solve(
+          a, b, left_side=True, lower=True, unit_diagonal=True))
+
+
+@jax.custom_vjp
+def unit_lower_solve(a: Array, b: Array) -> Array:
+  """x = (I + strictly_lower(a))^-1 b over the last two axes of a [..., C,
+  C] and b [..., C, D], with the gradients of ``lax.linalg.triangular_solve``
+  (unit diagonal): db = A^-T g, da = strictly_lower(-db x^T)."""
+  return _lower_solve(a, b)
+
+
+def _unit_lower_solve_fwd(a, b):
+  x = _lower_solve(a, b)
+  return x, (a, x)
+
+
+def _unit_lower_solve_bwd(residuals, g):
+  a, x = residuals
+  # A^T is unit upper; reversing rows and columns makes it unit lower.
+  flipped = jnp.flip(jnp.swapaxes(a, -1, -2), (-2, -1))
+  db = jnp.flip(_lower_solve(flipped, jnp.flip(g, -2)), -2)
+  da = jnp.tril(-jnp.einsum("...id,...jd->...ij", db, x), -1)
+  return da.astype(a.dtype), db.astype(g.dtype)
+
+
+unit_lower_solve.defvjp(_unit_lower_solve_fwd, _unit_lower_solve_bwd)
+
+
 def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array,
                              beta: Array, state: Array | None = None,
                              chunk: int = 64, normalize: bool = True
@@ -117,8 +171,7 @@ def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array,
   intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * pair
   # (I + strictly_lower(ut))^-1 applied to both right-hand sides at once.
   rhs = jnp.concatenate([v_beta, k_beta * jnp.exp(cum)[..., None]], axis=-1)
-  solved = jax.lax.linalg.triangular_solve(
-      ut, rhs, left_side=True, lower=True, unit_diagonal=True)
+  solved = unit_lower_solve(ut, rhs)
   dv = v.shape[-1]
   new_values, k_cumdecay = solved[..., :dv], solved[..., dv:]
   q = q * jnp.exp(cum)[..., None]
