@@ -238,13 +238,3 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
                         "worker": os.environ.get("PYTEST_XDIST_WORKER", "")
                         }) + "\n")
 
-
-def pytest_collection_modifyitems(items):
-  """Files with a ``slow`` test first, each file kept whole (its module
-  fixtures set up once), otherwise in collection order: the longest work
-  starts while every worker still has a queue, and the run ends on short
-  tests instead of one worker finishing a 2-minute test alone (collection
-  order put tests/sampler/ and tests/train/, the heaviest files, last)."""
-  slow_files = {item.path for item in items
-                if item.get_closest_marker("slow") is not None}
-  items.sort(key=lambda item: item.path not in slow_files)  # Stable.

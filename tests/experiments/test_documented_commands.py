@@ -179,9 +179,11 @@ TINY: dict[str, Tiny] = {
         moot=("--model", "--repeats", "--skip_unrolled"),
         why="the compile figure reads neither --model nor --repeats (the "
         "step figure's), and compiles no unrolled arm to skip"),
+    # The new arm only: the dense and logits_chunk arms' figures (and their
+    # gap) are tests/experiments/test_bench_long_context.py's tiny form's.
     "experiments/bench/long_context.py": Tiny(
         args=("--figures=memory", "--seqs=32", "--vocab=256", "--layers=1",
-              "--arms=dense,new"),
+              "--arms=new"),
         moot=("--smollm2_layers", "--repeats", "--warmup"),
         why="the memory figure reads none of the smollm2 figure's flags"),
     # One layer, the decode chunk only, over a 1,024-token vocabulary: the
