@@ -209,9 +209,9 @@ def no_leaked_shared_memory(foreign_shm_files):  # pylint: disable=redefined-out
 
 # SAO_TEST_CPU_LOG=path: one JSON line per test with the CPU seconds (user +
 # sys) its phases used in the test process and in the children it waited for
-# (its wall seconds, when it ended and on which xdist worker: a timeline)
 # (resource.getrusage), so the suite's budget can be spent where the CPU goes
-# (wall times under pytest-xdist count the other workers' load too).
+# (wall times under pytest-xdist count the other workers' load too), and its
+# wall seconds, when it ended and on which xdist worker (a timeline).
 _CPU_LOG = os.environ.get("SAO_TEST_CPU_LOG")
 
 
@@ -237,4 +237,3 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
                         "end": round(time.time(), 2),
                         "worker": os.environ.get("PYTEST_XDIST_WORKER", "")
                         }) + "\n")
-

@@ -191,10 +191,6 @@ TINY: dict[str, Tiny] = {
     # whole and the oversized case; the LM head over Qwen2.5's 152k
     # vocabulary was half of a tiny form's CPU time).
     "sao_jax.aot": Tiny(args=_AOT_TINY, env=tuple(fresh_process.TPU_ENV.items())),
-    # One MoE layer, the decode chunk (the 4-layer shapes' counts are
-    # tests/aot/test_deepseek_v3_4l.py's). Not one dense layer: a MoE config
-    # whose layers are all dense does not decode yet (routing replay's
-    # record expects a MoE layer), a known gap.
     # Its tiny form is a test's: one repeat of the layer pattern
     # (`configs/qwen3_5_hybrid.py:4`; a scanned program compiles one repeat's
     # body at any depth; `--config.model.num_layers=1` would leave the whole
@@ -202,6 +198,10 @@ TINY: dict[str, Tiny] = {
     "sao_jax.aot configs/qwen3_5_hybrid.py": Tiny(
         ci="tests/aot/test_qwen3_5_hybrid.py::"
         "test_one_pattern_repeat_compiles_for_a_v5p_64 (in .ci/run phase 3)"),
+    # One MoE layer, the decode chunk (the 4-layer shapes' counts are
+    # tests/aot/test_deepseek_v3_4l.py's). Not one dense layer: a MoE config
+    # whose layers are all dense does not decode yet (routing replay's
+    # record expects a MoE layer), a known gap.
     "sao_jax.aot configs/deepseek_v3_4l.py": Tiny(
         args=(*_AOT_TINY, "--config.model.first_dense_layers=0"),
         env=tuple(fresh_process.TPU_ENV.items())),
