@@ -9,9 +9,10 @@ global layers wider, one key/value head shared as keys and values, a
 logit cap, per-layer embeddings, its last layer attending with the
 previous one's keys and values), Phi-3 (fused projections, half
 the head rotated, a window of 4), SmolLM3 (its one layer NoPE; RoPE and
-NoPE layers mixed are its parity row's), OLMo 3 (post-norm blocks,
-full-width q/k norms, a sliding then a full layer; OLMo 2's blocks are
-these, its own row would add a run for its config alone),
+NoPE layers mixed are its parity row's), OLMo 2 (post-norm blocks,
+full-width q/k norms), OLMo 3 (OLMo 2's blocks, a sliding then a full
+layer), Qwen3.5 (a Gated DeltaNet layer then a gated full-attention one
+rotating a quarter of each head, dense; Qwen3's template),
 DeepSeek-V3 (a dense layer then a MoE layer, both with multi-head latent
 attention; all four with Llama 3.2's template), Qwen3-Next (a Gated
 DeltaNet layer then a gated full-attention one, each with routed experts
@@ -87,6 +88,8 @@ FAMILIES = {
         vocab_size=vocab, pad_token_id=0, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
         **{**_ARCH, "num_hidden_layers": 2}), _LLAMA3_ENV),
+    "olmo2": ("llama3", lambda vocab: transformers.Olmo2Config(
+        vocab_size=vocab, pad_token_id=0, **_ARCH), _LLAMA3_ENV),
     "deepseek_v3": ("llama3", lambda vocab: transformers.DeepseekV3Config(
         vocab_size=vocab, pad_token_id=0, n_routed_experts=4, n_group=1,
         topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
@@ -104,6 +107,14 @@ FAMILIES = {
         **{**_ARCH, **_MOE}), {
             "env.chat_template_kwargs": {"enable_thinking": False},
             "model.routing_replay": "rollout"}),
+    "qwen3_5": ("qwen3", lambda vocab: transformers.Qwen3_5TextConfig(
+        vocab_size=vocab, layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+        **{**_ARCH, "num_hidden_layers": 2}), {
+            "env.chat_template_kwargs": {"enable_thinking": False}}),
 }
 # ModelConfig fields that are run settings, not the checkpoint's.
 _RUN_KEYS = ("dtype", "param_dtype", "logits_chunk", "attention",
