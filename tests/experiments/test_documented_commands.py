@@ -205,6 +205,11 @@ TINY: dict[str, Tiny] = {
     "sao_jax.aot configs/deepseek_v3_4l.py": Tiny(
         args=(*_AOT_TINY, "--config.model.first_dense_layers=0"),
         env=tuple(fresh_process.TPU_ENV.items())),
+    # The reference and one 2-device mesh, one layer, a few tokens.
+    "experiments/bench/sampler_mesh.py": Tiny(
+        args=("--repeats=1", "--meshes", "1,1,2", "--devices=2",
+              "--layers=1", "--hidden=64", "--vocab=256", "--batch=4",
+              "--new_tokens=4")),
     # The native arm only: vLLM's engine (start, episodes, push) is
     # tests/sampler/test_vllm_engine.py's; a second vLLM start here would cost
     # ~50 CPU-s for the same path.
