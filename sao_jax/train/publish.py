@@ -25,7 +25,9 @@ class Publisher:
   trainer reaches version v, which forces the sampler to act with
   k-versions-old weights: the staleness study's controlled lag. The first
   call always publishes (the sampler needs weights to start), so for the
-  first k versions after a start or resume the lag is smaller.
+  first k versions after a start or resume the lag is smaller. A version
+  seen before (the critic's warm-up steps leave the policy at its version)
+  is neither held nor published again: one copy per version.
 
   Held versions wait in host memory, or, with ``spill_dir``, on disk (one
   raw file per leaf under ``spill_dir/v<version>``, read back memory-mapped
@@ -39,6 +41,7 @@ class Publisher:
     self._slot, self._lag = slot, int(lag)
     self._held: collections.deque[tuple[int, Any]] = collections.deque()
     self._published = False
+    self._newest = -1  # The newest version published or held.
     self._spill = spill_dir if self._lag > 0 else None
     if self._spill:
       shutil.rmtree(self._spill, ignore_errors=True)
@@ -46,6 +49,9 @@ class Publisher:
     self.seconds = 0.0  # Time spent publishing.
 
   def __call__(self, params: Any, version: int) -> None:
+    if self._published and version <= self._newest:
+      return  # That version's weights are already published or held.
+    self._newest = version
     host = sharding.to_host(params)
     if self._lag == 0 or not self._published:
       self.seconds += self._slot.publish(host, version)

@@ -42,6 +42,27 @@ def test_publisher_holds_weights_back(lag, expected, spill, tmp_path):
   assert not spill or not os.path.exists(spill_dir)
 
 
+@pytest.mark.parametrize("spill", [False, True])
+def test_a_version_repeated_is_held_once(spill, tmp_path):
+  """The critic's warm-up steps publish version 0 again and again (the policy
+  does not move): each version is published once, with its own weights, and
+  a repeat never deletes what a held copy still needs (a spilled v0 released
+  as superseded under its twin crashed a run at eta = 16)."""
+  slot = _FakeSlot()
+  spill_dir = str(tmp_path / "held") if spill else None
+  publish = publish_lib.Publisher(slot, 2, spill_dir=spill_dir)
+  versions = [0, 0, 0, 1, 1, 2, 3, 4, 5]
+  for v in versions:
+    publish({"w": np.float32(v)}, v)
+    if spill:  # On disk: one copy per version not yet published.
+      assert len(os.listdir(spill_dir)) == len(
+          {u for u in versions[:versions.index(v) + 1]
+           if 0 < u and u > v - 2})
+  assert [v for v, _ in slot.published] == [0, 1, 2, 3]
+  assert all(v == w for v, w in slot.published)
+  publish.close()
+
+
 def test_spilled_weights_come_back_bit_for_bit(tmp_path):
   class Slot:
     def publish(self, params, version):
