@@ -40,8 +40,7 @@ class Publisher:
                spill_dir: str | None = None):
     self._slot, self._lag = slot, int(lag)
     self._held: collections.deque[tuple[int, Any]] = collections.deque()
-    self._published = False
-    self._newest = -1  # The newest version published or held.
+    self._newest: int | None = None  # The newest version published or held.
     self._spill = spill_dir if self._lag > 0 else None
     if self._spill:
       shutil.rmtree(self._spill, ignore_errors=True)
@@ -49,13 +48,13 @@ class Publisher:
     self.seconds = 0.0  # Time spent publishing.
 
   def __call__(self, params: Any, version: int) -> None:
-    if self._published and version <= self._newest:
+    first = self._newest is None
+    if not first and version <= self._newest:
       return  # That version's weights are already published or held.
     self._newest = version
     host = sharding.to_host(params)
-    if self._lag == 0 or not self._published:
+    if self._lag == 0 or first:
       self.seconds += self._slot.publish(host, version)
-      self._published = True
       return
     self._held.append((version, self._hold(host, version)))
     due = None
