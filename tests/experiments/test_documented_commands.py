@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -64,8 +65,12 @@ _LOOP_SETS = tuple(f"--set={k}={v}" for k, v in {
 _MAIN = _config_flags({**_TINY_MODEL, **_TINY_RUN})
 # A pretrained checkpoint fixes the model's widths, vocabulary and tokenizer:
 # the run gets small, and the checkpoint placed for the documents' SmolLM2
-# commands has one layer (smollm2_tiny_checkpoint).
-_MAIN_PRETRAINED = _config_flags({"model.num_layers": 1, **_TINY_RUN})
+# commands has one layer (smollm2_tiny_checkpoint). Two rows a batch: a row
+# of the real vocabulary costs what a tiny model's whole step does
+# (README's codeio run 69 -> 50 CPU-s).
+_MAIN_PRETRAINED = _config_flags({"model.num_layers": 1, **_TINY_RUN,
+                                  "train.batch_size": 2,
+                                  "sampler.batch_size": 2})
 # `sao_jax.aot`'s tiny form: one layer's decode chunk, small vocabulary.
 _AOT_TINY = ("--config.model.num_layers=1", "--config.model.vocab_size=1024",
              "--programs=sampler_decode")
@@ -338,14 +343,19 @@ def test_effective_argv_drops_overridden_repeated_and_moot_options():
   tiny = Tiny(args=("--steps=1", "--set=a=1", "--set=b=2"),
               moot=("--model", "--repeats"))
   argv = ["prog", "--steps=20", "--set=a=1", "--set=c=3", "--model=large",
-          "--repeats", "5", "--seq=8", *tiny.args]
+          "--repeats", "5", "--seq=8", "--steps", "30", "--set", "d=4",
+          *tiny.args]
   assert effective_argv(argv, tiny) == [
-      "prog", "--set=c=3", "--seq=8", "--steps=1", "--set=a=1", "--set=b=2"]
+      "prog", "--set=c=3", "--seq=8", "--set", "d=4", "--steps=1",
+      "--set=a=1", "--set=b=2"]
   # The documents' three scan_layers commands are one tiny form, and so are
   # three of long_context's six (the others: the new_unrolled and
   # new_dots arms' --set overrides, and the hybrid model).
+  # And decode's five are two (the four random-model commands' batches and
+  # cache lengths, two words each, are the tiny form's; SmolLM2's is its own).
   for key, runs in (("experiments/bench/scan_layers.py", 1),
-                    ("experiments/bench/long_context.py", 4)):
+                    ("experiments/bench/long_context.py", 4),
+                    ("experiments/bench/decode.py", 2)):
     forms = {shlex.join(effective_argv(c.argv + list(TINY[c.key].args),
                                        TINY[c.key]))
              for c in documented_commands() if c.key == key}
@@ -450,19 +460,22 @@ def tiny_argv(cmd: Command, tmp: pathlib.Path,
 
 def effective_argv(argv: list[str], tiny: Tiny) -> list[str]:
   """What ``argv`` (a tiny form) runs: less the documented ``--flag=value``
-  options that a flag given once in ``tiny.args`` overrides (the later flag
-  wins), less those ``tiny.args`` repeats verbatim (a repeated flag,
+  (or ``--flag value``) options that a flag given once in ``tiny.args``
+  overrides (the later flag wins), less those ``tiny.args`` repeats verbatim (a repeated flag,
   ``--main_flag`` or ``--set``, given the same value again changes nothing),
   and less the ``tiny.moot`` options (``--flag=value`` or ``--flag value``).
   Two commands that differ only there run the same tiny form."""
   names = [a.split("=", 1)[0] for a in tiny.args if a.startswith("--")]
   once = {n for n in names if names.count(n) == 1}
+  # Flags the tiny form gives a value once (`--flag=value`): the documented
+  # `--flag value` (two words) is overridden too.
+  valued = {a.split("=", 1)[0] for a in tiny.args if "=" in a} & once
   documented = argv[:len(argv) - len(tiny.args)]
   kept, skip = [], False
   for a in documented:
     if skip:
       skip = False
-    elif a in tiny.moot:
+    elif a in tiny.moot or a in valued:
       skip = True  # And its value.
     elif a not in tiny.args and not (
         a.startswith("--") and "=" in a
@@ -496,6 +509,10 @@ def _generic(argv: list[str], tmp: pathlib.Path,
 
 
 _BLOCKS = _blocks()
+# README's blocks first, as documented (it holds the longest one, the codeio
+# run and its three evaluations: last, it was the suite's tail, one core
+# idle), then BENCHMARKS'.
+_IN_ORDER = sorted(_BLOCKS, key=lambda w: (DOCUMENTS.index(w[0]), w[1]))
 
 
 def _first_to_run(generic: str, tmp_path_factory) -> bool:
@@ -515,6 +532,20 @@ def _first_to_run(generic: str, tmp_path_factory) -> bool:
   return True
 
 
+def _children_cpu_s() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _log_command_cpu(cmd: Command, cpu_s: float) -> None:
+  """With ``SAO_TEST_CPU_LOG`` (conftest.py), a JSON line per command run:
+  the suite's budget by command, not only by block."""
+  if os.environ.get("SAO_TEST_CPU_LOG"):
+    with open(os.environ["SAO_TEST_CPU_LOG"], "a") as f:
+      f.write(json.dumps({"command": f"{cmd.document}-{cmd.block}: {cmd.text}",
+                          "cpu_s": round(cpu_s, 2)}) + "\n")
+
+
 def _run_verbatim_by_ci(cmd: Command) -> bool:
   """Part of README's blocks 1 and 2, which .ci/run runs in full, verbatim
   (.ci/readme_command), wherever a document quotes them."""
@@ -530,8 +561,8 @@ _CI_VERBATIM = {part.strip() for block in re.findall(
                     reason="runs the experiments from the checkout's root")
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("where", sorted(_BLOCKS),
-                         ids=[f"{d}-{b}" for d, b in sorted(_BLOCKS)])
+@pytest.mark.parametrize("where", _IN_ORDER,
+                         ids=[f"{d}-{b}" for d, b in _IN_ORDER])
 def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request,
                                                 tmp_path_factory):
   """The commands of one block, in order, in one directory (a block's later
@@ -552,8 +583,10 @@ def test_documented_block_runs_in_its_tiny_form(where, tmp_path, request,
       _shared_smollm2(tmp_path / "home",
                       request.getfixturevalue("smollm2_tiny_checkpoint"))
     (tmp_path / "tmp").mkdir(exist_ok=True)
+    cpu = _children_cpu_s()
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=1800)
+    _log_command_cpu(cmd, _children_cpu_s() - cpu)
     assert done.returncode == 0, (
         f"{cmd.document} block {cmd.block}: `{cmd.text}` failed in its tiny "
         f"form `{shlex.join(argv)}` (exit {done.returncode}):\n"
