@@ -461,8 +461,9 @@ def tiny_argv(cmd: Command, tmp: pathlib.Path,
 def effective_argv(argv: list[str], tiny: Tiny) -> list[str]:
   """What ``argv`` (a tiny form) runs: less the documented ``--flag=value``
   (or ``--flag value``) options that a flag given once in ``tiny.args``
-  overrides (the later flag wins), less those ``tiny.args`` repeats verbatim (a repeated flag,
-  ``--main_flag`` or ``--set``, given the same value again changes nothing),
+  overrides (the later flag wins), less those ``tiny.args`` repeats verbatim
+  (a repeated flag, ``--main_flag`` or ``--set``, given the same value again
+  changes nothing),
   and less the ``tiny.moot`` options (``--flag=value`` or ``--flag value``).
   Two commands that differ only there run the same tiny form."""
   names = [a.split("=", 1)[0] for a in tiny.args if a.startswith("--")]
