@@ -232,13 +232,15 @@ def test_main_overrides_typo_exits_before_training(tmp_path):
 # Stands in for sao_jax.main: counts its runs in DIR/count.txt, appends
 # "start end" to DIR/times.txt, then writes summary.json, or exits 3 when
 # MODE is 'fail' (always), 'flaky' (first run) or 'unfinished' (never writes).
+# Its pid goes to DIR/pid.txt atomically: a test may read it while it starts.
 _FAKE = textwrap.dedent("""
     import json, os, sys, time
     d, mode, sleep_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
     count = os.path.join(d, "count.txt")
     n = int(open(count).read()) + 1 if os.path.exists(count) else 1
     open(count, "w").write(str(n))
-    open(os.path.join(d, "pid.txt"), "w").write(str(os.getpid()))
+    open(os.path.join(d, "pid.tmp"), "w").write(str(os.getpid()))
+    os.replace(os.path.join(d, "pid.tmp"), os.path.join(d, "pid.txt"))
     start = time.time()
     time.sleep(sleep_s)
     with open(os.path.join(d, "times.txt"), "a") as f:
