@@ -68,6 +68,25 @@ def test_splits_are_stable_disjoint_and_from_the_standard_library():
       "input_generator": "def generate_inputs(rng): return {}"}) is None
 
 
+@pytest.mark.parametrize("nested", [
+    "def main_solution(a):\n  import numpy\n  return a",
+    "class C:\n  if True:\n    from numpy import linalg",
+    "try:\n  pass\nexcept Exception:\n  import numpy.linalg",
+    "for i in []:\n  pass\nelse:\n  with open('x'):\n    import numpy",
+    "try:\n  pass\nfinally:\n  while False:\n    import numpy",
+    "match 1:\n  case 1:\n    import numpy",
+])
+def test_an_import_anywhere_outside_the_standard_library_is_no_task(nested):
+  row = {"task_description": "x", "input_output_spec": "y",
+         "code_sample": "def main_solution(a):\n  return a\n",
+         "input_generator": "def generate_inputs(rng):\n  return {}\n"}
+  assert function_tasks.task_from_row(row) is not None
+  assert function_tasks.task_from_row(
+      {**row, "code_sample": row["code_sample"] + nested}) is None
+  assert function_tasks.task_from_row(
+      {**row, "input_generator": row["input_generator"] + nested}) is None
+
+
 def test_references_score_1_and_empty_answers_0(grader):
   """Over 30 tasks of each split: the reference passes every hidden test;
   an answer returning None, and one that is not code, pass none."""
