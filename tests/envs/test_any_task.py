@@ -34,7 +34,7 @@ TINY = {"model.hidden_size": 32, "model.intermediate_size": 64,
 @pytest.mark.parametrize("dataset", FIVE_KINDS)
 def test_one_override_switches_the_task(tmp_path, dataset):
   args = [sys.executable, "-m", "sao_jax.main",
-          f"--config={REPO}/configs/reasoning_gym.py", f"--workdir={tmp_path}",
+          "--config=configs/reasoning_gym.py", f"--workdir={tmp_path}",
           f"--config.env.dataset={dataset}"]
   args += [f"--config.{k}={v}" for k, v in TINY.items()]
   done = subprocess.run(args, cwd=REPO, capture_output=True, text=True,

@@ -121,6 +121,11 @@ TINY: dict[str, Tiny] = {
                   "bazel test //:smoke_tests)"),
     "sao_jax.main": Tiny(args=_MAIN),
     "sao_jax.main configs/smollm2.py": Tiny(args=_MAIN_PRETRAINED),
+    # README's one-override task switch is test_any_task's run of the same
+    # command (its letter_counting row among five tasks), which checks more.
+    "sao_jax.main configs/reasoning_gym.py": Tiny(
+        ci="tests/envs/test_any_task.py::test_one_override_switches_the_task",
+        why="the test runs it for letter_counting and four other tasks"),
     # Four codeio training tasks, two held out: a sandbox call each makes
     # their hidden tests.
     "sao_jax.main configs/smollm2_codeio.py": Tiny(
@@ -306,7 +311,8 @@ def test_every_documented_command_has_a_tiny_form():
 
 def test_a_test_that_runs_a_command_runs_it():
   """A command whose tiny form is a test's: that test exists and passes the
-  documented command's module, config file, topology and programs."""
+  documented command's module, config file, topology and programs, and its
+  file holds the value of each of the command's config overrides."""
   named = [c for c in documented_commands()
            if TINY[c.key].ci.startswith("tests/")]
   assert named, "no documented command names a test as its tiny form"
@@ -325,6 +331,8 @@ def test_a_test_that_runs_a_command_runs_it():
         assert f'"{a}"' in body, (a, path, test)
       elif name == "--config":
         assert f'"--config={value}:' in body or f'"{a}"' in body, (a, test)
+      elif name.startswith("--config."):  # A value the test file passes.
+        assert f'"{value}"' in source, (a, path, test)
 
 
 def test_the_parser_finds_chains_continuations_and_options():
