@@ -268,6 +268,10 @@ def get_config() -> ml_collections.ConfigDict:
   # JAX's persistent compilation cache for the sampler process ('' = off):
   # its decode shapes compile once per machine instead of once per run.
   config.sampler.compilation_cache_dir = ""
+  # The dtype of the sampler's copy of the policy ('' = model.dtype, the
+  # compute dtype): the weight slot and every publish carry it, the trainer
+  # keeps model.param_dtype master weights (sao_jax/sampler/precision.py).
+  config.sampler.param_dtype = ""
   # Sampler restarts (sao_jax/sampler/supervisor.py): when the sampler process
   # dies the trainer starts a new one at the consumed-episodes watermark, at
   # most max_restarts times per trainer process and max_restarts_per_window

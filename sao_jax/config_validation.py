@@ -110,6 +110,7 @@ def _all_ranges() -> dict[str, Rule]:
   sampler.batch_size), then `_RANGES`."""
   # pylint: disable=g-import-not-at-top
   from sao_jax.sampler import interface
+  from sao_jax.sampler import precision
   from sao_jax.sampler import sampling
   from sao_jax.sandbox import limits
   from sao_jax.sandbox import pool
@@ -122,6 +123,7 @@ def _all_ranges() -> dict[str, Rule]:
       "model.vocab_size": _DERIVABLE,
       **{f"sampler.{k}": r for k, r in sampling.FIELD_RULES.items()},
       **{f"sampler.{k}": r for k, r in interface.FIELD_RULES.items()},
+      **{f"sampler.{k}": r for k, r in precision.FIELD_RULES.items()},
       "sampler.num_slots": Rule(lambda v: v >= 0,
                                 "int >= 0 (0: sampler.batch_size)"),
       **{f"env.code_{k}": limits.FIELD_RULES[k] for k in code_limits},

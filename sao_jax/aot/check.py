@@ -21,6 +21,7 @@ from sao_jax import sharding
 from sao_jax.aot import programs as programs_lib
 from sao_jax import tpu_topology as topo_lib
 from sao_jax.sampler import devices as devices_lib
+from sao_jax.sampler import precision
 
 _GIB = 2**30
 LOOP_NOTE = ("XLA counts a loop body (lax.while_loop / scan) once, so this is "
@@ -117,6 +118,8 @@ def advice(config: Any, role: str, mesh_shards: int, devices: int) -> str:
                   "mesh.fsdp=-1) or use mesh.tensor")
     tips.append("a smaller train.batch_size or train.max_seq_len")
   else:
+    if precision.param_dtype(config, m) == "float32":
+      tips.append("sampler.param_dtype=bfloat16")
     tips.append("fewer sampler.num_slots (or sampler.batch_size)")
     tips.append("a shorter sampler.max_total_tokens")
     tips.append("a chip with more HBM for the sampler (it runs on one)")
@@ -222,21 +225,24 @@ def check(config: Any, topology: str, num_slices: int = 1,
     with sharding.mesh_rules(mesh, rules):
       reports.append(compile_one(program, topo, config,
                                  placement.trainer_label, mesh))
+  sampler_mcfg = precision.sampler_model_config(config, mcfg)
   for program in filter(wanted, programs_lib.sampler_programs(
-      config, mcfg, placement.sampler[0])):
+      config, sampler_mcfg, placement.sampler[0])):
     reports.append(compile_one(program, topo, config,
                                placement.sampler_label))
   if placement.shared:
     reports.extend(_shared_chip(reports, topo, config))
   shapes = programs_lib.sampler_shapes(config)
   est = programs_lib.memory.estimate_memory(
-      mcfg, kv_batch=shapes["slots"], kv_len=shapes["cache_len"],
+      sampler_mcfg, kv_batch=shapes["slots"], kv_len=shapes["cache_len"],
       critic=False)
   reports.append({
       "program": "sizes", "topology": topo.name,
       "params": mcfg.num_params(),
-      "weight_slot_bytes": programs_lib.weight_slot_bytes(mcfg),
-      "weight_slot_of": "host shared memory, two buffers of the policy",
+      "sampler_param_dtype": sampler_mcfg.param_dtype,
+      "weight_slot_bytes": programs_lib.weight_slot_bytes(sampler_mcfg),
+      "weight_slot_of": "host shared memory, two buffers of the policy in "
+                        "sampler.param_dtype",
       "kv_cache_bytes": est.kv_cache, **shapes,
       "fits": all(r["fits"] for r in reports)})
   return reports

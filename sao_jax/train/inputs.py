@@ -29,6 +29,7 @@ from sao_jax.data import stream as stream_lib
 from sao_jax.data import trajectory as traj_lib
 from sao_jax.ipc import ring as ring_lib
 from sao_jax.ipc import weights as weights_lib
+from sao_jax.sampler import precision
 from sao_jax.sampler import process as sampler_lib
 from sao_jax.sampler import rollout
 from sao_jax.sampler import supervisor as supervisor_lib
@@ -159,7 +160,10 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
       lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
       authenticate=True)
   ring = make_ring()
-  slot = weights_lib.WeightSlot.create(sharding.to_host(params),
+  # The sampler's copy of the policy, in sampler.param_dtype (precision.py).
+  sampler_mcfg = precision.sampler_model_config(config, run.mcfg)
+  to_sampler = precision.caster(sampler_mcfg.param_dtype)
+  slot = weights_lib.WeightSlot.create(sharding.to_host(to_sampler(params)),
                                        authenticate=True)
   source = Source(config, stream=None, stop_step=stop_step,
                   recorder=_recorder(config, workdir, start_step))
@@ -168,10 +172,11 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
     source.publish = publish_lib.Publisher(
         slot, staleness.publish_lag,
         spill_dir=os.path.join(workdir,
-                               f"held_weights_p{jax.process_index()}"))
+                               f"held_weights_p{jax.process_index()}"),
+        cast=to_sampler)
     source.publish(params, version())
     spec = sampler_lib.SamplerSpec(
-        config=config, model_config=run.mcfg,
+        config=config, model_config=sampler_mcfg,
         tokenizer_proto=run.tokenizer.serialized_proto(),
         ring_name=ring.name, lane=0, weights_name=slot.name,
         parent_pid=os.getpid(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -33,12 +33,16 @@ class Publisher:
   raw file per leaf under ``spill_dir/v<version>``, read back memory-mapped
   when due), so a lag of k costs k copies of the policy on disk instead of
   in RAM (SmolLM2-135M at k = 16: 8.2 GB). ``spill_dir`` is emptied at start
-  (what a killed run left) and by ``close``.
+  (what a killed run left) and by ``close``. ``cast`` maps the trainer's
+  params to the slot's (the sampler's precision, ``sampler/precision.py``)
+  on the trainer's devices, before anything is copied to the host.
   """
 
   def __init__(self, slot: weights_lib.WeightSlot, lag: int,
-               spill_dir: str | None = None):
+               spill_dir: str | None = None,
+               cast: Callable[[Any], Any] | None = None):
     self._slot, self._lag = slot, int(lag)
+    self._cast = cast or (lambda params: params)
     self._held: collections.deque[tuple[int, Any]] = collections.deque()
     self._newest: int | None = None  # The newest version published or held.
     self._spill = spill_dir if self._lag > 0 else None
@@ -52,7 +56,7 @@ class Publisher:
     if not first and version <= self._newest:
       return  # That version's weights are already published or held.
     self._newest = version
-    host = sharding.to_host(params)
+    host = sharding.to_host(self._cast(params))
     if self._lag == 0 or first:
       self.seconds += self._slot.publish(host, version)
       return

@@ -91,6 +91,10 @@ def test_async_run_writes_every_required_metric(tmp_path):
   assert not missing, f"event files lack {missing}"
   # Policy metrics start after the critic warm-up step.
   assert [s for s, _ in scalars["policy/loss"]] == [2, 3, 4, 5]
+  # The first policy step trains version-0 episodes at version 0 with the
+  # sampler's float32 weights (sampler.param_dtype '' = model.dtype): the
+  # log-probs agree to rounding (bfloat16 weights: test_sampler_mesh.py).
+  assert scalars["policy/logp_abs_diff"][0][1] < 1e-6
   # The continuous sampler's and the MAC's counters reach the event files;
   # a kept trajectory spans at most the staleness bound of versions.
   for tag in ("staleness/version_span_max", "sampler/decode_occupancy",
