@@ -46,7 +46,10 @@ def devices_and_meshes_of_each_process():
   assert len({d.process_index for d in split.trainer}) == 8
   mesh = sharding.make_mesh(config.mesh, split.trainer)
   assert dict(mesh.shape) == {"data": 1, "fsdp": 16, "tensor": 1}
-  assert len(split.sampler) == 1  # It runs on the first of its 2 chips.
+  # Its 2 chips of a host, as libtpu presents them to the sampler process
+  # (a topology of their own): sampler.mesh lays its programs over them.
+  assert len(split.sampler) == 2
+  assert len({d.process_index for d in split.sampler}) == 1
   with pytest.raises(ValueError, match="splits a v5p-64 but the topology "
                      "is v5p-16"):
     check.place(config, topology.parse("v5p-16"))

@@ -68,11 +68,11 @@ def place(config: Any, topo: topo_lib.Topology,
     sampler = topo_lib.compile_devices(topo.family, blocks["sampler"],
                                        host=blocks["sampler"])
     return Placement(
-        trainer, sampler[:1],
+        trainer, sampler,
         f"chips {list(split.trainer_chips())} of each host "
         f"({grid(blocks['trainer'])} per host, {len(trainer)} in all)",
-        f"chip {split.sampler[0]} of its {grid(blocks['sampler'])} block "
-        f"{list(split.sampler)} (the sampler runs on its first device)")
+        f"its {grid(blocks['sampler'])} block {list(split.sampler)} of each "
+        "host (sampler.mesh over it)")
   everything = topo_lib.compile_devices(topo.family, topo.shape,
                                         num_slices=num_slices)
   return Placement(everything, everything[:1],
@@ -122,7 +122,8 @@ def advice(config: Any, role: str, mesh_shards: int, devices: int) -> str:
       tips.append("sampler.param_dtype=bfloat16")
     tips.append("fewer sampler.num_slots (or sampler.batch_size)")
     tips.append("a shorter sampler.max_total_tokens")
-    tips.append("a chip with more HBM for the sampler (it runs on one)")
+    tips.append("the sampler over more chips (sampler.chips, "
+                "sampler.mesh.tensor=-1)")
   tips.append("a larger topology")
   return "; ".join(tips)
 
@@ -227,9 +228,9 @@ def check(config: Any, topology: str, num_slices: int = 1,
                                  placement.trainer_label, mesh))
   sampler_mcfg = precision.sampler_model_config(config, mcfg)
   for program in filter(wanted, programs_lib.sampler_programs(
-      config, sampler_mcfg, placement.sampler[0])):
+      config, sampler_mcfg, placement.sampler)):
     reports.append(compile_one(program, topo, config,
-                               placement.sampler_label))
+                               placement.sampler_label, program.mesh))
   if placement.shared:
     reports.extend(_shared_chip(reports, topo, config))
   shapes = programs_lib.sampler_shapes(config)

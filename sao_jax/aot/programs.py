@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 import numpy as np
 import optax
 
@@ -33,6 +35,7 @@ from sao_jax.rl import advantages as adv_lib
 from sao_jax.sampler import decoding
 from sao_jax.sampler import interface
 from sao_jax.sampler import generate as generate_lib
+from sao_jax.sampler import mesh as mesh_lib
 from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.train import memory
@@ -63,6 +66,7 @@ class Program:
   devices: int
   estimate: int
   estimate_of: str
+  mesh: Any = None  # A sampler program's mesh (the trainer's: check.py's).
 
 
 def model_config(config: Any) -> ModelConfig:
@@ -237,35 +241,53 @@ def weight_slot_bytes(mcfg: ModelConfig) -> int:
       sharding.unbox(setup._abstract_boxed(mcfg, False)))  # pylint: disable=protected-access
 
 
-def sampler_programs(config: Any, mcfg: ModelConfig, device: Any
-                     ) -> list[Program]:
-  """The sampler's prefill and decode chunk on one of its chips (the sampler
-  process runs unsharded, on its first device)."""
-  one = jax.sharding.SingleDeviceSharding(device)
-  place = lambda tree: jax.tree.map(
-      lambda x: Sds(x.shape, x.dtype, sharding=one), tree)
+def sampler_programs(config: Any, mcfg: ModelConfig,
+                     devices: Sequence[Any]) -> list[Program]:
+  """The sampler's prefill and decode chunk over ``sampler.mesh`` laid on
+  ``devices`` (its block of chips), placed as the sampler places them
+  (`sampler/mesh.py`: weights by the rules, the cache by its axes, the
+  inputs replicated), lowered under the mesh and rules."""
+  smesh = mesh_lib.SamplerMesh.build(mesh_lib.mesh_sizes(config),
+                                     config.mesh.rules, devices=devices)
+  everywhere = NamedSharding(smesh.mesh, PartitionSpec())
   shapes = sampler_shapes(config)
   b = shapes["slots"]
-  params = place(sharding.unbox(setup._abstract_boxed(mcfg, False)))  # pylint: disable=protected-access
-  state = place(jax.eval_shape(functools.partial(
-      decoding.init_state, mcfg, b, shapes["cache_len"])))
+  params = jax.tree.map(
+      lambda x, s: Sds(x.shape, x.dtype, sharding=s),
+      sharding.unbox(setup._abstract_boxed(mcfg, False)),  # pylint: disable=protected-access
+      smesh.param_shardings(mcfg))
+  state = jax.eval_shape(functools.partial(
+      decoding.init_state, mcfg, b, shapes["cache_len"]))
+  state = jax.tree.map(lambda x, s: Sds(x.shape, x.dtype, sharding=s),
+                       state, smesh.state_shardings(state))
   est = memory.estimate_memory(mcfg, kv_batch=b, kv_len=shapes["cache_len"],
                                critic=False)
   held = est.policy_params + est.kv_cache
-  what = "policy params + KV cache (one chip)"
-  tokens = Sds((b, shapes["prefill_len"]), jnp.int32, sharding=one)
-  mask = Sds((b, shapes["prefill_len"]), jnp.bool_, sharding=one)
-  prefill = functools.partial(decoding.append_chunk.lower, params, mcfg,
-                              state, tokens, mask)
+  what = (f"policy params + KV cache (whole, over {smesh.size} chip"
+          f"{'s' if smesh.size > 1 else ''})")
+  row = lambda dtype, *rest: Sds((b, *rest), dtype, sharding=everywhere)
+  tokens, mask = row(jnp.int32, shapes["prefill_len"]), row(
+      jnp.bool_, shapes["prefill_len"])
   sampling = SamplingParams(temperature=float(config.sampler.temperature),
                             top_p=float(config.sampler.top_p),
                             top_k=int(config.sampler.top_k))
-  key = place(jax.eval_shape(lambda: jax.random.PRNGKey(0)))
-  row = lambda dtype, *rest: Sds((b, *rest), dtype, sharding=one)
-  decode = functools.partial(
+  key = jax.tree.map(lambda x: Sds(x.shape, x.dtype, sharding=everywhere),
+                     jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+
+  def under_mesh(lower: Callable[[], Any]) -> Callable[[], Any]:
+    def run():
+      with smesh.context():
+        return lower()
+    return run
+
+  prefill = under_mesh(functools.partial(
+      decoding.append_chunk.lower, params, mcfg, state, tokens, mask))
+  decode = under_mesh(functools.partial(
       decoding.decode.lower, params, mcfg, state, key,
       row(jnp.int32, 2), row(jnp.bool_), row(jnp.int32),
       row(jnp.uint32, 2), max_new_tokens=shapes["decode_steps"],
-      sampling=sampling)
-  return [Program("sampler_prefill", "sampler", prefill, 1, held, what),
-          Program("sampler_decode", "sampler", decode, 1, held, what)]
+      sampling=sampling))
+  return [Program("sampler_prefill", "sampler", prefill, smesh.size, held,
+                  what, smesh.mesh),
+          Program("sampler_decode", "sampler", decode, smesh.size, held,
+                  what, smesh.mesh)]

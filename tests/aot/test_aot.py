@@ -83,6 +83,28 @@ def test_smollm2_fits_a_v5e_8():
 
 
 @needs_libtpu
+@pytest.mark.multiprocess
+def test_the_sampler_compiles_over_its_whole_block():
+  # sampler.chips gives the sampler chips 4-7 of a v5e-8; sampler.mesh
+  # tensor=-1 lays its decode chunk over all four (SmolLM2 cut to one layer
+  # and a 1,024-token vocabulary: the placement, cheaply).
+  got = _aot("--config=configs/smollm2.py", "--topology=v5e-8",
+             "--config.sampler.chips=v5e-8:4-7",
+             "--config.sampler.mesh.tensor=-1", "--config.model.num_layers=1",
+             "--config.model.vocab_size=1024", "--programs=sampler_decode")
+  assert got.returncode == 0, got.stderr[-3000:]
+  decode = _lines(got.stdout)["sampler_decode"]
+  assert decode["devices"] == 4, decode
+  assert decode["mesh"] == {"data": 1, "fsdp": 1, "tensor": 4}, decode
+  assert decode["chips"].startswith("its 2x2x1 block [4, 5, 6, 7]"), decode
+  # Per chip it holds less than the whole policy and cache (memory.py's
+  # estimate): the MLP and the vocabulary are split four ways (SmolLM2's 9
+  # heads and 3 KV heads do not divide by 4: replicated).
+  assert decode["fits"] and decode["argument_bytes"] < 0.8 * (
+      decode["estimate_bytes"]), decode
+
+
+@needs_libtpu
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_oversized_run_exits_nonzero_with_the_fix():
