@@ -34,6 +34,11 @@ class Family:
   host: tuple[int, int, int]  # Chip grid of one host (of a multi-host slice).
   shapes: dict[int, tuple[int, int, int]]  # Chips -> chip grid.
   megacore: bool
+  # One chip's HBM bandwidth and bfloat16 peak (the roofline of
+  # aot/sampler_sizing.py): Google Cloud's TPU v4 / v5e / v5p / v6e system
+  # architecture pages, as of 2026.
+  hbm_bytes_per_s: float = 0.0
+  peak_bf16_flops: float = 0.0
 
 
 _2D = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1), 16: (4, 4, 1),
@@ -43,10 +48,14 @@ _3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4),
        1024: (8, 8, 16), 2048: (8, 16, 16)}
 
 FAMILIES: dict[str, Family] = {
-    "v4": Family("v4", 2, 32 * _GIB, (2, 2, 1), _3D, True),
-    "v5p": Family("v5", 2, 95 * _GIB, (2, 2, 1), _3D, True),
-    "v5e": Family("v5e", 1, 16 * _GIB, (2, 4, 1), _2D, False),
-    "v6e": Family("v6e", 1, 32 * _GIB, (2, 4, 1), _2D, False),
+    "v4": Family("v4", 2, 32 * _GIB, (2, 2, 1), _3D, True,
+                 hbm_bytes_per_s=1.2e12, peak_bf16_flops=275e12),
+    "v5p": Family("v5", 2, 95 * _GIB, (2, 2, 1), _3D, True,
+                  hbm_bytes_per_s=2.765e12, peak_bf16_flops=459e12),
+    "v5e": Family("v5e", 1, 16 * _GIB, (2, 4, 1), _2D, False,
+                  hbm_bytes_per_s=0.819e12, peak_bf16_flops=197e12),
+    "v6e": Family("v6e", 1, 32 * _GIB, (2, 4, 1), _2D, False,
+                  hbm_bytes_per_s=1.64e12, peak_bf16_flops=918e12),
 }
 
 

@@ -34,6 +34,9 @@ _TOPOLOGY = flags.DEFINE_string(
     "(default: the slice named in sampler.chips).")
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "Slices joined over the data-centre network.")
+_SEARCH_SLOTS = flags.DEFINE_bool(
+    "search_slots", False, "Also search, compiling, the most "
+    "sampler.num_slots each sampler program fits (a few compiles each).")
 _PROGRAMS = flags.DEFINE_list(
     "programs", [], "Only these programs (default: all the run compiles): "
     + ", ".join(check_lib.PROGRAMS) + ".")
@@ -55,7 +58,7 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(f"Cannot compile for TPUs here: {why}")
   try:
     reports = check_lib.check(config, topology, _NUM_SLICES.value,
-                              tuple(_PROGRAMS.value))
+                              tuple(_PROGRAMS.value), _SEARCH_SLOTS.value)
   except (config_validation.ConfigError, topo_lib.TopologyError,
           ValueError) as e:
     sys.exit(str(e))

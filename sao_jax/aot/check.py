@@ -16,9 +16,12 @@ import re
 import time
 from typing import Any
 
+from absl import logging
+
 from sao_jax import config_validation
 from sao_jax import sharding
 from sao_jax.aot import programs as programs_lib
+from sao_jax.aot import sampler_sizing as sizing_lib
 from sao_jax import tpu_topology as topo_lib
 from sao_jax.sampler import devices as devices_lib
 from sao_jax.sampler import precision
@@ -203,9 +206,12 @@ PROGRAMS = ("sft_step", "critic_warmup_step", "sao_step", "sampler_prefill",
 
 
 def check(config: Any, topology: str, num_slices: int = 1,
-          only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+          only: tuple[str, ...] = (), search_slots: bool = False
+          ) -> list[dict[str, Any]]:
   """One report per program the run compiles (those named in ``only``, if
-  given), then one of sizes."""
+  given), then one of sizes, the decode roofline and, with
+  ``search_slots``, the most slots each sampler program fits
+  (`sampler_sizing.py`)."""
   unknown = sorted(set(only) - set(PROGRAMS))
   if unknown:
     raise ValueError(f"unknown programs {unknown}; known: {PROGRAMS}.")
@@ -227,10 +233,18 @@ def check(config: Any, topology: str, num_slices: int = 1,
       reports.append(compile_one(program, topo, config,
                                  placement.trainer_label, mesh))
   sampler_mcfg = precision.sampler_model_config(config, mcfg)
+  sizing = []
   for program in filter(wanted, programs_lib.sampler_programs(
       config, sampler_mcfg, placement.sampler)):
-    reports.append(compile_one(program, topo, config,
-                               placement.sampler_label, program.mesh))
+    report = compile_one(program, topo, config, placement.sampler_label,
+                         program.mesh)
+    reports.append(report)
+    if program.name == "sampler_decode" and report["fits"]:
+      sizing.append(sizing_lib.decode_roofline(report, config, sampler_mcfg,
+                                               topo))
+    if search_slots:
+      sizing.append(_search_slots(program, config, sampler_mcfg, placement,
+                                  topo))
   if placement.shared:
     reports.extend(_shared_chip(reports, topo, config))
   shapes = programs_lib.sampler_shapes(config)
@@ -246,7 +260,25 @@ def check(config: Any, topology: str, num_slices: int = 1,
                         "sampler.param_dtype",
       "kv_cache_bytes": est.kv_cache, **shapes,
       "fits": all(r["fits"] for r in reports)})
-  return reports
+  return reports + sizing
+
+
+def _search_slots(program: programs_lib.Program, config: Any,
+                  sampler_mcfg: Any, placement: Placement,
+                  topo: topo_lib.Topology) -> dict[str, Any]:
+  """`sampler_sizing.max_slots` for ``program``, each trial compiled."""
+
+  def fits(trial: Any) -> bool:
+    again = next(p for p in programs_lib.sampler_programs(
+        trial, sampler_mcfg, placement.sampler) if p.name == program.name)
+    return compile_one(again, topo, trial, placement.sampler_label,
+                       again.mesh)["fits"]
+
+  shape = dict(program.mesh.shape)
+  logging.info("Searching the most slots %s fits on %s.", program.name,
+               topo.name)
+  return sizing_lib.max_slots(config, program.name,
+                              shape["data"] * shape["fsdp"], fits)
 
 
 def _shared_chip(reports: list[dict[str, Any]], topo: topo_lib.Topology,
@@ -281,7 +313,7 @@ def _shared_chip(reports: list[dict[str, Any]], topo: topo_lib.Topology,
 def failures(reports: list[dict[str, Any]]) -> list[str]:
   """The verdicts of the programs that do not fit."""
   return [r["verdict"] for r in reports
-          if r["program"] != "sizes" and not r["fits"]]
+          if r["program"] != "sizes" and not r.get("fits", True)]
 
 
 def compile_devices_ok() -> tuple[bool, str]:
