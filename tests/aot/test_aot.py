@@ -48,7 +48,17 @@ def test_smollm2_fits_a_v5e_8():
   assert got.returncode == 0, got.stderr[-3000:]
   reports = _lines(got.stdout)
   assert set(reports) == {"sao_step", "sampler_decode", "shared_chip",
-                          "sizes"}
+                          "sizes", "sampler_decode_roofline"}
+  # The decode step reads its arguments (policy and cache) once: on a v5e
+  # chip (819 GB/s) that bounds it, not its FLOPs (197 TFLOP/s).
+  roof = reports["sampler_decode_roofline"]
+  assert roof["bytes_per_step_per_chip"] == (
+      reports["sampler_decode"]["argument_bytes"])
+  assert roof["bound"] == "HBM bandwidth"
+  assert roof["step_s_at_least"] == pytest.approx(
+      roof["bytes_per_step_per_chip"] / 0.819e12)
+  assert roof["decode_tokens_per_s_per_host_at_most"] == pytest.approx(
+      16 / roof["step_s_at_least"])  # 16 slots, a token each a step.
   hbm = 16 * 2**30
   for name in ("sao_step", "sampler_decode"):
     r = reports[name]
