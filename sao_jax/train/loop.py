@@ -89,16 +89,40 @@ class _Trainer:
     self._version = int(version)
     return metrics, bool(skipped)
 
-  def evaluate(self, step: int, generated: float) -> dict[str, float]:
+  def evaluate(self, step: int, generated: float | None) -> dict[str, float]:
+    """Held-out evaluation of the current policy at ``step`` (``generated``:
+    the action tokens read so far, None when unknown: not written)."""
     run = self.run
     result = eval_lib.evaluate(
         sharding.to_host(self.state.policy_params), run.mcfg, run.config,
         run.tokenizer, run.eval_tasks, version=self.policy_version(),
         batch_size=int(run.config.train.eval_batch_size), step=step,
         scores_dir=self.scores_dir)
-    self.writer.write_scalars(step, {**result,
-                                     "tokens/generated_total": generated})
+    self.writer.write_scalars(step, result if generated is None else {
+        **result, "tokens/generated_total": generated})
+    # In the meta the step's checkpoint saves: a resume knows it was done.
+    run.meta["evaluated_step"] = step
     return result
+
+  def eval_due(self, step: int) -> bool:
+    """Whether ``train.eval_every`` schedules an evaluation after ``step``
+    (not after the last: the final evaluation is the summary's)."""
+    every = int(self.run.config.train.eval_every)
+    policy_steps = step - self.warmup
+    return bool(every and policy_steps > 0 and policy_steps % every == 0
+                and step < self.total_steps)
+
+  def catch_up_eval(self) -> None:
+    """The evaluation scheduled after the resumed step, when a stop cut it
+    short (the checkpoint saved on the way out records no evaluation at its
+    step): a resumed run keeps every evaluation. The meta is the same on
+    every host, so all of them evaluate or none."""
+    step = int(self.state.step)
+    done = self.run.meta.get("evaluated_step")
+    if done is not None and done < step and self.eval_due(step):
+      logging.info("Step %d's evaluation did not finish before the stop: "
+                   "running it now.", step)
+      self.evaluate(step, None)
 
   def log(self, done: int, metrics: Any, batch: dict[str, jax.Array],
           source: inputs_lib.Source) -> None:
@@ -173,10 +197,8 @@ def _train(trainer: _Trainer, source: inputs_lib.Source) -> None:
     clock.step_done(done, max(start_step, trainer.warmup))
     if done % int(t.log_every) == 0 or last or stop:
       trainer.log(done, metrics, batch, source)
-    policy_steps = done - trainer.warmup
     more = not (last or stop)
-    if (int(t.eval_every) and policy_steps > 0 and more
-        and policy_steps % int(t.eval_every) == 0):
+    if more and trainer.eval_due(done):
       accuracy = trainer.evaluate(done, generated)["eval/accuracy"]
       logging.info("step %d: held-out accuracy %.3f", done, accuracy)
     if int(t.checkpoint_every) and done % int(t.checkpoint_every) == 0 and more:
@@ -239,6 +261,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       run.meta["eval_before"] = trainer.evaluate(int(run.state.step), 0.0)
       logging.info("Held-out accuracy before RL: %.3f",
                    run.meta["eval_before"]["eval/accuracy"])
+    trainer.catch_up_eval()
     with segment.sigterm_unwinds():
       summary = _run(trainer, workdir)
     writer.write_scalars(int(trainer.state.step),

@@ -127,6 +127,36 @@ def test_time_budget_stops_after_the_step_that_crosses_it(tmp_path):
   assert os.listdir(tmp_path / "checkpoints") == ["1"]
 
 
+def test_an_evaluation_cut_short_by_a_stop_runs_on_resume(tmp_path,
+                                                         monkeypatch):
+  # Warm-up step 1, then evaluations after steps 3 (version 2) and 5 (the
+  # final one). A stop (SIGTERM unwinds as KeyboardInterrupt) during step 3's
+  # evaluation saves step 3 on the way out; the resumed run evaluates it.
+  config = tiny_config(**{"train.mode": "sync", "train.num_steps": 4,
+                          "train.eval_every": 2, "train.checkpoint_every": 0})
+  evaluate = loop._Trainer.evaluate  # pylint: disable=protected-access
+
+  def stopped_at_step_3(self, step, generated):
+    if step == 3:
+      raise KeyboardInterrupt("SIGTERM during the evaluation")
+    return evaluate(self, step, generated)
+
+  monkeypatch.setattr(loop._Trainer, "evaluate", stopped_at_step_3)  # pylint: disable=protected-access
+  with pytest.raises(KeyboardInterrupt):
+    loop.train_and_evaluate(config, str(tmp_path))
+  assert os.listdir(tmp_path / "checkpoints") == ["3"]
+  assert sorted(os.listdir(tmp_path / "eval")) == ["v0.json"]
+  monkeypatch.undo()
+  summary = loop.train_and_evaluate(config, str(tmp_path))
+  assert summary["steps"] == 5 and summary["policy_version"] == 4
+  assert sorted(os.listdir(tmp_path / "eval")) == [
+      "v0.json", "v2.json", "v4.json"]
+  kept = json.loads((tmp_path / "eval" / "v2.json").read_text())
+  assert kept["step"] == 3 and kept["version"] == 2
+  scalars = metrics_lib.read_scalars(os.path.join(tmp_path, "tb"))
+  assert [s for s, _ in scalars["eval/accuracy"]] == [0, 3, 5]
+
+
 def test_sync_resume_reproduces_uninterrupted_run(tmp_path):
   k, extra = 3, 5  # Steps include 1 critic warm-up step.
   _run_sync(tmp_path / "full", k - 1 + extra)
