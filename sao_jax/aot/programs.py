@@ -250,16 +250,15 @@ def sampler_programs(config: Any, mcfg: ModelConfig,
   smesh = mesh_lib.SamplerMesh.build(mesh_lib.mesh_sizes(config),
                                      config.mesh.rules, devices=devices)
   everywhere = NamedSharding(smesh.mesh, PartitionSpec())
+  placed = lambda tree, shardings: jax.tree.map(
+      lambda x, s: Sds(x.shape, x.dtype, sharding=s), tree, shardings)
   shapes = sampler_shapes(config)
   b = shapes["slots"]
-  params = jax.tree.map(
-      lambda x, s: Sds(x.shape, x.dtype, sharding=s),
-      sharding.unbox(setup._abstract_boxed(mcfg, False)),  # pylint: disable=protected-access
-      smesh.param_shardings(mcfg))
+  params = placed(sharding.unbox(setup._abstract_boxed(mcfg, False)),  # pylint: disable=protected-access
+                  smesh.param_shardings(mcfg))
   state = jax.eval_shape(functools.partial(
       decoding.init_state, mcfg, b, shapes["cache_len"]))
-  state = jax.tree.map(lambda x, s: Sds(x.shape, x.dtype, sharding=s),
-                       state, smesh.state_shardings(state))
+  state = placed(state, smesh.state_shardings(state))
   est = memory.estimate_memory(mcfg, kv_batch=b, kv_len=shapes["cache_len"],
                                critic=False)
   held = est.policy_params + est.kv_cache
@@ -271,8 +270,8 @@ def sampler_programs(config: Any, mcfg: ModelConfig,
   sampling = SamplingParams(temperature=float(config.sampler.temperature),
                             top_p=float(config.sampler.top_p),
                             top_k=int(config.sampler.top_k))
-  key = jax.tree.map(lambda x: Sds(x.shape, x.dtype, sharding=everywhere),
-                     jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  key = placed(key, jax.tree.map(lambda _: everywhere, key))
 
   def under_mesh(lower: Callable[[], Any]) -> Callable[[], Any]:
     def run():

@@ -26,8 +26,7 @@ from sao_jax import tpu_topology as topo_lib
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import rollout
 
-# Bisection stops within this many rows' shards of the boundary; doubling
-# stops here.
+# The search never compiles more slots than this.
 _MAX_SLOTS = 4096
 
 
@@ -84,7 +83,7 @@ def max_slots(config: Any, program: str, row_shards: int,
     n = start // 2 // step * step
     while n >= step and not check(n):
       hi, n = n, n // 2 // step * step
-    lo = n if n >= step and tried.get(n) else 0
+    lo = n if n >= step else 0  # The loop stopped at a fit, or at none.
   else:
     hi = n if n <= _MAX_SLOTS else None
   while hi is not None and hi - lo > step:

@@ -10,7 +10,7 @@ that dtype (bfloat16: half of float32), and the sampler's template, programs
 and memory figures follow from ``sampler_model_config``. Integer leaves are
 never cast. The log-probability gap this opens between the sampler and the
 float32 trainer is what the double-sided importance mask (DIS, the paper's
-Eqs. 1-3) is for; ``train/logp_abs_diff`` and ``train/dis_band_out_frac``
+Eqs. 1-3) is for; ``policy/logp_abs_diff`` and ``policy/dis_band_out_frac``
 measure it.
 """
 

@@ -160,11 +160,14 @@ def live(run: setup_lib.Setup, workdir: str, *, params: Any, start_step: int,
       lane_bytes=int(config.ring.capacity_bytes) // 64 * 64,
       authenticate=True)
   ring = make_ring()
-  # The sampler's copy of the policy, in sampler.param_dtype (precision.py).
+  # The sampler's copy of the policy, in sampler.param_dtype (precision.py);
+  # the slot is laid out from shapes alone (the first publish copies).
   sampler_mcfg = precision.sampler_model_config(config, run.mcfg)
   to_sampler = precision.caster(sampler_mcfg.param_dtype)
-  slot = weights_lib.WeightSlot.create(sharding.to_host(to_sampler(params)),
-                                       authenticate=True)
+  slot = weights_lib.WeightSlot.create(
+      jax.eval_shape(functools.partial(
+          precision.cast_params, dtype=sampler_mcfg.param_dtype), params),
+      authenticate=True)
   source = Source(config, stream=None, stop_step=stop_step,
                   recorder=_recorder(config, workdir, start_step))
   try:
