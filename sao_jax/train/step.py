@@ -294,13 +294,20 @@ def _moe_metrics(moe: Mapping[str, Array], batch: Batch) -> dict[str, Array]:
 
 
 def _is_finite(metrics: Mapping[str, Array], new_state: TrainState) -> Array:
-  """Whether every loss, gradient norm and updated parameter is finite."""
+  """Whether every loss, gradient norm and updated parameter is finite.
+
+  The per-leaf flags meet in one int32 min, not a `jnp.all`: XLA turns an
+  `all` over stacked scalars into a chain of scalar ands and copies that
+  chain into every leaf's select fusion below (the Qwen3.5 hybrid's tiny
+  CPU step: 179k lines of HLO, 24 CPU-s to compile; 59k and 13 s so).
+  """
   checked = [v for k, v in metrics.items()
              if k.endswith("loss") or k.endswith("grad_norm")]
   checked += [p for p in jax.tree.leaves(
       (new_state.policy_params, new_state.value_params))
               if jnp.issubdtype(p.dtype, jnp.inexact)]
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in checked]))
+  flags = jnp.stack([jnp.all(jnp.isfinite(x)) for x in checked])
+  return jnp.min(flags.astype(jnp.int32)) > 0
 
 
 def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
