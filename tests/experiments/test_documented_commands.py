@@ -65,12 +65,13 @@ _LOOP_SETS = tuple(f"--set={k}={v}" for k, v in {
 _MAIN = _config_flags({**_TINY_MODEL, **_TINY_RUN})
 # A pretrained checkpoint fixes the model's widths, vocabulary and tokenizer:
 # the run gets small, and the checkpoint placed for the documents' SmolLM2
-# commands has one layer (smollm2_tiny_checkpoint). Two rows a batch: a row
+# commands has one layer (smollm2_tiny_checkpoint). One row a batch: a row
 # of the real vocabulary costs what a tiny model's whole step does
-# (README's codeio run 69 -> 50 CPU-s).
+# (README's codeio run 69 -> 50 CPU-s at two rows, 59 -> 51 from two to one
+# with the compilation cache warm).
 _MAIN_PRETRAINED = _config_flags({"model.num_layers": 1, **_TINY_RUN,
-                                  "train.batch_size": 2,
-                                  "sampler.batch_size": 2})
+                                  "train.batch_size": 1,
+                                  "sampler.batch_size": 1})
 # `sao_jax.aot`'s tiny form: one layer's decode chunk, small vocabulary.
 _AOT_TINY = ("--config.model.num_layers=1", "--config.model.vocab_size=1024",
              "--programs=sampler_decode")
