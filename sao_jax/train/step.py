@@ -299,7 +299,8 @@ def _is_finite(metrics: Mapping[str, Array], new_state: TrainState) -> Array:
   The per-leaf flags meet in one int32 min, not a `jnp.all`: XLA turns an
   `all` over stacked scalars into a chain of scalar ands and copies that
   chain into every leaf's select fusion below (the Qwen3.5 hybrid's tiny
-  CPU step: 179k lines of HLO, 24 CPU-s to compile; 59k and 13 s so).
+  CPU step: 179k lines of HLO and 24 CPU-s to compile that way, 59k and 13
+  this way).
   """
   checked = [v for k, v in metrics.items()
              if k.endswith("loss") or k.endswith("grad_norm")]
