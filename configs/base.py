@@ -260,11 +260,13 @@ def get_config() -> ml_collections.ConfigDict:
   # The native sampler's mesh over its devices (sao_jax/sampler/mesh.py;
   # docs/design/pods.md "The sampler's mesh"): data replicas, the expert
   # axis (MoE experts) and tensor parallel (heads, KV heads, MLP, vocab);
-  # one size may be -1 (the rest of the sampler's devices). 1, 1, 1: one.
+  # one size may be -1 (the rest of the sampler's devices). tensor 0: auto,
+  # tensor parallel over the sampler's whole block where sampler.chips gives
+  # it one, else one device (1, 1, 1).
   config.sampler.mesh = ml_collections.ConfigDict()
   config.sampler.mesh.data = 1
   config.sampler.mesh.expert = 1
-  config.sampler.mesh.tensor = 1
+  config.sampler.mesh.tensor = 0
   # JAX's persistent compilation cache for the sampler process ('' = off):
   # its decode shapes compile once per machine instead of once per run.
   config.sampler.compilation_cache_dir = ""

@@ -364,11 +364,11 @@ def _check_mesh(c: Any) -> None:
   if c.mesh.data > 0 and c.mesh.fsdp > 0:
     _check_batch_divisible(c, c.mesh.data * c.mesh.fsdp)
   sizes = [c.sampler.mesh[a] for a in ("data", "expert", "tensor")]
-  try:
-    sharding.check_mesh_sizes(sizes)
+  try:  # tensor 0 is auto (sampler/mesh.py mesh_sizes): -1 or 1.
+    sharding.check_mesh_sizes(sizes[:2] + [sizes[2] or 1])
   except sharding.MeshError:
     raise _fail("sampler.mesh", "data, expert, tensor sizes positive or "
-                "-1 (fill), at most one -1", dict(zip(
+                "-1 (fill), at most one -1; tensor 0: auto", dict(zip(
                     ("data", "expert", "tensor"), sizes))) from None
 
 

@@ -6,8 +6,11 @@ r"""Check a run against a TPU slice before renting it (docs/design/pods.md
 Compiles every program the run compiles (SFT step if any, critic warm-up
 step, SAO step, the sampler's prefill and decode chunk) for the slice's
 compile-only devices, without weights, and prints one JSON line per program
-(per-chip memory against HBM, FLOPs, the run's own estimate, a verdict) and
-one of sizes (weight slot, KV cache). Exits 1 naming each program that does
+(per-chip memory against HBM, FLOPs, the run's own estimate, a verdict), one
+of sizes (weight slot, KV cache), the decode roofline and, for each sampler
+program, the most slots it fits (a search, compiling; --nosearch_slots
+skips it). With sampler.chips the sampler's programs compile over its whole
+block (sampler.mesh.tensor 0, auto). Exits 1 naming each program that does
 not fit, by how much, and what to change. Needs libtpu (pip install -e
 '.[tpu]'); no TPU.
 """
@@ -35,8 +38,9 @@ _TOPOLOGY = flags.DEFINE_string(
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "Slices joined over the data-centre network.")
 _SEARCH_SLOTS = flags.DEFINE_bool(
-    "search_slots", False, "Also search, compiling, the most "
-    "sampler.num_slots each sampler program fits (a few compiles each).")
+    "search_slots", True, "Also search, compiling, the most "
+    "sampler.num_slots each sampler program fits (a few compiles each; "
+    "--nosearch_slots: the config's slots only).")
 _PROGRAMS = flags.DEFINE_list(
     "programs", [], "Only these programs (default: all the run compiles): "
     + ", ".join(check_lib.PROGRAMS) + ".")

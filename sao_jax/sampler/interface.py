@@ -31,6 +31,7 @@ from sao_jax import ranges
 from sao_jax import sharding
 from sao_jax.data.trajectory import Trajectory
 from sao_jax.sampler import feed as feed_lib
+from sao_jax.sampler import mesh as mesh_lib
 from sao_jax.sampler import rollout
 from sao_jax.sampler.sampling import SamplingParams
 from sao_jax.sampler.stats import SamplerStats
@@ -84,8 +85,7 @@ class EngineOptions:
                refill=bool(s.refill), kv_on_swap=str(s.kv_on_swap),
                env_threads=int(s.env_threads), n_rollouts=int(s.n_rollouts),
                row_subsets=bool(s.row_subsets),
-               mesh=tuple(int(s.mesh[a]) for a in ("data", "expert",
-                                                    "tensor")),
+               mesh=mesh_lib.mesh_sizes(config),
                mesh_rules=sharding.normalize_rules(config.mesh.rules))
 
 

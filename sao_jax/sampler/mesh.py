@@ -46,9 +46,17 @@ def sampler_rules(rules: Any = None) -> sharding.Rules:
 
 
 def mesh_sizes(config: Any) -> tuple[int, int, int]:
-  """``config.sampler.mesh`` as (data, expert, tensor) sizes (-1: fill)."""
+  """``config.sampler.mesh`` as (data, expert, tensor) sizes, -1 filling
+  the sampler's devices. ``tensor`` 0 (the default) is auto: the rest of
+  the sampler's own block (-1) where ``sampler.chips`` gives it one, else 1
+  (no split: the sampler shares the trainer's chips and takes the first);
+  also 1 where ``data`` or ``expert`` already fills."""
   m = config.sampler.mesh
-  return tuple(int(getattr(m, f)) for f in FIELDS)
+  sizes = [int(getattr(m, f)) for f in FIELDS]
+  if sizes[2] == 0:
+    split = bool(str(config.sampler.chips).strip())
+    sizes[2] = -1 if split and -1 not in sizes[:2] else 1
+  return tuple(sizes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,12 +79,13 @@ def check_config(config: Any) -> None:
         "vLLM engine does not record; use routing_replay='off' or "
         "sampler.engine='native'.")
   mesh = s.get("mesh")
-  if mesh is not None and any(int(v) != 1 for v in mesh.values()):
+  if mesh is not None and any(int(v) != 1 for a, v in mesh.items()
+                              if not (a == "tensor" and int(v) == 0)):
     raise ValueError(
         f"config.sampler.mesh={dict(mesh)} with sampler.engine='vllm': the "
         "sampler mesh lays out the native engine's devices; the vLLM engine "
-        "runs on one device here. Leave sampler.mesh at 1, 1, 1, or use "
-        "sampler.engine='native'.")
+        "runs on one device here. Leave sampler.mesh at 1, 1, 0 (auto) or "
+        "1, 1, 1, or use sampler.engine='native'.")
   if not 0 < float(s.vllm_gpu_memory) < 1:
     raise ValueError(
         f"config.sampler.vllm_gpu_memory={s.vllm_gpu_memory}: the share of "

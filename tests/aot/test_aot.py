@@ -37,7 +37,7 @@ def _lines(out: str) -> dict[str, dict]:
 # program compiles one layer body whatever the depth (the unrolled 30-layer
 # step took over 20 minutes and 6 GB here).
 _SMOLLM2 = ("--config=configs/smollm2.py", "--topology=v5e-8",
-            "--programs=sao_step,sampler_decode")
+            "--programs=sao_step,sampler_decode", "--nosearch_slots")
 
 
 @needs_libtpu
@@ -95,14 +95,16 @@ def test_smollm2_fits_a_v5e_8():
 @needs_libtpu
 @pytest.mark.multiprocess
 def test_the_sampler_compiles_over_its_whole_block():
-  # sampler.chips gives the sampler chips 4-7 of a v5e-8; sampler.mesh
-  # tensor=-1 lays its decode chunk over all four (SmolLM2 cut to one layer
-  # and a 1,024-token vocabulary: the placement, cheaply).
+  # Issue 43's command: sampler.chips gives the sampler chips 4-7 of a
+  # v5e-8 and sampler.mesh's default (tensor 0, auto) lays its decode chunk
+  # over all four (SmolLM2 cut to one layer and a 1,024-token vocabulary:
+  # the placement, cheaply; the slots search is the next test's).
   got = _aot("--config=configs/smollm2.py", "--topology=v5e-8",
-             "--config.sampler.chips=v5e-8:4-7",
-             "--config.sampler.mesh.tensor=-1", "--config.model.num_layers=1",
-             "--config.model.vocab_size=1024", "--programs=sampler_decode")
+             "--config.sampler.chips=v5e-8:4-7", "--config.model.num_layers=1",
+             "--config.model.vocab_size=1024", "--programs=sampler_decode",
+             "--nosearch_slots")
   assert got.returncode == 0, got.stderr[-3000:]
+  assert "sampler_decode_slots" not in _lines(got.stdout)
   decode = _lines(got.stdout)["sampler_decode"]
   assert decode["devices"] == 4, decode
   assert decode["mesh"] == {"data": 1, "fsdp": 1, "tensor": 4}, decode
@@ -112,6 +114,26 @@ def test_the_sampler_compiles_over_its_whole_block():
   # heads and 3 KV heads do not divide by 4: replicated).
   assert decode["fits"] and decode["argument_bytes"] < 0.8 * (
       decode["estimate_bytes"]), decode
+
+
+@needs_libtpu
+@pytest.mark.multiprocess
+def test_the_command_searches_the_most_slots_by_default():
+  # The same command without --nosearch_slots: after the decode chunk at
+  # the config's slots, the search compiles it at doubling slots and prints
+  # the most that fit (from 2,048 the doubling meets its 4,096 cap at the
+  # next compile; from 16 it takes nine, 74 CPU-s here).
+  got = _aot("--config=configs/smollm2.py", "--topology=v5e-8",
+             "--config.sampler.chips=v5e-8:4-7", "--config.model.num_layers=1",
+             "--config.model.vocab_size=1024", "--programs=sampler_decode",
+             "--config.sampler.num_slots=2048")
+  assert got.returncode == 0, got.stderr[-3000:]
+  lines = _lines(got.stdout)
+  assert lines["sampler_decode"]["mesh"]["tensor"] == 4
+  search = lines["sampler_decode_slots"]
+  assert search["tried"] == {"2048": True, "4096": True}, search
+  assert (search["max_slots"], search["first_not_fitting"],
+          search["compiles"]) == (4096, None, 2), search
 
 
 @needs_libtpu
@@ -129,7 +151,7 @@ def test_oversized_run_exits_nonzero_with_the_fix():
              "--config.train.max_seq_len=8192",
              "--config.sampler.max_total_tokens=8192",
              "--config.rl.critic_warmup_steps=0",
-             "--programs=sao_step,sampler_decode")
+             "--programs=sao_step,sampler_decode", "--nosearch_slots")
   assert got.returncode == 1, got.stdout[-2000:] + got.stderr[-2000:]
   reports = _lines(got.stdout)
   step = reports["sao_step"]

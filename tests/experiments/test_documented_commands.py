@@ -74,7 +74,7 @@ _MAIN_PRETRAINED = _config_flags({"model.num_layers": 1, **_TINY_RUN,
                                   "sampler.batch_size": 1})
 # `sao_jax.aot`'s tiny form: one layer's decode chunk, small vocabulary.
 _AOT_TINY = ("--config.model.num_layers=1", "--config.model.vocab_size=1024",
-             "--programs=sampler_decode")
+             "--programs=sampler_decode", "--nosearch_slots")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,3 +126,30 @@ def test_topology_names():
   assert topology.parse("v6e-16").host_bounds == (2, 1, 1)
   assert topology.block_shape([4, 5, 6, 7], (2, 4, 1)) == (2, 2, 1)
   assert topology.block_shape([1, 2], (2, 4, 1)) is None
+
+
+@pytest.mark.parametrize("chips,sizes,want", [
+    ("", (1, 1, 0), (1, 1, 1)),  # No split: the sampler's first device.
+    ("v5e-8:4-7", (1, 1, 0), (1, 1, -1)),  # Its whole block, tensor.
+    ("gpu:1,2", (2, 1, 0), (2, 1, -1)),
+    ("v5e-8:4-7", (-1, 1, 0), (-1, 1, 1)),  # data already fills.
+    ("v5e-8:4-7", (1, 1, 2), (1, 1, 2)),  # Explicit sizes stay.
+    ("", (1, 1, -1), (1, 1, -1)),
+])
+def test_sampler_mesh_tensor_auto_takes_the_block(chips, sizes, want):
+  from sao_jax.sampler import mesh  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  assert tuple(config.sampler.mesh[a] for a in mesh.FIELDS) == (1, 1, 0)
+  config.sampler.chips = chips
+  for axis, size in zip(mesh.FIELDS, sizes):
+    config.sampler.mesh[axis] = size
+  assert mesh.mesh_sizes(config) == want
+  config_validation.validate_config(config)
+
+
+def test_validation_refuses_two_filling_sampler_mesh_sizes():
+  config = base.get_config()
+  config.sampler.mesh.data, config.sampler.mesh.expert = -1, -1
+  with pytest.raises(config_validation.ConfigError,
+                     match="at most one -1; tensor 0: auto"):
+    config_validation.validate_config(config)

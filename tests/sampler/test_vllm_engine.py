@@ -72,7 +72,9 @@ def _config(**sampler):
      "lays out the native engine's devices"),
 ])
 def test_settings_vllm_cannot_report_exactly_are_refused(change, words):
-  vllm_engine.check_config(_config())  # The defaults pass.
+  vllm_engine.check_config(_config())  # The defaults pass,
+  vllm_engine.check_config(_config(mesh=ml_collections.ConfigDict(
+      {"data": 1, "expert": 1, "tensor": 0})))  # sampler.mesh's among them.
   with pytest.raises(ValueError, match=words):
     vllm_engine.check_config(_config(**change))
   c = _config()
