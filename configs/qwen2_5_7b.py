@@ -4,7 +4,7 @@ The architecture of Qwen2.5-7B-Instruct (its config.json; ``models/hf.py``
 loads the checkpoint with ``--config.model.init_from=DIR``); ``8k`` or
 ``32k`` context, bfloat16 compute over float32 master weights with remat,
 the state FSDP-sharded over the trainer's 16 chips of a v5p-64 (one row of
-the batch each) and a chip of each host for the sampler (``sampler.chips``). Check it before renting the slice:
+the batch each) and two chips of each host for the sampler (``sampler.chips``). Check it before renting the slice:
 
   python -m sao_jax.aot --config=configs/qwen2_5_7b.py:8k --topology=v5p-64
 
@@ -55,8 +55,8 @@ def v5p64_layout(config: ml_collections.ConfigDict, length: int,
   too): each of the 8 hosts' 4 chips split 0, 1 trainer / 2, 3 sampler.
 
   The trainer's 16 chips hold the state FSDP-sharded, one row of the 16-row
-  batch each; each host's sampler (on the first of its 2 chips) fills its
-  host's share, 2 episodes.
+  batch each; each host's sampler (tensor parallel over its 2 chips,
+  sampler.mesh's default with a split) fills its host's share, 2 episodes.
   """
   s = config.sampler
   s.max_total_tokens = length

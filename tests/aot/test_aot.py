@@ -92,17 +92,19 @@ def test_smollm2_fits_a_v5e_8():
   assert sizes["fits"]
 
 
+# Issue 43's command, cheaply: SmolLM2 cut to one layer and a 1,024-token
+# vocabulary, the sampler given chips 4-7 of a v5e-8, its decode chunk only.
+_BLOCK = ("--config=configs/smollm2.py", "--topology=v5e-8",
+          "--config.sampler.chips=v5e-8:4-7", "--config.model.num_layers=1",
+          "--config.model.vocab_size=1024", "--programs=sampler_decode")
+
+
 @needs_libtpu
 @pytest.mark.multiprocess
 def test_the_sampler_compiles_over_its_whole_block():
-  # Issue 43's command: sampler.chips gives the sampler chips 4-7 of a
-  # v5e-8 and sampler.mesh's default (tensor 0, auto) lays its decode chunk
-  # over all four (SmolLM2 cut to one layer and a 1,024-token vocabulary:
-  # the placement, cheaply; the slots search is the next test's).
-  got = _aot("--config=configs/smollm2.py", "--topology=v5e-8",
-             "--config.sampler.chips=v5e-8:4-7", "--config.model.num_layers=1",
-             "--config.model.vocab_size=1024", "--programs=sampler_decode",
-             "--nosearch_slots")
+  # sampler.mesh's default (tensor 0, auto) lays the decode chunk over the
+  # sampler's four chips (the slots search is the next test's).
+  got = _aot(*_BLOCK, "--nosearch_slots")
   assert got.returncode == 0, got.stderr[-3000:]
   assert "sampler_decode_slots" not in _lines(got.stdout)
   decode = _lines(got.stdout)["sampler_decode"]
@@ -123,10 +125,7 @@ def test_the_command_searches_the_most_slots_by_default():
   # the config's slots, the search compiles it at doubling slots and prints
   # the most that fit (from 2,048 the doubling meets its 4,096 cap at the
   # next compile; from 16 it takes nine, 74 CPU-s here).
-  got = _aot("--config=configs/smollm2.py", "--topology=v5e-8",
-             "--config.sampler.chips=v5e-8:4-7", "--config.model.num_layers=1",
-             "--config.model.vocab_size=1024", "--programs=sampler_decode",
-             "--config.sampler.num_slots=2048")
+  got = _aot(*_BLOCK, "--config.sampler.num_slots=2048")
   assert got.returncode == 0, got.stderr[-3000:]
   lines = _lines(got.stdout)
   assert lines["sampler_decode"]["mesh"]["tensor"] == 4
