@@ -243,6 +243,12 @@ def get_config() -> ml_collections.ConfigDict:
   # slots: more shapes to compile); False: every call runs all slots, masked
   # (cheaper overall when a full-batch forward is cheap, as for tiny models).
   config.sampler.row_subsets = True
+  # The most rows one call feeds prompts or observations to (0: no limit):
+  # below the slots, rows are prefilled that many a call, bounding the
+  # prefill's activations (Qwen2.5-7B's 64 slots of 4,096 prompt tokens at
+  # once need 122 GB of temporaries a chip; `python -m sao_jax.aot` compiles
+  # the prefill as the sampler then runs it).
+  config.sampler.prefill_rows = 0
   # Adopt newer weights every this many decoded tokens, in flight (0: only
   # with no episode in flight); the KV cache of in-flight episodes is 'keep'
   # (PipelineRL) or 'recompute' (AReaL) at a swap.

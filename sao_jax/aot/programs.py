@@ -225,8 +225,11 @@ def sampler_shapes(config: Any) -> dict[str, int]:
   prompt = max(1, limits.max_total_tokens - limits.max_new_tokens_per_turn)
   if str(config.sampler.kv_on_swap) == "recompute":
     prompt = limits.cache_len()  # A swap re-prefills whole histories.
+  capped = 0 < opts.prefill_rows < opts.num_slots
   return {
       "slots": opts.num_slots,
+      # Rows one prefill call feeds (sampler.prefill_rows, else all slots).
+      "prefill_rows": opts.prefill_rows if capped else opts.num_slots,
       "cache_len": limits.cache_len(),
       "prefill_len": generate_lib.bucket_length(prompt,
                                                 limits.min_prompt_bucket),
@@ -265,7 +268,9 @@ def sampler_programs(config: Any, mcfg: ModelConfig,
   what = (f"policy params + KV cache (whole, over {smesh.size} chip"
           f"{'s' if smesh.size > 1 else ''})")
   row = lambda dtype, *rest: Sds((b, *rest), dtype, sharding=everywhere)
-  tokens, mask = row(jnp.int32, shapes["prefill_len"]), row(
+  fed = lambda dtype, *rest: Sds((shapes["prefill_rows"], *rest), dtype,
+                                 sharding=everywhere)
+  tokens, mask = fed(jnp.int32, shapes["prefill_len"]), fed(
       jnp.bool_, shapes["prefill_len"])
   sampling = SamplingParams(temperature=float(config.sampler.temperature),
                             top_p=float(config.sampler.top_p),
@@ -279,8 +284,13 @@ def sampler_programs(config: Any, mcfg: ModelConfig,
         return lower()
     return run
 
-  prefill = under_mesh(functools.partial(
-      decoding.append_chunk.lower, params, mcfg, state, tokens, mask))
+  if shapes["prefill_rows"] < b:  # As the sampler feeds them: some rows.
+    prefill = under_mesh(functools.partial(
+        decoding.append_rows.lower, params, mcfg, state, fed(jnp.int32),
+        tokens, mask))
+  else:
+    prefill = under_mesh(functools.partial(
+        decoding.append_chunk.lower, params, mcfg, state, tokens, mask))
   decode = under_mesh(functools.partial(
       decoding.decode.lower, params, mcfg, state, key,
       row(jnp.int32, 2), row(jnp.bool_), row(jnp.int32),

@@ -82,7 +82,7 @@ class Decoder(Protocol):
 
 
 # (model_config, params, batch, max_len, sampling, rng, min_bucket,
-# row_subsets, mesh) -> a `Decoder`.
+# row_subsets, mesh, prefill_rows) -> a `Decoder`.
 DecoderFactory = Callable[..., Decoder]
 
 
@@ -151,7 +151,7 @@ class NativeRollout:
       self._gen = self._decoder(
           self._model_config, params, o.num_slots, self.limits.cache_len(),
           s.sampling, self._rng, self.limits.min_prompt_bucket,
-          o.row_subsets, mesh)
+          o.row_subsets, mesh, o.prefill_rows)
     else:
       keep = self.opts.kv_on_swap == "keep"
       if keep:

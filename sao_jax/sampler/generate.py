@@ -95,7 +95,8 @@ class Generator:
                max_len: int, sampling: SamplingParams = SamplingParams(),
                rng: Array | None = None, min_bucket: int = MIN_BUCKET,
                row_subsets: bool = True,
-               mesh: mesh_lib.SamplerMesh | None = None):
+               mesh: mesh_lib.SamplerMesh | None = None,
+               prefill_rows: int = 0):
     """Args:
       config: model config.
       params: `Transformer` params (plain, boxed or `{'params': ...}`).
@@ -114,6 +115,11 @@ class Generator:
       mesh: the sampler's mesh (`sampler/mesh.py`): the weights and the
         cache are placed on it and every program runs over it; None: one
         device, or wherever the weights already are (evaluation).
+      prefill_rows: the most rows one call feeds prompts or observations
+        to (``config.sampler.prefill_rows``): below ``batch_size``, rows are
+        fed that many a call (padded with untouched rows), bounding the
+        prefill's activations; 0: as many as have tokens (the whole batch
+        at once, or a subset as ``row_subsets`` says).
     """
     self.config = config
     self.batch_size = batch_size
@@ -121,6 +127,7 @@ class Generator:
     self.sampling = sampling
     self.min_bucket = int(min_bucket)
     self.row_subsets = bool(row_subsets)
+    self.prefill_rows = int(prefill_rows)
     self._mesh = mesh
     self._init_state = functools.partial(decoding.init_state, config,
                                          batch_size, self.max_len)
@@ -226,20 +233,71 @@ class Generator:
             "the token limits.")
 
   def _rebuild(self) -> Array | None:
-    """Prefills a fresh cache with every row's history (one call); returns
-    a MoE policy's experts of that prefill, [B, L, M, k] (else None)."""
+    """Prefills a fresh cache with every row's history (one call, or
+    ``prefill_rows`` rows a call); returns a MoE policy's experts of that
+    prefill, [B, L, M, k] (else None)."""
     self._check_room([0] * self.batch_size)
     self._state = self._init_state()
     longest = max(len(h) for h in self._history)
     if not longest:
       return None
-    tokens, mask = _right_pad(self._history,
-                              bucket_length(longest, self.min_bucket))
-    with mesh_lib.maybe(self._mesh):
-      self._state, experts = decoding.append_chunk(
-          self._params, self.config, self._state, jnp.asarray(tokens),
-          jnp.asarray(mask))
-    return experts
+    length = bucket_length(longest, self.min_bucket)
+    if not self._capped:
+      tokens, mask = _right_pad(self._history, length)
+      with mesh_lib.maybe(self._mesh):
+        self._state, experts = decoding.append_chunk(
+            self._params, self.config, self._state, jnp.asarray(tokens),
+            jnp.asarray(mask))
+      return experts
+    out = None
+    rows = [i for i, h in enumerate(self._history) if h]
+    for ran, experts, group in self._feed_groups(self._history, rows):
+      if experts is not None:
+        host = np.asarray(jax.device_get(experts))
+        if out is None:
+          out = np.zeros((self.batch_size, length, *host.shape[2:]),
+                         host.dtype)
+        for j, i in enumerate(ran):
+          if i in group:
+            out[i, :host.shape[1]] = host[j]
+    return None if out is None else jnp.asarray(out)
+
+  @property
+  def _capped(self) -> bool:
+    return 0 < self.prefill_rows < self.batch_size
+
+  def _feed_groups(self, chunks: Sequence[Sequence[int]], rows: list[int]):
+    """Feeds ``chunks[i]`` of ``rows``: in one call, or ``prefill_rows``
+    rows a call when capped. Yields, per call, the rows it ran, their
+    experts [K, C, M, k] (MoE; else None) and the rows of ``rows`` fed."""
+    b = self.batch_size
+    step = self.prefill_rows if self._capped else len(rows)
+    for start in range(0, len(rows), step):
+      group = set(rows[start:start + step])
+      length = bucket_length(max(len(chunks[i]) for i in group),
+                             self.min_bucket)
+      if self._capped:
+        picked = sorted(group) + sorted(set(range(b)) - group)[
+            :self.prefill_rows - len(group)]
+      else:
+        picked = self._pick(sorted(group))
+      with mesh_lib.maybe(self._mesh):
+        if picked is None:  # The whole batch (rows outside fed nothing).
+          ran = list(range(b))
+          tokens, mask = _right_pad(
+              [c if i in group else [] for i, c in enumerate(chunks)], length)
+          self._state, experts = decoding.append_chunk(
+              self._params, self.config, self._state, jnp.asarray(tokens),
+              jnp.asarray(mask))
+        else:
+          ran = picked
+          tokens, mask = _right_pad(
+              [chunks[i] if i in group else [] for i in picked], length)
+          self._state, experts = decoding.append_rows(
+              self._params, self.config, self._state,
+              jnp.asarray(picked, jnp.int32), jnp.asarray(tokens),
+              jnp.asarray(mask))
+      yield ran, experts, group
 
   def _pick(self, rows: list[int]) -> list[int] | None:
     """``rows`` padded with other rows to an eighth, a quarter or half of
@@ -276,23 +334,9 @@ class Generator:
           jnp.asarray(rows)], [len(chunks[i]) for i in rows],
                    [len(self._history[i]) - len(chunks[i]) for i in rows])
       return
-    length = bucket_length(max(len(chunks[i]) for i in rows), self.min_bucket)
-    picked = self._pick(rows)
-    if picked is None:
-      tokens, mask = _right_pad(chunks, length)
-      with mesh_lib.maybe(self._mesh):
-        self._state, experts = decoding.append_chunk(
-            self._params, self.config, self._state, jnp.asarray(tokens),
-            jnp.asarray(mask))
-      self._record(range(self.batch_size), experts, [len(c) for c in chunks])
-      return
-    tokens, mask = _right_pad([chunks[i] for i in picked], length)
-    with mesh_lib.maybe(self._mesh):
-      self._state, experts = decoding.append_rows(
-          self._params, self.config, self._state,
-          jnp.asarray(picked, jnp.int32), jnp.asarray(tokens),
-          jnp.asarray(mask))
-    self._record(picked, experts, [len(chunks[i]) for i in picked])
+    for ran, experts, group in self._feed_groups(chunks, rows):
+      self._record(ran, experts,
+                   [len(chunks[i]) if i in group else 0 for i in ran])
 
   def generate(self, stop_ids: Sequence[Sequence[int]] | Sequence[int],
                max_new_tokens: int | Sequence[int],

@@ -43,6 +43,7 @@ FIELD_RULES = {
     **{k: ranges.POSITIVE for k in (
         "num_slots", "decode_chunk", "env_threads", "n_rollouts")},
     "weight_poll_tokens": ranges.NONNEG,
+    "prefill_rows": ranges.NONNEG,
     "kv_on_swap": ranges.one_of(KV_ON_SWAP),
 }
 
@@ -68,6 +69,9 @@ class EngineOptions:
   # the defaults); mesh None: no mesh (the weights stay where they are).
   mesh: tuple[int, int, int] | None = None
   mesh_rules: Any = None
+  # The most rows one prefill / append call feeds (`generate.Generator`);
+  # 0: no limit.
+  prefill_rows: int = 0
 
   def __post_init__(self):
     ranges.check_fields(self, FIELD_RULES)
@@ -86,7 +90,8 @@ class EngineOptions:
                env_threads=int(s.env_threads), n_rollouts=int(s.n_rollouts),
                row_subsets=bool(s.row_subsets),
                mesh=mesh_lib.mesh_sizes(config),
-               mesh_rules=sharding.normalize_rules(config.mesh.rules))
+               mesh_rules=sharding.normalize_rules(config.mesh.rules),
+               prefill_rows=int(s.prefill_rows))
 
 
 @dataclasses.dataclass(frozen=True)

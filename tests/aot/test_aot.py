@@ -102,12 +102,19 @@ _BLOCK = ("--config=configs/smollm2.py", "--topology=v5e-8",
 @needs_libtpu
 @pytest.mark.multiprocess
 def test_the_sampler_compiles_over_its_whole_block():
-  # sampler.mesh's default (tensor 0, auto) lays the decode chunk over the
-  # sampler's four chips (the slots search is the next test's).
-  got = _aot(*_BLOCK, "--nosearch_slots")
+  # sampler.mesh's default (tensor 0, auto) lays the prefill and the
+  # decode chunk over the sampler's four chips, the prefill 4 of the 16
+  # slots a call, as the sampler feeds them with sampler.prefill_rows=4
+  # (the slots search is the next test's).
+  got = _aot(*_BLOCK, "--programs=sampler_prefill,sampler_decode",
+             "--config.sampler.prefill_rows=4", "--nosearch_slots")
   assert got.returncode == 0, got.stderr[-3000:]
-  assert "sampler_decode_slots" not in _lines(got.stdout)
-  decode = _lines(got.stdout)["sampler_decode"]
+  lines = _lines(got.stdout)
+  assert not any(name.endswith("_slots") for name in lines), lines.keys()
+  assert (lines["sizes"]["slots"], lines["sizes"]["prefill_rows"]) == (16, 4)
+  prefill = lines["sampler_prefill"]
+  assert prefill["fits"] and prefill["devices"] == 4, prefill
+  decode = lines["sampler_decode"]
   assert decode["devices"] == 4, decode
   assert decode["mesh"] == {"data": 1, "fsdp": 1, "tensor": 4}, decode
   assert decode["chips"].startswith("its 2x2x1 block [4, 5, 6, 7]"), decode

@@ -64,8 +64,13 @@ def test_sampler_shapes_follow_the_generator():
   assert shapes["prefill_len"] == generate.bucket_length(260, 8) == 512
   assert shapes["decode_steps"] == 16  # bucket_length(min(12, 40)).
   assert shapes["slots"] == 16  # num_slots 0: sampler.batch_size.
+  assert shapes["prefill_rows"] == 16  # prefill_rows 0: all slots a call.
   config.sampler.kv_on_swap = "recompute"  # Whole histories re-prefilled.
   assert programs.sampler_shapes(config)["prefill_len"] == 512
+  config.sampler.prefill_rows = 4  # The Generator feeds 4 rows a call.
+  assert programs.sampler_shapes(config)["prefill_rows"] == 4
+  config.sampler.prefill_rows = 32  # Above the slots: no limit.
+  assert programs.sampler_shapes(config)["prefill_rows"] == 16
 
 
 def test_weight_slot_size_is_what_create_allocates():

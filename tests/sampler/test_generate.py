@@ -148,18 +148,21 @@ def test_sampling_is_reproducible(params):
   assert any(not np.array_equal(x.tokens, z.tokens) for x, z in zip(a, c))
 
 
-@pytest.mark.parametrize("row_subsets", [True, False])
+@pytest.mark.parametrize("row_subsets,prefill_rows", [
+    (True, 0), (False, 0), (True, 2)])
 def test_rows_fed_alone_match_full_forward_and_keep_the_others(
-    params, row_subsets):
+    params, row_subsets, prefill_rows):
   """Appending to or decoding some rows runs only those rows (`append_rows`,
-  `decode_rows`), or the whole batch masked (``row_subsets=False``); every
-  row's log-probs still equal the full forward of its own history, a
-  refilled row holds only its new episode, and the rows not fed are left
-  unchanged."""
+  `decode_rows`), or the whole batch masked (``row_subsets=False``), or
+  ``prefill_rows`` rows a call (the five prompts in three calls, a rebuild
+  after new weights too); every row's log-probs still equal the full
+  forward of its own history, a refilled row holds only its new episode,
+  and the rows not fed are left unchanged."""
   rng = np.random.default_rng(8)
   g = gen_lib.Generator(_CFG, params, 5, max_len=64,
                         sampling=sampling.SamplingParams(temperature=0.7),
-                        rng=jax.random.PRNGKey(9), row_subsets=row_subsets)
+                        rng=jax.random.PRNGKey(9), row_subsets=row_subsets,
+                        prefill_rows=prefill_rows)
   prompts = _prompts(rng, [4, 9, 2, 6, 5])
   g.append(prompts)
   masks = [[0] * len(p) for p in prompts]
@@ -171,6 +174,8 @@ def test_rows_fed_alone_match_full_forward_and_keep_the_others(
       logps[i] += list(s.logprobs)
 
   act([5, 3, 6, 4, 2])
+  if prefill_rows:  # The same weights, the cache rebuilt from the histories.
+    g.set_params(params)
   before = g.histories
   obs = _prompts(rng, [0, 0, 7, 0, 0])  # One row of five: the gather path.
   g.append(obs)

@@ -87,11 +87,12 @@ def _stops(tok):
   return list(range(4, tok.vocab_size, 9))  # A random model stops early.
 
 
-def _native(tok, cfg, params, slots, chunk):
+def _native(tok, cfg, params, slots, chunk, prefill_rows=0):
   return engine_lib.NativeRollout(
       interface.RolloutSettings(
           interface.EngineOptions(num_slots=slots, decode_chunk=chunk,
-                                  weight_poll_tokens=0, env_threads=1),
+                                  weight_poll_tokens=0, env_threads=1,
+                                  prefill_rows=prefill_rows),
           LIMITS, SamplingParams(temperature=TEMPERATURE),
           stop_ids=tuple(_stops(tok))),
       model_config=cfg, tokenizer=tok, envs=_envs(slots),
@@ -99,11 +100,11 @@ def _native(tok, cfg, params, slots, chunk):
       rng=jax.random.PRNGKey(3))
 
 
-def _episodes(tok, cfg, params, n=3):
+def _episodes(tok, cfg, params, n=3, prefill_rows=0):
   """Evaluation's path: one episode per task, whole turns per decode call."""
   return interface.run_episodes(
-      _native(tok, cfg, params, n, LIMITS.max_new_tokens_per_turn),
-      list(range(n)))
+      _native(tok, cfg, params, n, LIMITS.max_new_tokens_per_turn,
+              prefill_rows), list(range(n)))
 
 
 def _engine(tok, cfg, params, episodes=5, slots=2):
@@ -165,11 +166,16 @@ def _check_replay(cfg, params, trajs, packed=False):
   return np.asarray(moe["moe_own_experts"]), batch
 
 
-@pytest.mark.parametrize("runner", ["run_episodes", "engine"])
+@pytest.mark.parametrize("runner", ["run_episodes", "engine",
+                                    "one_row_a_prefill"])
 def test_replay_reproduces_the_samplers_logprobs_and_routing(tok, runner):
   cfg = _cfg(tok.vocab_size)
   params = _params(cfg)
-  run = _episodes if runner == "run_episodes" else _engine
+  run = {"run_episodes": _episodes, "engine": _engine,
+         # sampler.prefill_rows=1: prompts and observations fed a row a
+         # call, their experts recorded all the same.
+         "one_row_a_prefill": functools.partial(_episodes, prefill_rows=1),
+         }[runner]
   trajs = _through_ring(run(tok, cfg, params))
   for t in trajs:  # Every token (prompt, actions, observations) routed.
     assert t.routed_experts.shape == (t.length, cfg.num_moe_layers, K)
