@@ -6,17 +6,17 @@ weights, no shared expert; ``models/hf.py`` loads the checkpoint with
 ``--config.model.init_from=DIR``) at 8k tokens per trajectory on a v5p-64:
 bfloat16 compute with remat, the state FSDP-sharded (the experts over the same
 axis: ``sharding.DEFAULT_RULES`` maps 'expert' to 'fsdp') over the trainer's 16
-chips (0, 1 of each host, one row of the batch each), the sampler on chip 2 of
-each host. Routing replay (R3) on, as a MoE run would train. Master weights
-and AdamW moments are bfloat16: the sampler holds the policy unsharded on one
-chip in ``model.param_dtype``, and 30.5B float32 parameters (122 GB) fit no
-v5p chip. Check it before renting the slice:
+chips (0, 1 of each host, one row of the batch each), the sampler over chips
+2, 3 of each host (``sampler.mesh``'s default with a split). Routing replay
+(R3) on, as a MoE run would train. Master weights and AdamW moments are
+bfloat16 (chosen when the sampler held the policy unsharded on one chip in
+``model.param_dtype``: 30.5B float32 parameters, 122 GB, fit no v5p chip). Check it before renting the slice:
 
   python -m sao_jax.aot --config=configs/qwen3_30b_a3b.py --topology=v5p-64
 
 What fits where is in BENCHMARKS.md ("TPU slices on paper", Qwen3-30B-A3B):
 this config's SAO step 88.3 of 95 GiB a trainer chip, the sampler's prefill
-66.7 GiB.
+66.7 GiB on chip 2 alone (``--config.sampler.mesh.tensor=1``).
 """
 
 import ml_collections
