@@ -60,11 +60,6 @@ def get_config() -> ml_collections.ConfigDict:
   m.moe.n_shared_experts = 1
   m.router_aux_loss_coef = 0.0  # DeepSeek-V3 balances by the bias, no loss.
   m.routing_replay = "rollout"
-  m.dtype = "bfloat16"
   m.param_dtype = "bfloat16"  # Master weights, AdamW moments, sampler copy.
-  m.remat_policy = "full"
 
-  config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
-  config.tokenizer.vocab_size = 0
-
-  return qwen2_5_7b.v5p64_layout(config, length, ring_bytes=1024 * 2**20)
+  return qwen2_5_7b.v5p_layout(config, length, ring_bytes=1024 * 2**20)

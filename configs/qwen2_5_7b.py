@@ -39,39 +39,42 @@ def get_config(context: str = "8k") -> ml_collections.ConfigDict:
   m.rms_norm_eps = 1e-6
   m.qkv_bias = True
   m.tie_embeddings = False
-  m.dtype = "bfloat16"
   m.param_dtype = "float32"  # Master weights and AdamW moments.
-  m.remat_policy = "full"
 
+  return v5p_layout(config, length, ring_bytes=256 * 2**20)
+
+
+def v5p_layout(config: ml_collections.ConfigDict, length: int,
+               ring_bytes: int, slice_name: str = "v5p-64"
+               ) -> ml_collections.ConfigDict:
+  """A run of ``length``-token trajectories on a v5p slice (the real-size
+  configs): bfloat16 compute with full remat, the checkpoint's own
+  tokenizer, and each host's 4 chips split 0, 1 trainer / 2, 3 sampler.
+
+  The trainer's chips (16 of a v5p-64's 32) hold the state FSDP-sharded,
+  one row of the batch each; each host's sampler (tensor parallel over its 2
+  chips, sampler.mesh's default with a split) fills its host's share, 2
+  episodes.
+  """
+  chips = int(slice_name.rpartition("-")[2]) // 2  # v5p-N: N TensorCores.
+  config.model.dtype = "bfloat16"  # Compute; model.param_dtype the config's.
+  config.model.remat_policy = "full"
   config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
   config.tokenizer.vocab_size = 0
-
-  return v5p64_layout(config, length, ring_bytes=256 * 2**20)
-
-
-def v5p64_layout(config: ml_collections.ConfigDict, length: int,
-                 ring_bytes: int) -> ml_collections.ConfigDict:
-  """A v5p-64 run of ``length``-token trajectories (configs/qwen3_30b_a3b.py
-  too): each of the 8 hosts' 4 chips split 0, 1 trainer / 2, 3 sampler.
-
-  The trainer's 16 chips hold the state FSDP-sharded, one row of the 16-row
-  batch each; each host's sampler (tensor parallel over its 2 chips,
-  sampler.mesh's default with a split) fills its host's share, 2 episodes.
-  """
   s = config.sampler
   s.max_total_tokens = length
   s.max_new_tokens = length // 2
   s.min_prompt_bucket = 64
   s.batch_size = 2
   s.decode_chunk = 16
-  s.chips = "v5p-64:2,3"
+  s.chips = f"{slice_name}:2,3"
 
   config.rl.critic_warmup_steps = 10
   config.rl.critic_updates_per_step = 2
   config.rl.critic_frozen_attention = True
 
   t = config.train
-  t.batch_size = 16
+  t.batch_size = chips // 2  # One row per trainer chip.
   t.max_seq_len = length
   config.mesh.data = 1
   config.mesh.fsdp = -1  # The whole state over every trainer chip.

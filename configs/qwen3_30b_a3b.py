@@ -49,12 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.moe.norm_topk_prob = True
   m.router_aux_loss_coef = 0.001
   m.routing_replay = "rollout"
-  m.dtype = "bfloat16"
   m.param_dtype = "bfloat16"  # Master weights, AdamW moments, sampler copy.
-  m.remat_policy = "full"
-
-  config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
-  config.tokenizer.vocab_size = 0
 
   # 8k tokens x 785 B of routing record a token: a bigger ring.
-  return qwen2_5_7b.v5p64_layout(config, length, ring_bytes=1024 * 2**20)
+  return qwen2_5_7b.v5p_layout(config, length, ring_bytes=1024 * 2**20)

@@ -60,11 +60,6 @@ def get_config(layers: str = "32") -> ml_collections.ConfigDict:
   m.linear_key_head_dim = 128
   m.linear_value_head_dim = 128
   m.linear_conv_kernel_dim = 4
-  m.dtype = "bfloat16"
   m.param_dtype = "float32"  # Master weights and AdamW moments.
-  m.remat_policy = "full"
 
-  config.tokenizer.path = ""  # A run sets the checkpoint's own directory.
-  config.tokenizer.vocab_size = 0
-
-  return qwen2_5_7b.v5p64_layout(config, length, ring_bytes=256 * 2**20)
+  return qwen2_5_7b.v5p_layout(config, length, ring_bytes=256 * 2**20)
