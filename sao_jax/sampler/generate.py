@@ -88,7 +88,7 @@ class Generator:
   Keeps each row's full token history on the host. Rows are fed on their own
   (only the rows with tokens to append run the model); when `set_params`
   changes the weights without keeping the cache, it is rebuilt by one
-  prefill over the histories.
+  prefill over the histories (``prefill_rows`` rows a call, if set).
   """
 
   def __init__(self, config: ModelConfig, params: Any, batch_size: int,

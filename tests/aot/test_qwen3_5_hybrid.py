@@ -73,6 +73,9 @@ def test_one_pattern_repeat_compiles_for_a_v5p_64():
   assert got.returncode == 0, got.stderr[-3000:]
   step, decode = reports["sao_step"], reports["sampler_decode"]
   assert step["fits"] and step["devices"] == 16, step
-  assert decode["fits"] and decode["devices"] == 1, decode
+  # The sampler over its 2 chips of each host (sampler.mesh's default with
+  # a split), tensor parallel.
+  assert decode["fits"] and decode["devices"] == 2, decode
+  assert decode["mesh"] == {"data": 1, "fsdp": 1, "tensor": 2}, decode
   for r in (step, decode):
     assert 0 < r["peak_bytes"] <= r["hbm_bytes"], r
