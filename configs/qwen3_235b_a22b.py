@@ -21,34 +21,15 @@ import ml_collections
 
 from configs import base
 from configs import qwen2_5_7b
+from configs import qwen3_30b_a3b
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = base.get_config()
-  length = 8192
-
-  m = config.model  # Qwen3-235B-A22B's config.json.
-  m.vocab_size = 151936
-  m.hidden_size = 4096
-  m.intermediate_size = 12288  # Dense MLP width (no layer here is dense).
-  m.num_layers = 94
-  m.num_heads = 64
-  m.num_kv_heads = 4
-  m.head_dim = 128
-  m.rope_theta = 1000000.0
-  m.rms_norm_eps = 1e-6
-  m.qkv_bias = False
-  m.qk_norm = True
-  m.tie_embeddings = False
-  m.moe.num_experts = 128
-  m.moe.top_k = 8
-  m.moe.intermediate_size = 1536
-  m.moe.router = "softmax"
-  m.moe.norm_topk_prob = True
-  m.router_aux_loss_coef = 0.001
-  m.routing_replay = "rollout"
-  m.param_dtype = "float32"  # Master weights and AdamW moments.
-
+  qwen3_30b_a3b.qwen3_moe(config.model, hidden_size=4096,
+                          intermediate_size=12288, num_layers=94,
+                          num_heads=64, expert_size=1536)
+  config.model.param_dtype = "float32"  # Master weights and AdamW moments.
   # 8k tokens x 1.5 kB of routing record a token: a bigger ring.
-  return qwen2_5_7b.v5p_layout(config, length, ring_bytes=2048 * 2**20,
+  return qwen2_5_7b.v5p_layout(config, 8192, ring_bytes=2048 * 2**20,
                                slice_name="v5p-256")

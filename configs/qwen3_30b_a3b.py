@@ -25,16 +25,18 @@ from configs import base
 from configs import qwen2_5_7b
 
 
-def get_config() -> ml_collections.ConfigDict:
-  config = base.get_config()
-  length = 8192
-
-  m = config.model  # Qwen3-30B-A3B's config.json.
+def qwen3_moe(m: ml_collections.ConfigDict, *, hidden_size: int,
+              intermediate_size: int, num_layers: int, num_heads: int,
+              expert_size: int) -> None:
+  """Sets ``m`` (config.model) to a Qwen3-MoE checkpoint's architecture
+  (configs/qwen3_235b_a22b.py too): every layer 128 experts top-8 with
+  softmax routing and renormalised weights, 4 KV heads of 128, q/k norms,
+  routing replay on; the sizes its config.json gives."""
   m.vocab_size = 151936
-  m.hidden_size = 2048
-  m.intermediate_size = 6144  # Dense MLP width (no layer here is dense).
-  m.num_layers = 48
-  m.num_heads = 32
+  m.hidden_size = hidden_size
+  m.intermediate_size = intermediate_size  # Dense MLP (no layer is dense).
+  m.num_layers = num_layers
+  m.num_heads = num_heads
   m.num_kv_heads = 4
   m.head_dim = 128
   m.rope_theta = 1000000.0
@@ -44,12 +46,18 @@ def get_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = False
   m.moe.num_experts = 128
   m.moe.top_k = 8
-  m.moe.intermediate_size = 768
+  m.moe.intermediate_size = expert_size
   m.moe.router = "softmax"
   m.moe.norm_topk_prob = True
   m.router_aux_loss_coef = 0.001
   m.routing_replay = "rollout"
-  m.param_dtype = "bfloat16"  # Master weights, AdamW moments, sampler copy.
 
+
+def get_config() -> ml_collections.ConfigDict:
+  config = base.get_config()
+  qwen3_moe(config.model, hidden_size=2048, intermediate_size=6144,
+            num_layers=48, num_heads=32, expert_size=768)
+  # Master weights, AdamW moments, sampler copy.
+  config.model.param_dtype = "bfloat16"
   # 8k tokens x 785 B of routing record a token: a bigger ring.
-  return qwen2_5_7b.v5p_layout(config, length, ring_bytes=1024 * 2**20)
+  return qwen2_5_7b.v5p_layout(config, 8192, ring_bytes=1024 * 2**20)
