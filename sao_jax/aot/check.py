@@ -244,7 +244,7 @@ def check(config: Any, topology: str, num_slices: int = 1,
                                                topo))
     if search_slots:
       sizing.append(_search_slots(program, config, sampler_mcfg, placement,
-                                  topo))
+                                  topo, report["fits"]))
   if placement.shared:
     reports.extend(_shared_chip(reports, topo, config))
   shapes = programs_lib.sampler_shapes(config)
@@ -265,8 +265,9 @@ def check(config: Any, topology: str, num_slices: int = 1,
 
 def _search_slots(program: programs_lib.Program, config: Any,
                   sampler_mcfg: Any, placement: Placement,
-                  topo: topo_lib.Topology) -> dict[str, Any]:
-  """`sampler_sizing.max_slots` for ``program``, each trial compiled."""
+                  topo: topo_lib.Topology, fits_now: bool) -> dict[str, Any]:
+  """`sampler_sizing.max_slots` for ``program``, each trial compiled but
+  the configured slots (``fits_now``, its report's verdict)."""
 
   def fits(trial: Any) -> bool:
     again = next(p for p in programs_lib.sampler_programs(
@@ -277,8 +278,10 @@ def _search_slots(program: programs_lib.Program, config: Any,
   shape = dict(program.mesh.shape)
   logging.info("Searching the most slots %s fits on %s.", program.name,
                topo.name)
+  configured = programs_lib.sampler_shapes(config)["slots"]
   return sizing_lib.max_slots(config, program.name,
-                              shape["data"] * shape["fsdp"], fits)
+                              shape["data"] * shape["fsdp"], fits,
+                              known={configured: bool(fits_now)})
 
 
 def _shared_chip(reports: list[dict[str, Any]], topo: topo_lib.Topology,

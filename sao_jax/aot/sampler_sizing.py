@@ -60,11 +60,14 @@ def decode_roofline(report: dict[str, Any], config: Any, mcfg: ModelConfig,
 
 
 def max_slots(config: Any, program: str, row_shards: int,
-              fits: Callable[[Any], bool]) -> dict[str, Any]:
+              fits: Callable[[Any], bool],
+              known: dict[int, bool] | None = None) -> dict[str, Any]:
   """The largest ``sampler.num_slots`` (a multiple of ``row_shards`` and of
-  ``sampler.n_rollouts``) for which ``fits(config_with_it)`` holds."""
+  ``sampler.n_rollouts``) for which ``fits(config_with_it)`` holds;
+  ``known``: verdicts already had (the configured slots' own compile), not
+  asked of ``fits`` again."""
   step = math.lcm(int(row_shards), int(config.sampler.n_rollouts))
-  tried: dict[int, bool] = {}
+  tried: dict[int, bool] = dict(known or {})
 
   def check(n: int) -> bool:
     if n not in tried:
@@ -96,5 +99,5 @@ def max_slots(config: Any, program: str, row_shards: int,
       hi = mid
   return {"program": f"{program}_slots", "max_slots": lo,
           "first_not_fitting": hi, "cap": _MAX_SLOTS,
-          "compiles": len(tried),
+          "compiles": len(tried) - len(known or {}),
           "tried": {str(k): v for k, v in sorted(tried.items())}}

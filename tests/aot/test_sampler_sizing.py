@@ -47,6 +47,16 @@ def test_the_search_finds_the_boundary(start, limit, shards, want):
   assert len(seen) <= 2 * math.log2(4096) + 2
 
 
+def test_the_search_reuses_the_verdicts_it_is_given():
+  # The configured 16 slots were compiled already (their report): the
+  # search asks only of the slots it has no verdict for.
+  seen = []
+  got = sampler_sizing.max_slots(_config(16), "sampler_decode", 1,
+                                 _fits_below(100, seen), known={16: True})
+  assert got["max_slots"] == 100 and 16 not in seen, (got, seen)
+  assert got["compiles"] == len(seen) and got["tried"]["16"] is True
+
+
 def test_the_search_keeps_groups_whole():
   seen = []
   got = sampler_sizing.max_slots(_config(12, n_rollouts=3), "sampler_decode",
