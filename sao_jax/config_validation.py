@@ -363,13 +363,15 @@ def _check_mesh(c: Any) -> None:
     raise ConfigError(f"config.mesh.rules: {e}") from None
   if c.mesh.data > 0 and c.mesh.fsdp > 0:
     _check_batch_divisible(c, c.mesh.data * c.mesh.fsdp)
-  sizes = [c.sampler.mesh[a] for a in ("data", "expert", "tensor")]
-  try:  # tensor 0 is auto (sampler/mesh.py mesh_sizes): -1 or 1.
-    sharding.check_mesh_sizes(sizes[:2] + [sizes[2] or 1])
+  from sao_jax.sampler import mesh as sampler_mesh  # pylint: disable=g-import-not-at-top
+
+  sizes = [c.sampler.mesh[a] for a in sampler_mesh.FIELDS]
+  try:  # As the sampler resolves them (tensor 0: auto).
+    sharding.check_mesh_sizes(sampler_mesh.mesh_sizes(c))
   except sharding.MeshError:
     raise _fail("sampler.mesh", "data, expert, tensor sizes positive or "
                 "-1 (fill), at most one -1; tensor 0: auto", dict(zip(
-                    ("data", "expert", "tensor"), sizes))) from None
+                    sampler_mesh.FIELDS, sizes))) from None
 
 
 def _check_batch_divisible(c: Any, shards: int) -> None:

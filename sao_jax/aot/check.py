@@ -233,6 +233,7 @@ def check(config: Any, topology: str, num_slices: int = 1,
       reports.append(compile_one(program, topo, config,
                                  placement.trainer_label, mesh))
   sampler_mcfg = precision.sampler_model_config(config, mcfg)
+  shapes = programs_lib.sampler_shapes(config)
   sizing = []
   for program in filter(wanted, programs_lib.sampler_programs(
       config, sampler_mcfg, placement.sampler)):
@@ -242,12 +243,11 @@ def check(config: Any, topology: str, num_slices: int = 1,
     if program.name == "sampler_decode" and report["fits"]:
       sizing.append(sizing_lib.decode_roofline(report, config, sampler_mcfg,
                                                topo))
-    if search_slots:
+    if search_slots:  # The configured slots' verdict is this report's.
       sizing.append(_search_slots(program, config, sampler_mcfg, placement,
-                                  topo, report["fits"]))
+                                  topo, {shapes["slots"]: report["fits"]}))
   if placement.shared:
     reports.extend(_shared_chip(reports, topo, config))
-  shapes = programs_lib.sampler_shapes(config)
   est = programs_lib.memory.estimate_memory(
       sampler_mcfg, kv_batch=shapes["slots"], kv_len=shapes["cache_len"],
       critic=False)
@@ -265,9 +265,10 @@ def check(config: Any, topology: str, num_slices: int = 1,
 
 def _search_slots(program: programs_lib.Program, config: Any,
                   sampler_mcfg: Any, placement: Placement,
-                  topo: topo_lib.Topology, fits_now: bool) -> dict[str, Any]:
+                  topo: topo_lib.Topology,
+                  known: dict[int, bool]) -> dict[str, Any]:
   """`sampler_sizing.max_slots` for ``program``, each trial compiled but
-  the configured slots (``fits_now``, its report's verdict)."""
+  those in ``known`` (slots -> the verdict already had)."""
 
   def fits(trial: Any) -> bool:
     again = next(p for p in programs_lib.sampler_programs(
@@ -278,10 +279,8 @@ def _search_slots(program: programs_lib.Program, config: Any,
   shape = dict(program.mesh.shape)
   logging.info("Searching the most slots %s fits on %s.", program.name,
                topo.name)
-  configured = programs_lib.sampler_shapes(config)["slots"]
   return sizing_lib.max_slots(config, program.name,
-                              shape["data"] * shape["fsdp"], fits,
-                              known={configured: bool(fits_now)})
+                              shape["data"] * shape["fsdp"], fits, known)
 
 
 def _shared_chip(reports: list[dict[str, Any]], topo: topo_lib.Topology,

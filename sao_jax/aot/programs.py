@@ -225,11 +225,10 @@ def sampler_shapes(config: Any) -> dict[str, int]:
   prompt = max(1, limits.max_total_tokens - limits.max_new_tokens_per_turn)
   if str(config.sampler.kv_on_swap) == "recompute":
     prompt = limits.cache_len()  # A swap re-prefills whole histories.
-  capped = 0 < opts.prefill_rows < opts.num_slots
   return {
       "slots": opts.num_slots,
-      # Rows one prefill call feeds (sampler.prefill_rows, else all slots).
-      "prefill_rows": opts.prefill_rows if capped else opts.num_slots,
+      "prefill_rows": generate_lib.rows_per_prefill(opts.prefill_rows,
+                                                    opts.num_slots),
       "cache_len": limits.cache_len(),
       "prefill_len": generate_lib.bucket_length(prompt,
                                                 limits.min_prompt_bucket),

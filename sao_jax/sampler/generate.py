@@ -82,6 +82,12 @@ class Segment:
   experts: np.ndarray | None = None  # MoE: uint16 [n, M, k] (R3); else None
 
 
+def rows_per_prefill(prefill_rows: int, batch_size: int) -> int:
+  """Rows one prefill call feeds: ``prefill_rows`` when it is below the
+  batch (``config.sampler.prefill_rows``), else the whole batch."""
+  return prefill_rows if 0 < prefill_rows < batch_size else batch_size
+
+
 class Generator:
   """Stateful multi-turn generation for a fixed batch of rows.
 
@@ -264,7 +270,8 @@ class Generator:
 
   @property
   def _capped(self) -> bool:
-    return 0 < self.prefill_rows < self.batch_size
+    return rows_per_prefill(self.prefill_rows, self.batch_size) < (
+        self.batch_size)
 
   def _feed_groups(self, chunks: Sequence[Sequence[int]], rows: list[int]):
     """Feeds ``chunks[i]`` of ``rows``: in one call, or ``prefill_rows``
