@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 from absl import logging
 import grain
 
+from sao_jax.data import stream
+
 
 def prompt_dataset(
     tasks: Sequence[Any],
@@ -50,7 +52,8 @@ def prompt_dataset(
 
 def prompt_iterator(tasks: Sequence[Any], **kwargs) -> grain.DatasetIterator:
   """A checkpointable iterator over ``prompt_dataset(tasks, **kwargs)``."""
-  return iter(prompt_dataset(tasks, **kwargs).to_iter_dataset())
+  return iter(prompt_dataset(tasks, **kwargs).to_iter_dataset(
+      stream.IN_MEMORY))
 
 
 class FittingPrompts:

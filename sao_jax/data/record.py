@@ -290,7 +290,8 @@ class ReplayStream:
     self.counters = stream_lib.StreamCounters()
     source = grain.sources.ArrayRecordDataSource(paths)
     ds = (grain.MapDataset.source(source).map(decode_entry)
-          .filter(lambda e: start <= e.step < stop).to_iter_dataset())
+          .filter(lambda e: start <= e.step < stop)
+          .to_iter_dataset(stream_lib.IN_MEMORY))
     ds = ds.filter(_Admitted(self.counters, start, batch_size)).map(
         lambda e: (e.traj, e.staleness))
     self.dataset = stream_lib.to_batches(

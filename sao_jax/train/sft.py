@@ -21,6 +21,7 @@ from absl import logging
 
 from sao_jax.models import logprobs as logprobs_lib
 from sao_jax.models import transformer
+from sao_jax.data import stream
 from sao_jax.models.config import ModelConfig
 from sao_jax.train import optim
 
@@ -84,7 +85,7 @@ def sft_dataset(examples: Sequence[Example], cfg: SFTConfig,
       .repeat()
       .map(lambda ex: encode_segments(ex, cfg.max_len, pad_id))
       .batch(cfg.batch_size, drop_remainder=True)
-      .to_iter_dataset())
+      .to_iter_dataset(stream.IN_MEMORY))
 
 
 def nll_loss(model: transformer.Transformer, params: Any,
