@@ -148,8 +148,12 @@ def _check_rule(config: Any, path: str, rule: Rule) -> None:
 def _check_dataset_name(path: str, name: str) -> None:
   """`name` must be a reasoning_gym dataset or 'codeio' (suggesting the
   closest)."""
-  from reasoning_gym import factory  # pylint: disable=g-import-not-at-top
-  from sao_jax.envs import function_tasks  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from sao_jax.envs import function_tasks
+  from sao_jax.envs import reasoning_gym_env
+  # pylint: enable=g-import-not-at-top
+
+  factory = reasoning_gym_env.import_reasoning_gym().factory
 
   if name != function_tasks.NAME and name not in factory.DATASETS:
     close = difflib.get_close_matches(name, list(factory.DATASETS), n=1)

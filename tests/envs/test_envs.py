@@ -1,6 +1,9 @@
 """Tests for sao_jax.envs: calculator, reasoning-gym adapter, tool env, evolving env."""
 
 import operator
+import pathlib
+import subprocess
+import sys
 
 import hypothesis
 from hypothesis import strategies as st
@@ -253,3 +256,17 @@ def test_a_new_env_is_one_registry_entry(tasks, monkeypatch):
   assert env.step(tasks.entry(3)["answer"]).reward == 0.5
   env.reset(3)
   assert env.step("no").reward == 0.0
+
+
+def test_reasoning_gym_loads_cellpylib_only_for_game_of_life():
+  # A fresh interpreter: the suite's own may have imported anything.
+  code = (
+      "import sys; from sao_jax.envs import reasoning_gym_env as r; "
+      "r.import_reasoning_gym(); print('matplotlib' in sys.modules); "
+      "t = r.ReasoningGymTasks('game_of_life', seed=3, size=2); "
+      "e = t.entry(1); print(t.dataset.score_answer(e['answer'], e)); "
+      "print('matplotlib' in sys.modules)")
+  got = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True, timeout=300,
+                       cwd=pathlib.Path(__file__).resolve().parents[2])
+  assert got.stdout.split() == ["False", "1.0", "True"], got.stderr[-2000:]
