@@ -51,6 +51,16 @@ if _session_dir("JAX_COMPILATION_CACHE_DIR", "SAO_TEST_COMPILATION_CACHE",
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
+# Python bytecode compiled once per session, in a temporary directory
+# (PYTHONPYCACHEPREFIX): the package is installed editable and pip compiles
+# no bytecode for it, so with PYTHONDONTWRITEBYTECODE set (as on CI's machines)
+# every worker and child process compiled sao_jax's, configs' and the tests'
+# sources again. A .pyc is checked against its source's mtime and size, so an
+# edit is always recompiled. SAO_TEST_PYCACHE=0 leaves Python's settings.
+if _session_dir("PYTHONPYCACHEPREFIX", "SAO_TEST_PYCACHE",
+                "sao_jax_test_pycache_"):
+  os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # One trained-tokenizer cache per session: nearly every `sao_jax.main` run
 # trains the same few SentencePiece models (3-4 CPU-s each). Training is
 # deterministic and the key is everything the model depends on
