@@ -8,8 +8,8 @@ step, SAO step, the sampler's prefill and decode chunk) for the slice's
 compile-only devices, without weights, and prints one JSON line per program
 (per-chip memory against HBM, FLOPs, the run's own estimate, a verdict), one
 of sizes (weight slot, KV cache), the decode roofline and, for each sampler
-program, the most slots it fits (a search, compiling; --nosearch_slots
-skips it). With sampler.chips the sampler's programs compile over its whole
+program, the most slots it fits (a search, compiling, up to --max_slots;
+--nosearch_slots skips it). With sampler.chips the sampler's programs compile over its whole
 block (sampler.mesh.tensor 0, auto). Exits 1 naming each program that does
 not fit, by how much, and what to change. Needs libtpu (pip install -e
 '.[tpu]'); no TPU.
@@ -27,6 +27,7 @@ from ml_collections import config_flags
 
 from sao_jax import config_validation
 from sao_jax.aot import check as check_lib
+from sao_jax.aot import sampler_sizing
 from sao_jax import tpu_topology as topo_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -41,6 +42,9 @@ _SEARCH_SLOTS = flags.DEFINE_bool(
     "search_slots", True, "Also search, compiling, the most "
     "sampler.num_slots each sampler program fits (a few compiles each; "
     "--nosearch_slots: the config's slots only).")
+_MAX_SLOTS = flags.DEFINE_integer(
+    "max_slots", sampler_sizing.MAX_SLOTS,
+    "The slots search compiles no more slots than this.", lower_bound=1)
 _PROGRAMS = flags.DEFINE_list(
     "programs", [], "Only these programs (default: all the run compiles): "
     + ", ".join(check_lib.PROGRAMS) + ".")
@@ -62,7 +66,8 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(f"Cannot compile for TPUs here: {why}")
   try:
     reports = check_lib.check(config, topology, _NUM_SLICES.value,
-                              tuple(_PROGRAMS.value), _SEARCH_SLOTS.value)
+                              tuple(_PROGRAMS.value), _SEARCH_SLOTS.value,
+                              _MAX_SLOTS.value)
   except (config_validation.ConfigError, topo_lib.TopologyError,
           ValueError) as e:
     sys.exit(str(e))

@@ -206,12 +206,12 @@ PROGRAMS = ("sft_step", "critic_warmup_step", "sao_step", "sampler_prefill",
 
 
 def check(config: Any, topology: str, num_slices: int = 1,
-          only: tuple[str, ...] = (), search_slots: bool = False
-          ) -> list[dict[str, Any]]:
+          only: tuple[str, ...] = (), search_slots: bool = False,
+          max_slots: int = sizing_lib.MAX_SLOTS) -> list[dict[str, Any]]:
   """One report per program the run compiles (those named in ``only``, if
   given), then one of sizes, the decode roofline and, with
-  ``search_slots``, the most slots each sampler program fits
-  (`sampler_sizing.py`)."""
+  ``search_slots``, the most slots each sampler program fits, up to
+  ``max_slots`` (`sampler_sizing.py`)."""
   unknown = sorted(set(only) - set(PROGRAMS))
   if unknown:
     raise ValueError(f"unknown programs {unknown}; known: {PROGRAMS}.")
@@ -245,7 +245,8 @@ def check(config: Any, topology: str, num_slices: int = 1,
                                                topo))
     if search_slots:  # The configured slots' verdict is this report's.
       sizing.append(_search_slots(program, config, sampler_mcfg, placement,
-                                  topo, {shapes["slots"]: report["fits"]}))
+                                  topo, {shapes["slots"]: report["fits"]},
+                                  max_slots))
   if placement.shared:
     reports.extend(_shared_chip(reports, topo, config))
   est = programs_lib.memory.estimate_memory(
@@ -266,9 +267,10 @@ def check(config: Any, topology: str, num_slices: int = 1,
 def _search_slots(program: programs_lib.Program, config: Any,
                   sampler_mcfg: Any, placement: Placement,
                   topo: topo_lib.Topology,
-                  known: dict[int, bool]) -> dict[str, Any]:
-  """`sampler_sizing.max_slots` for ``program``, each trial compiled but
-  those in ``known`` (slots -> the verdict already had)."""
+                  known: dict[int, bool], cap: int) -> dict[str, Any]:
+  """`sampler_sizing.max_slots` for ``program`` up to ``cap`` slots, each
+  trial compiled but those in ``known`` (slots -> the verdict already
+  had)."""
 
   def fits(trial: Any) -> bool:
     again = next(p for p in programs_lib.sampler_programs(
@@ -280,7 +282,8 @@ def _search_slots(program: programs_lib.Program, config: Any,
   logging.info("Searching the most slots %s fits on %s.", program.name,
                topo.name)
   return sizing_lib.max_slots(config, program.name,
-                              shape["data"] * shape["fsdp"], fits, known)
+                              shape["data"] * shape["fsdp"], fits, known,
+                              cap)
 
 
 def _shared_chip(reports: list[dict[str, Any]], topo: topo_lib.Topology,

@@ -26,8 +26,8 @@ from sao_jax import tpu_topology as topo_lib
 from sao_jax.models.config import ModelConfig
 from sao_jax.sampler import rollout
 
-# The search never compiles more slots than this.
-_MAX_SLOTS = 4096
+# The search never compiles more slots than this (`--max_slots`'s default).
+MAX_SLOTS = 4096
 
 
 def decode_roofline(report: dict[str, Any], config: Any, mcfg: ModelConfig,
@@ -61,12 +61,17 @@ def decode_roofline(report: dict[str, Any], config: Any, mcfg: ModelConfig,
 
 def max_slots(config: Any, program: str, row_shards: int,
               fits: Callable[[Any], bool],
-              known: dict[int, bool] | None = None) -> dict[str, Any]:
+              known: dict[int, bool] | None = None,
+              cap: int = MAX_SLOTS) -> dict[str, Any]:
   """The largest ``sampler.num_slots`` (a multiple of ``row_shards`` and of
-  ``sampler.n_rollouts``) for which ``fits(config_with_it)`` holds;
-  ``known``: verdicts already had (the configured slots' own compile), not
-  asked of ``fits`` again."""
+  ``sampler.n_rollouts``) up to ``cap`` for which ``fits(config_with_it)``
+  holds; ``known``: verdicts already had (the configured slots' own
+  compile), not asked of ``fits`` again."""
   step = math.lcm(int(row_shards), int(config.sampler.n_rollouts))
+  if cap < step:
+    raise ValueError(f"--max_slots={cap}: the search needs at least {step} "
+                     "slots (a multiple of the rows' shards and of "
+                     "sampler.n_rollouts); raise it.")
   tried: dict[int, bool] = dict(known or {})
 
   def check(n: int) -> bool:
@@ -76,11 +81,15 @@ def max_slots(config: Any, program: str, row_shards: int,
       tried[n] = bool(fits(trial))
     return tried[n]
 
-  start = max(step, rollout.num_slots(config) // step * step)
+  cap = cap // step * step
+  start = max(step, min(rollout.num_slots(config), cap) // step * step)
   lo, hi = 0, None  # lo fits (0: none yet), hi does not.
   n = start
-  while n <= _MAX_SLOTS and check(n):
-    lo, n = n, n * 2
+  while check(n):  # Doubling, the cap itself last.
+    lo = n
+    if n == cap:
+      break
+    n = min(2 * n, cap)
   if lo == 0:  # The configured count does not fit: come down.
     hi = start
     n = start // 2 // step * step
@@ -88,7 +97,7 @@ def max_slots(config: Any, program: str, row_shards: int,
       hi, n = n, n // 2 // step * step
     lo = n if n >= step else 0  # The loop stopped at a fit, or at none.
   else:
-    hi = n if n <= _MAX_SLOTS else None
+    hi = None if lo == cap else n
   while hi is not None and hi - lo > step:
     mid = (lo + hi) // 2 // step * step
     if mid in (lo, hi):
@@ -98,6 +107,6 @@ def max_slots(config: Any, program: str, row_shards: int,
     else:
       hi = mid
   return {"program": f"{program}_slots", "max_slots": lo,
-          "first_not_fitting": hi, "cap": _MAX_SLOTS,
+          "first_not_fitting": hi, "cap": cap,
           "compiles": len(tried) - len(known or {}),
           "tried": {str(k): v for k, v in sorted(tried.items())}}

@@ -129,18 +129,19 @@ def test_the_sampler_compiles_over_its_whole_block():
 @pytest.mark.multiprocess
 def test_the_command_searches_the_most_slots_by_default():
   # The same command without --nosearch_slots: after the decode chunk at
-  # the config's slots (whose verdict the search reuses), the search
-  # compiles it at doubling slots and prints the most that fit (from 2,048
-  # the doubling meets its 4,096 cap at the next compile; from 16 it takes
-  # eight more, 74 CPU-s here).
-  got = _aot(*_BLOCK, "--config.sampler.num_slots=2048")
+  # the config's 16 slots (whose verdict the search reuses), the search
+  # compiles it at doubling slots, the cap last, and prints the most that
+  # fit. A cap of 48 (--max_slots; 4,096 by default, the doubling's own
+  # stop, test_sampler_sizing.py) keeps it to two compiles of small
+  # programs: from 2,048 to the default cap they were 48 CPU-s here.
+  got = _aot(*_BLOCK, "--max_slots=48")
   assert got.returncode == 0, got.stderr[-3000:]
   lines = _lines(got.stdout)
   assert lines["sampler_decode"]["mesh"]["tensor"] == 4
   search = lines["sampler_decode_slots"]
-  assert search["tried"] == {"2048": True, "4096": True}, search
+  assert search["tried"] == {"16": True, "32": True, "48": True}, search
   assert (search["max_slots"], search["first_not_fitting"],
-          search["compiles"]) == (4096, None, 1), search
+          search["compiles"], search["cap"]) == (48, None, 2, 48), search
 
 
 @needs_libtpu

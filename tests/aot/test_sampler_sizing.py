@@ -64,6 +64,20 @@ def test_the_search_keeps_groups_whole():
   assert got["max_slots"] == 48 and all(n % 6 == 0 for n in seen), got
 
 
+def test_the_search_stops_at_the_cap_it_is_given():
+  # --max_slots: a configured count above the cap starts the search at it.
+  for start, cap, want, tried in ((16, 48, 48, [16, 32, 48]),
+                                  (128, 40, 40, [40])):
+    seen = []
+    got = sampler_sizing.max_slots(_config(start), "sampler_decode", 8,
+                                   _fits_below(10_000, seen), cap=cap)
+    assert (got["max_slots"], got["cap"]) == (want, cap), got
+    assert got["first_not_fitting"] is None and sorted(seen) == tried, got
+  with pytest.raises(ValueError, match="--max_slots=4: .* at least 8"):
+    sampler_sizing.max_slots(_config(16), "sampler_decode", 8,
+                             _fits_below(100, []), cap=4)
+
+
 def test_the_roofline_is_the_slower_of_bytes_and_flops():
   config = _config(64)
   config.train.batch_size = 512
