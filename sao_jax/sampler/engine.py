@@ -48,7 +48,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sao_jax.tokenization import tokenizer as tok_lib
@@ -247,7 +246,7 @@ class NativeRollout:
     budgets = np.array([min(s.ep.turn_left, self.opts.decode_chunk)
                         if s.busy else 0 for s in self._slots], np.int32)
     segments = self._gen.generate(self.stop_ids, budgets, active,
-                                  jnp.asarray(self._row_keys))
+                                  self._row_keys)
     steps = self._gen.last_steps
     self.stats.decode_row_steps += steps * len(self._slots)
     self.stats.decode_active_row_steps += sum(len(g.tokens) for g in segments)

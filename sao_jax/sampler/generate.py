@@ -22,7 +22,6 @@ import functools
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sao_jax.models.config import ModelConfig
@@ -227,7 +226,7 @@ class Generator:
       mask = np.zeros(self.batch_size, np.bool_)
       mask[rows] = True
       with mesh_lib.maybe(self._mesh):
-        self._state = decoding.clear_rows(self._state, jnp.asarray(mask))
+        self._state = decoding.clear_rows(self._state, mask)
 
   def _check_room(self, need: Sequence[int]) -> None:
     """Raises unless every row's history plus ``need[i]`` tokens fits."""
@@ -238,7 +237,7 @@ class Generator:
             f"needs {n} more > max_len={self.max_len}; raise max_len or lower "
             "the token limits.")
 
-  def _rebuild(self) -> Array | None:
+  def _rebuild(self) -> np.ndarray | Array | None:
     """Prefills a fresh cache with every row's history (one call, or
     ``prefill_rows`` rows a call); returns a MoE policy's experts of that
     prefill, [B, L, M, k] (else None)."""
@@ -252,8 +251,7 @@ class Generator:
       tokens, mask = _right_pad(self._history, length)
       with mesh_lib.maybe(self._mesh):
         self._state, experts = decoding.append_chunk(
-            self._params, self.config, self._state, jnp.asarray(tokens),
-            jnp.asarray(mask))
+            self._params, self.config, self._state, tokens, mask)
       return experts
     out = None
     rows = [i for i, h in enumerate(self._history) if h]
@@ -266,7 +264,7 @@ class Generator:
         for j, i in enumerate(ran):
           if i in group:
             out[i, :host.shape[1]] = host[j]
-    return None if out is None else jnp.asarray(out)
+    return out
 
   @property
   def _capped(self) -> bool:
@@ -294,16 +292,14 @@ class Generator:
           tokens, mask = _right_pad(
               [c if i in group else [] for i, c in enumerate(chunks)], length)
           self._state, experts = decoding.append_chunk(
-              self._params, self.config, self._state, jnp.asarray(tokens),
-              jnp.asarray(mask))
+              self._params, self.config, self._state, tokens, mask)
         else:
           ran = picked
           tokens, mask = _right_pad(
               [chunks[i] if i in group else [] for i in picked], length)
           self._state, experts = decoding.append_rows(
               self._params, self.config, self._state,
-              jnp.asarray(picked, jnp.int32), jnp.asarray(tokens),
-              jnp.asarray(mask))
+              np.asarray(picked, np.int32), tokens, mask)
       yield ran, experts, group
 
   def _pick(self, rows: list[int]) -> list[int] | None:
@@ -337,8 +333,8 @@ class Generator:
     if fresh:  # Nothing computed yet (fresh or new weights): prefill all.
       experts = self._rebuild()
       # Only the new chunks' experts: earlier tokens keep their first record.
-      self._record(rows, None if experts is None else experts[
-          jnp.asarray(rows)], [len(chunks[i]) for i in rows],
+      self._record(rows, None if experts is None else np.asarray(
+          jax.device_get(experts))[rows], [len(chunks[i]) for i in rows],
                    [len(self._history[i]) - len(chunks[i]) for i in rows])
       return
     for ran, experts, group in self._feed_groups(chunks, rows):
@@ -379,14 +375,13 @@ class Generator:
       if picked is None:  # Most rows generate: the whole batch runs.
         picked = list(range(b))
         self._state, out = decoding.decode(
-            self._params, self.config, self._state, key, jnp.asarray(stops),
-            jnp.asarray(act), jnp.asarray(budget), row_keys, **kw)
+            self._params, self.config, self._state, key, stops, act, budget,
+            row_keys, **kw)
       else:  # Only the generating rows (padded with idle ones) run.
         sel = np.asarray(picked)
         self._state, out = decoding.decode_rows(
-            self._params, self.config, self._state, jnp.asarray(sel), key,
-            jnp.asarray(stops[sel]), jnp.asarray(act[sel]),
-            jnp.asarray(budget[sel]),
+            self._params, self.config, self._state, sel, key, stops[sel],
+            act[sel], budget[sel],
             None if row_keys is None else np.asarray(row_keys)[sel], **kw)
     toks, logps, count, stopped, loop_steps, experts = jax.device_get(
         (out.tokens, out.logprobs, out.num_tokens, out.stopped, out.steps,
