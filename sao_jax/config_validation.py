@@ -22,6 +22,7 @@ from typing import Any, Callable
 import ml_collections
 
 from sao_jax import ranges
+from sao_jax import reasoning_gym_import
 # Re-exported: the key tree's API is used from here.
 from sao_jax.config_keys import base_config
 from sao_jax.config_keys import check_key_path  # pylint: disable=unused-import
@@ -148,15 +149,12 @@ def _check_rule(config: Any, path: str, rule: Rule) -> None:
 def _check_dataset_name(path: str, name: str) -> None:
   """`name` must be a reasoning_gym dataset or 'codeio' (suggesting the
   closest)."""
-  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
   from sao_jax.envs import function_tasks
-  from sao_jax.envs import reasoning_gym_env
-  # pylint: enable=g-import-not-at-top
 
-  factory = reasoning_gym_env.import_reasoning_gym().factory
-
-  if name != function_tasks.NAME and name not in factory.DATASETS:
-    close = difflib.get_close_matches(name, list(factory.DATASETS), n=1)
+  known = reasoning_gym_import.dataset_subpackages()  # Not importing it.
+  if name != function_tasks.NAME and name not in known:
+    close = difflib.get_close_matches(name, list(known), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(
         f"config.{path}: expected a reasoning_gym dataset name or "

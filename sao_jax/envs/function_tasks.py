@@ -22,6 +22,7 @@ import atexit
 import functools
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -44,9 +45,12 @@ _PROMPT = ("{description}\n\n{spec}\n\nWrite a Python function "
 
 
 def _data_path() -> str:
-  import reasoning_gym  # pylint: disable=g-import-not-at-top
-
-  return os.path.join(os.path.dirname(reasoning_gym.__file__), "data",
+  """reasoning-gym's codeio file, found without importing reasoning-gym."""
+  spec = importlib.util.find_spec("reasoning_gym")
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError("reasoning-gym is not installed (pip install -e "
+                            ".): its data/codeio.jsonl.gz holds the tasks.")
+  return os.path.join(spec.submodule_search_locations[0], "data",
                       "codeio.jsonl.gz")
 
 

@@ -17,12 +17,9 @@ wrong answers.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-import types
 from typing import Any, Mapping
 
+from sao_jax import reasoning_gym_import
 from sao_jax.envs import answers
 from sao_jax.envs.base import Environment
 from sao_jax.envs.base import final_answer
@@ -30,42 +27,6 @@ from sao_jax.envs.base import StepResult
 
 
 REWARD_RULES = ("exact", "score")
-
-# Modules reasoning-gym imports at its own import time that only a few of its
-# datasets use: cellpylib (its two Game of Life datasets, by attribute only)
-# imports matplotlib.pyplot, 0.57 of reasoning_gym's 1.19 s import in every
-# trainer, sampler and evaluation process.
-_LOADED_ON_FIRST_USE = ("cellpylib",)
-
-
-class _OnFirstUse(types.ModuleType):
-  """A module that imports the real one at its first attribute lookup.
-
-  (The standard library's ``importlib.util.LazyLoader`` loads at the import
-  system's own ``__spec__`` check, so a second ``import`` of it is eager.)
-  """
-
-  def __getattr__(self, attr: str) -> Any:  # Only attributes not yet set.
-    name = self.__name__
-    if sys.modules.get(name) is self:
-      del sys.modules[name]
-    real = importlib.import_module(name)
-    self.__dict__.update(real.__dict__)
-    return getattr(real, attr)
-
-
-def import_reasoning_gym() -> types.ModuleType:
-  """``reasoning_gym``, with ``_LOADED_ON_FIRST_USE`` imported when first used.
-
-  A dataset that uses one of them works as before (its first attribute lookup
-  imports it); the other datasets never pay for it.
-  """
-  for name in _LOADED_ON_FIRST_USE:
-    if name not in sys.modules and importlib.util.find_spec(name) is not None:
-      sys.modules[name] = _OnFirstUse(name)
-  import reasoning_gym  # pylint: disable=g-import-not-at-top
-  return reasoning_gym
-
 
 def reward_from_score(score: float, rule: str = "exact") -> float:
   """The episode reward of a reasoning-gym score under ``rule``."""
@@ -82,7 +43,7 @@ class ReasoningGymTasks:
 
   def __init__(self, name: str, config: Mapping[str, Any] | None = None, *,
                seed: int, size: int):
-    reasoning_gym = import_reasoning_gym()  # Heavy: only where needed.
+    reasoning_gym = reasoning_gym_import.import_reasoning_gym((name,))
     self.name = name
     self.seed = int(seed)
     self.size = int(size)

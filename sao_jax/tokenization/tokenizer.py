@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from absl import logging
 import sentencepiece as spm
 
+from sao_jax import reasoning_gym_import
 from sao_jax.tokenization.chat_template import ChatTemplate
 from sao_jax.tokenization.chat_template import SAO_MARKUP
 from sao_jax.tokenization import trained_cache
@@ -290,7 +291,8 @@ def task_corpus(dataset_names: Sequence[str], n: int, seed: int,
   Returns:
     `3 * n * len(dataset_names)` strings, in a deterministic order.
   """
-  import reasoning_gym  # Heavy import; only needed to build a corpus.
+  reasoning_gym = reasoning_gym_import.import_reasoning_gym(
+      [n for n in dataset_names if n not in CORPUS_SOURCES])
 
   texts = []
   configs = dict(dataset_configs or {})

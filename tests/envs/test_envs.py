@@ -16,6 +16,7 @@ from sao_jax.tokenization import tokenizer as tok_lib
 from sao_jax.envs import base
 from sao_jax.envs import build
 from sao_jax.envs import evolving
+from sao_jax import reasoning_gym_import
 from sao_jax.envs import reasoning_gym_env as rg_env
 from sao_jax.envs import registry
 from sao_jax.envs import tool_env
@@ -258,15 +259,56 @@ def test_a_new_env_is_one_registry_entry(tasks, monkeypatch):
   assert env.step("no").reward == 0.0
 
 
-def test_reasoning_gym_loads_cellpylib_only_for_game_of_life():
-  # A fresh interpreter: the suite's own may have imported anything.
-  code = (
-      "import sys; from sao_jax.envs import reasoning_gym_env as r; "
-      "r.import_reasoning_gym(); print('matplotlib' in sys.modules); "
-      "t = r.ReasoningGymTasks('game_of_life', seed=3, size=2); "
-      "e = t.entry(1); print(t.dataset.score_answer(e['answer'], e)); "
-      "print('matplotlib' in sys.modules)")
+def _fresh(code: str) -> list[str]:
+  """``code``'s printed words in a fresh interpreter (the suite's own may
+  have imported anything)."""
   got = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, check=True, timeout=300,
                        cwd=pathlib.Path(__file__).resolve().parents[2])
-  assert got.stdout.split() == ["False", "1.0", "True"], got.stderr[-2000:]
+  return got.stdout.split()
+
+
+def test_reasoning_gym_loads_cellpylib_only_for_game_of_life():
+  assert _fresh(
+      "import sys; from sao_jax import reasoning_gym_import as r; "
+      "from sao_jax.envs import reasoning_gym_env as e; "
+      "r.import_reasoning_gym(); print('matplotlib' in sys.modules); "
+      "t = e.ReasoningGymTasks('game_of_life', seed=3, size=2); "
+      "x = t.entry(1); print(t.dataset.score_answer(x['answer'], x)); "
+      "print('matplotlib' in sys.modules)") == ["False", "1.0", "True"]
+
+
+def test_the_dataset_index_is_reasoning_gyms_registry():
+  # reasoning_gym_import reads names and subpackages from the sources: each
+  # registered dataset's class lives in the subpackage it names (None: a
+  # top-level module, composite, which needs the whole package).
+  index = reasoning_gym_import.dataset_subpackages()
+  assert set(index) == set(reasoning_gym.factory.DATASETS)
+  assert len(index) >= 100 and index["basic_arithmetic"] == (
+      "reasoning_gym.arithmetic") and index["composite"] is None
+  for name, (cls, _) in reasoning_gym.factory.DATASETS.items():
+    where = index[name] or cls.__module__
+    assert cls.__module__.startswith(where), (name, where, cls.__module__)
+
+
+def test_a_run_imports_only_its_datasets_subpackages():
+  # basic_arithmetic's tasks from reasoning_gym.arithmetic alone: no sympy
+  # (the algebra, geometry and games subpackages'), the same problems as
+  # the whole package makes; another name, or any attribute the partial
+  # package lacks, imports the rest.
+  words = _fresh(
+      "import sys; from sao_jax import reasoning_gym_import as r; "
+      "from sao_jax.envs import reasoning_gym_env as e; "
+      "rg = r.import_reasoning_gym(['basic_arithmetic']); "
+      "print('sympy' in sys.modules, 'reasoning_gym.algebra' in sys.modules); "
+      "t = e.ReasoningGymTasks('basic_arithmetic', seed=5, size=3); "
+      "print(*[t.entry(i)['answer'] for i in range(3)], sep=' '); "
+      "d = rg.create_dataset('letter_counting', seed=1, size=1); "
+      "print(len(rg.factory.DATASETS) < 60, 'sympy' in sys.modules); "
+      "print(rg.__version__ == '0.1.19', 'sympy' in sys.modules, "
+      "len(rg.factory.DATASETS))")
+  whole = rg_env.ReasoningGymTasks("basic_arithmetic", seed=5, size=3)
+  assert words == ["False", "False", *[whole.entry(i)["answer"]
+                                       for i in range(3)],
+                   "True", "False", "True", "True",
+                   str(len(reasoning_gym.factory.DATASETS))], words
