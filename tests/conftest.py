@@ -51,14 +51,17 @@ if _session_dir("JAX_COMPILATION_CACHE_DIR", "SAO_TEST_COMPILATION_CACHE",
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
-# Python bytecode compiled once per session, in a temporary directory
-# (PYTHONPYCACHEPREFIX): the package is installed editable and pip compiles
-# no bytecode for it, so with PYTHONDONTWRITEBYTECODE set (as on CI's machines)
-# every worker and child process compiled sao_jax's, configs' and the tests'
-# sources again. A .pyc is checked against its source's mtime and size, so an
-# edit is always recompiled. SAO_TEST_PYCACHE=0 leaves Python's settings.
-if _session_dir("PYTHONPYCACHEPREFIX", "SAO_TEST_PYCACHE",
-                "sao_jax_test_pycache_"):
+# Python bytecode written where Python writes it by default (each source's
+# __pycache__, ignored by git): the package is installed editable and pip
+# compiles no bytecode for it, so with PYTHONDONTWRITEBYTECODE set (as on CI's
+# machines) every worker and child process compiled sao_jax's, configs' and
+# the tests' sources again. A .pyc is checked against its source's mtime and
+# size, so an edit is always recompiled. (Not a PYTHONPYCACHEPREFIX: Python
+# then ignores the libraries' own __pycache__ and every process of the
+# session's first minutes compiled jax's, torch's and transformers' sources
+# again, ~20 CPU-s more at the start; BENCHMARKS.md "Test suite time".)
+# SAO_TEST_PYCACHE=0 leaves Python's settings.
+if os.environ.get("SAO_TEST_PYCACHE", "1") != "0":
   os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # One trained-tokenizer cache per session: nearly every `sao_jax.main` run
