@@ -50,15 +50,23 @@ class _OnFirstUse(types.ModuleType):
     return getattr(real, attr)
 
 
+def package_dir() -> pathlib.Path | None:
+  """Where reasoning-gym is installed (None: it is not), found without
+  importing it."""
+  spec = importlib.util.find_spec(_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  return pathlib.Path(spec.submodule_search_locations[0])
+
+
 @functools.cache
 def dataset_subpackages() -> dict[str, str | None]:
   """reasoning-gym's dataset names -> the subpackage whose import registers
   them (``reasoning_gym.arithmetic`` ...; None: a top-level module's, such as
   composite, which builds the others), read from its sources, unimported."""
-  spec = importlib.util.find_spec(_PACKAGE)
-  if spec is None or not spec.submodule_search_locations:
+  root = package_dir()
+  if root is None:
     return {}
-  root = pathlib.Path(spec.submodule_search_locations[0])
   out = {}
   for path in sorted(root.rglob("*.py")):
     text = path.read_text(encoding="utf-8")

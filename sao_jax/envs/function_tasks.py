@@ -22,7 +22,6 @@ import atexit
 import functools
 import gzip
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -30,6 +29,7 @@ import sys
 import threading
 from typing import Any
 
+from sao_jax import reasoning_gym_import
 from sao_jax.grading.functions import code_of
 from sao_jax.grading.functions import FunctionGrader
 from sao_jax.grading.functions import FunctionTask
@@ -46,12 +46,11 @@ _PROMPT = ("{description}\n\n{spec}\n\nWrite a Python function "
 
 def _data_path() -> str:
   """reasoning-gym's codeio file, found without importing reasoning-gym."""
-  spec = importlib.util.find_spec("reasoning_gym")
-  if spec is None or not spec.submodule_search_locations:
+  root = reasoning_gym_import.package_dir()
+  if root is None:
     raise FileNotFoundError("reasoning-gym is not installed (pip install -e "
                             ".): its data/codeio.jsonl.gz holds the tasks.")
-  return os.path.join(spec.submodule_search_locations[0], "data",
-                      "codeio.jsonl.gz")
+  return os.path.join(root, "data", "codeio.jsonl.gz")
 
 
 # The fields holding statement lists: an import is a statement, so the walk
