@@ -6,7 +6,8 @@ tasks, the config resolved for them (``envs.task_sizing``: settings at 0
 derived from the task, explicit ones checked), the model config, the mesh, the initial policy (``warm_start``) and
 its critic, the two optimizers, the train state in its mesh shardings
 (restored from the newest checkpoint in ``workdir/checkpoints`` if there is
-one) and the jitted step functions.
+one, into an abstract state: no initial policy is built) and the jitted step
+functions.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import os
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
@@ -162,37 +164,89 @@ class Setup:
   full_step: StepFn  # Critic updates and one policy update.
 
 
-def _train_state(config: Any, mcfg: ModelConfig, step_cfg: step_lib.StepConfig,
-                 policy_params: Any, num_prompts: int, mesh, rules
-                 ) -> tuple[step_lib.TrainState, Any, Any, Any]:
-  """(state in its mesh shardings, its shardings, actor tx, critic tx)."""
-  p_shard = sharding.param_shardings(_abstract_boxed(mcfg, False), mesh, rules)
-  v_shard = sharding.param_shardings(_abstract_boxed(mcfg, True), mesh, rules)
-  value_params = transformer.value_params_from_policy(
-      policy_params, mcfg, jax.random.PRNGKey(int(config.train.seed) + 7),
-      head_std=float(config.rl.value_head_init_std))
-  policy_params = sharding.shard_params(policy_params, p_shard)
-  value_params = sharding.shard_params(value_params, v_shard)
-  policy_tx, value_tx = optimizers(config, value_params)
+def _new_state(config: Any, step_cfg: step_lib.StepConfig, num_prompts: int,
+               policy_params: Any, value_params: Any,
+               policy_tx: optax.GradientTransformation,
+               value_tx: optax.GradientTransformation) -> step_lib.TrainState:
+  """A step-0 state over these (unboxed) params: optimizer moments made where
+  the params are (sharded params, sharded moments), the running mean, and the
+  KL penalty's frozen reference (a copy: the step donates the state)."""
   running_mean = None
   if step_cfg.estimator == "running_mean":
     running_mean = adv_lib.running_mean_init(
         1 if step_cfg.running_mean_global else num_prompts,
         int(config.rl.running_mean_k))
-  # The KL penalty's reference: the initial policy, frozen (a copy, since the
-  # step donates the state's buffers).
   ref_params = (jax.tree.map(jnp.copy, policy_params)
                 if step_cfg.uses_reference else None)
-  state = step_lib.create_train_state(policy_params, value_params, policy_tx,
-                                      value_tx, running_mean=running_mean,
-                                      ref_params=ref_params)
-  # Params and optimizer moments keep their mesh shardings; scalars (step,
-  # version, Adam counts) are replicated over the mesh (not one local device,
-  # which would break multi-host runs).
+  return step_lib.create_train_state(policy_params, value_params, policy_tx,
+                                     value_tx, running_mean=running_mean,
+                                     ref_params=ref_params)
+
+
+def _value_params(config: Any, mcfg: ModelConfig, policy_params: Any) -> Any:
+  return transformer.value_params_from_policy(
+      policy_params, mcfg, jax.random.PRNGKey(int(config.train.seed) + 7),
+      head_std=float(config.rl.value_head_init_std))
+
+
+def _state_shardings(abstract: step_lib.TrainState, p_shard: Any, v_shard: Any,
+                     policy_tx: optax.GradientTransformation,
+                     value_tx: optax.GradientTransformation,
+                     mesh) -> step_lib.TrainState:
+  """Where each leaf of the state lives: params (and the reference) in their
+  mesh shardings, each optimizer leaf that mirrors a param (Adam's moments)
+  in that param's (``optax.tree_map_params``), and scalars (step, version,
+  Adam counts, the running mean) replicated over the mesh (not one local
+  device, which would break multi-host runs)."""
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state_sharding = jax.tree.map(
-      lambda x: x.sharding if isinstance(
-          x.sharding, jax.sharding.NamedSharding) else replicated, state)
+
+  def opt(tx, opt_state, shardings):
+    # A masked (frozen) param's place in the state holds no array.
+    masked = lambda x: isinstance(x, optax.MaskedNode)
+    return optax.tree_map_params(
+        tx, lambda x, s: x if masked(x) else s, opt_state, shardings,
+        transform_non_params=lambda _: replicated, is_leaf=masked)
+
+  return step_lib.TrainState(
+      step=replicated, policy_version=replicated, policy_params=p_shard,
+      value_params=v_shard,
+      policy_opt_state=opt(policy_tx, abstract.policy_opt_state, p_shard),
+      value_opt_state=opt(value_tx, abstract.value_opt_state, v_shard),
+      running_mean=jax.tree.map(lambda _: replicated, abstract.running_mean),
+      ref_params=None if abstract.ref_params is None else p_shard)
+
+
+def _train_state(config: Any, mcfg: ModelConfig, step_cfg: step_lib.StepConfig,
+                 policy_params: Any | None, num_prompts: int, mesh, rules
+                 ) -> tuple[step_lib.TrainState, Any, Any, Any]:
+  """(state in its mesh shardings, its shardings, actor tx, critic tx).
+
+  ``policy_params`` None (a run that restores a checkpoint): the state is
+  abstract, ``jax.ShapeDtypeStruct`` leaves with their shardings, the
+  restore's target: nothing is initialised only to be overwritten.
+  """
+  boxed_policy = _abstract_boxed(mcfg, False)
+  p_shard = sharding.param_shardings(boxed_policy, mesh, rules)
+  v_shard = sharding.param_shardings(_abstract_boxed(mcfg, True), mesh, rules)
+  abstract_policy = nn.unbox(boxed_policy)
+  abstract_value = jax.eval_shape(
+      lambda p: _value_params(config, mcfg, p), abstract_policy)
+  policy_tx, value_tx = optimizers(config, abstract_value)
+  abstract = jax.eval_shape(
+      lambda p, v: _new_state(config, step_cfg, num_prompts, p, v,
+                              policy_tx, value_tx),
+      abstract_policy, abstract_value)
+  state_sharding = _state_shardings(abstract, p_shard, v_shard, policy_tx,
+                                    value_tx, mesh)
+  if policy_params is None:
+    return (jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract, state_sharding), state_sharding, policy_tx, value_tx)
+  value_params = sharding.shard_params(
+      _value_params(config, mcfg, policy_params), v_shard)
+  policy_params = sharding.shard_params(policy_params, p_shard)
+  state = _new_state(config, step_cfg, num_prompts, policy_params,
+                     value_params, policy_tx, value_tx)
   return (jax.device_put(state, state_sharding), state_sharding, policy_tx,
           value_tx)
 
@@ -243,10 +297,10 @@ def build(config: Any, workdir: str, writer: metrics_lib.MetricWriter,
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
   source, source_step = (ckpt, None) if ckpt.latest_step() is not None else (
       _replay_start(config))
-  # A resumed run's policy comes from its checkpoint: no SFT warm start.
-  policy_params = warm_start.initial_policy(
-      config, mcfg, tokenizer, train_tasks, eval_tasks, artifacts, writer,
-      resuming=source is not None)
+  # A resumed run's state comes from its checkpoint: no initial policy (no
+  # checkpoint load, random init or SFT warm start) and an abstract state.
+  policy_params = None if source is not None else warm_start.initial_policy(
+      config, mcfg, tokenizer, train_tasks, eval_tasks, artifacts, writer)
   step_cfg = step_config_from(config)
   state, state_sharding, policy_tx, value_tx = _train_state(
       config, mcfg, step_cfg, policy_params, len(train_tasks), mesh, rules)

@@ -183,12 +183,10 @@ def _run_sft(config: Any, mcfg: ModelConfig,
 def initial_policy(config: Any, mcfg: ModelConfig,
                    tokenizer: text_tokenizer.TextTokenizer,
                    train_tasks, eval_tasks, workdir: str,
-                   writer: metrics_lib.MetricWriter,
-                   resuming: bool = False) -> Any:
+                   writer: metrics_lib.MetricWriter) -> Any:
   """The checkpoint (``model.init_from``) or a random init, then SFT when
-  ``train.sft_steps`` > 0 (cached) and the run is not ``resuming`` (a
-  resumed run restores its trained policy over these params: SFT would be
-  wasted, and an SFT cache keyed by newer settings would be retrained).
+  ``train.sft_steps`` > 0 (cached). A fresh run's only: a resumed run
+  restores its trained policy (``setup.build`` does not call this).
 
   The SFT result is cached in ``workdir/sft``, or with ``train.sft_cache_dir``
   in ``<sft_cache_dir>/<sft_cache_key>``, shared by every run with the same
@@ -205,7 +203,7 @@ def initial_policy(config: Any, mcfg: ModelConfig,
           f"config.model does not match the checkpoint at "
           f"{config.model.init_from}: config {mcfg} vs checkpoint "
           f"{loaded_cfg}.")
-  if int(config.train.sft_steps) <= 0 or resuming:
+  if int(config.train.sft_steps) <= 0:
     return start if start is not None else random_policy(
         mcfg, int(config.train.seed))
   cache_root = str(config.train.sft_cache_dir)

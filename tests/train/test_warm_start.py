@@ -66,18 +66,34 @@ def test_sft_warm_starts_the_checkpoint_it_is_given(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_a_resumed_run_does_not_train_sft_again(tmp_path):
-  """`resuming` (setup.build: the run has a checkpoint): the starting
-  params as they are, SFT neither run nor cached (the checkpoint holds the
-  trained policy)."""
-  config, tokenizer, train_tasks, eval_tasks, mcfg, start = _tiny_run(
-      tmp_path)
+def test_a_resumed_run_restores_into_an_abstract_state(tmp_path, monkeypatch):
+  """setup.build with a checkpoint in the workdir: no initial policy (no
+  checkpoint load, random init or SFT: neither run nor cached), the state
+  restored as saved, in the shardings a fresh build gives it."""
+  config, _, _, _, _, _ = _tiny_run(tmp_path, **{"train.sft_steps": 0})
   config.model.init_from = str(tmp_path / "ckpt")
-  config.train.sft_cache_dir = str(tmp_path / "cache")
-  got = warm_start.initial_policy(config, mcfg, tokenizer, train_tasks,
-                                  eval_tasks, str(tmp_path / "run"), None,
-                                  resuming=True)
-  for a, b in zip(_leaves(got), _leaves(start)):
-    np.testing.assert_array_equal(a, b)
+  workdir = str(tmp_path / "run")
+  with metrics.MetricWriter(str(tmp_path / "tb")) as writer:
+    fresh = setup.build(config, workdir, writer, True)
+    saved = jax.tree.map(lambda x: x + 1 if x.dtype.kind == "f" else x,
+                         fresh.state)  # Not what an init would give.
+    fresh.ckpt.save(3, saved, {**fresh.meta, "episodes_consumed": 5})
+    fresh.ckpt.close()
+
+    def no_initial_policy(*args, **kwargs):
+      raise AssertionError("a resumed run built its initial policy")
+
+    monkeypatch.setattr(warm_start, "initial_policy", no_initial_policy)
+    config.train.sft_steps = 3
+    config.train.sft_cache_dir = str(tmp_path / "cache")
+    resumed = setup.build(config, workdir, writer, True)
+    resumed.ckpt.close()
+  assert resumed.meta["episodes_consumed"] == 5
   assert not (tmp_path / "cache").exists()
   assert not (tmp_path / "run" / "sft").exists()
+  leaves = jax.tree.leaves(resumed.state)
+  assert leaves and all(isinstance(x, jax.Array) for x in leaves)
+  for a, b in zip(leaves, jax.tree.leaves(saved)):
+    np.testing.assert_array_equal(a, b)
+  assert (jax.tree.map(lambda x: x.sharding, resumed.state)
+          == jax.tree.map(lambda x: x.sharding, fresh.state))
