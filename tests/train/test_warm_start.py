@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from sao_jax.envs import build as env_build
 from sao_jax.envs import task_sizing
@@ -66,11 +67,18 @@ def test_sft_warm_starts_the_checkpoint_it_is_given(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_a_resumed_run_restores_into_an_abstract_state(tmp_path, monkeypatch):
+@pytest.mark.parametrize("overrides", [
+    {},
+    # Every optional part of the state: the KL penalty's frozen reference
+    # and the running-mean baseline's table.
+    {"rl.loss": "ppo", "rl.kl_coef": 0.01, "rl.advantage": "running_mean"}])
+def test_a_resumed_run_restores_into_an_abstract_state(tmp_path, monkeypatch,
+                                                       overrides):
   """setup.build with a checkpoint in the workdir: no initial policy (no
   checkpoint load, random init or SFT: neither run nor cached), the state
   restored as saved, in the shardings a fresh build gives it."""
-  config, _, _, _, _, _ = _tiny_run(tmp_path, **{"train.sft_steps": 0})
+  config, _, _, _, _, _ = _tiny_run(tmp_path, **{"train.sft_steps": 0,
+                                                 **overrides})
   config.model.init_from = str(tmp_path / "ckpt")
   workdir = str(tmp_path / "run")
   with metrics.MetricWriter(str(tmp_path / "tb")) as writer:
@@ -91,6 +99,9 @@ def test_a_resumed_run_restores_into_an_abstract_state(tmp_path, monkeypatch):
   assert resumed.meta["episodes_consumed"] == 5
   assert not (tmp_path / "cache").exists()
   assert not (tmp_path / "run" / "sft").exists()
+  if overrides:
+    assert resumed.state.ref_params is not None
+    assert resumed.state.running_mean is not None
   leaves = jax.tree.leaves(resumed.state)
   assert leaves and all(isinstance(x, jax.Array) for x in leaves)
   for a, b in zip(leaves, jax.tree.leaves(saved)):
