@@ -78,6 +78,11 @@ def _params(tree: ast.Module, entry: str) -> tuple[str, ...] | None:
   return None
 
 
+def _key(row: dict[str, Any]) -> str:
+  """The digest of a row's description: its task's key and seed."""
+  return hashlib.sha256(row["task_description"].encode()).hexdigest()
+
+
 def task_from_row(row: dict[str, Any]) -> FunctionTask | None:
   """The row as a task, or None when it is not one (module docstring)."""
   try:
@@ -90,7 +95,7 @@ def task_from_row(row: dict[str, Any]) -> FunctionTask | None:
   params = _params(ref, "main_solution")
   if params is None or _params(gen, "generate_inputs") is None:
     return None
-  digest = hashlib.sha256(row["task_description"].encode()).hexdigest()
+  digest = _key(row)
   return FunctionTask(
       key=digest[:16], description=row["task_description"].strip(),
       spec=row["input_output_spec"].strip(), reference=row["code_sample"],
@@ -98,13 +103,32 @@ def task_from_row(row: dict[str, Any]) -> FunctionTask | None:
       seed=int(digest[16:24], 16))
 
 
+def _short(row: dict[str, Any], max_reference_chars: int) -> bool:
+  return not max_reference_chars or len(
+      row.get("code_sample") or "") <= max_reference_chars
+
+
 @functools.lru_cache(maxsize=None)
-def all_tasks() -> tuple[FunctionTask, ...]:
-  """Every codeio row that is a task, ordered by key."""
+def all_tasks(max_reference_chars: int = 0) -> tuple[FunctionTask, ...]:
+  """Every codeio row that is a task, ordered by key; of rows with one
+  description, the last that is a task. With `max_reference_chars`, only
+  those whose reference is at most that long: a description none of whose
+  rows is that short is passed over unparsed (parsing every row is most of
+  the time a short split takes)."""
   with gzip.open(_data_path(), "rt") as f:
     rows = [json.loads(line) for line in f]
-  tasks = {t.key: t for t in map(task_from_row, rows) if t is not None}
-  return tuple(tasks[k] for k in sorted(tasks))
+  groups: dict[str, list[dict[str, Any]]] = {}
+  for row in rows:
+    groups.setdefault(_key(row)[:16], []).append(row)
+  tasks = []
+  for group in groups.values():
+    if not any(_short(r, max_reference_chars) for r in group):
+      continue
+    task = next(filter(None, map(task_from_row, reversed(group))), None)
+    if task is not None and _short({"code_sample": task.reference},
+                                   max_reference_chars):
+      tasks.append(task)
+  return tuple(sorted(tasks, key=lambda t: t.key))
 
 
 def split(name: str, max_reference_chars: int = 0
@@ -115,10 +139,8 @@ def split(name: str, max_reference_chars: int = 0
   if name not in ("train", "heldout"):
     raise ValueError(f"split {name!r}: use 'train' or 'heldout'.")
   heldout = name == "heldout"
-  return tuple(t for t in all_tasks()
-               if (int(t.key, 16) % HELDOUT_EVERY == 0) == heldout and (
-                   not max_reference_chars
-                   or len(t.reference) <= max_reference_chars))
+  return tuple(t for t in all_tasks(int(max_reference_chars))
+               if (int(t.key, 16) % HELDOUT_EVERY == 0) == heldout)
 
 
 def prompt(task: FunctionTask) -> str:
