@@ -13,7 +13,8 @@ session, in whichever test process gets to it first: a command quoted twice,
 two that differ only in options their tiny flags override or never read
 (``effective_argv``, ``Tiny.moot``), or only in a ``--workdir`` that nothing
 later in its block reads (``_generic``). The SmolLM2 commands find a
-one-layer cut of the converted checkpoint (``smollm2_tiny_checkpoint``).
+one-layer SmolLM2 with narrow widths and random weights, with the converted
+checkpoint's tokenizer and vocabulary (``smollm2_tiny_checkpoint``).
 """
 
 from __future__ import annotations
@@ -63,13 +64,19 @@ _LOOP_SETS = tuple(f"--set={k}={v}" for k, v in {
 
 
 _MAIN = _config_flags({**_TINY_MODEL, **_TINY_RUN})
-# A pretrained checkpoint fixes the model's widths, vocabulary and tokenizer:
-# the run gets small, and the checkpoint placed for the documents' SmolLM2
-# commands has one layer (smollm2_tiny_checkpoint). One row a batch: a row
-# of the real vocabulary costs what a tiny model's whole step does
-# (README's codeio run 69 -> 50 CPU-s at two rows, 59 -> 51 from two to one
-# with the compilation cache warm).
-_MAIN_PRETRAINED = _config_flags({"model.num_layers": 1, **_TINY_RUN,
+# The checkpoint placed for the documents' SmolLM2 commands
+# (smollm2_tiny_checkpoint): SmolLM2's tokenizer, vocabulary and chat
+# template, one layer at these widths (its configs name SmolLM2's own, which
+# init_from checks against the checkpoint). At SmolLM2's widths a tiny form's
+# step, evaluations and checkpoint were over half its CPU time (README's codeio
+# run 38 -> 16 CPU-s, its SmolLM2 run 24 -> 10, the compilation cache warm).
+_SMOLLM2_TINY = {"model.num_layers": 1, "model.hidden_size": 64,
+                 "model.intermediate_size": 128, "model.num_heads": 2,
+                 "model.num_kv_heads": 1, "model.head_dim": 32}
+# One row a batch: a row of the real vocabulary costs what a tiny model's
+# whole step does (README's codeio run 69 -> 50 CPU-s at two rows, 59 -> 51
+# from two to one with the compilation cache warm).
+_MAIN_PRETRAINED = _config_flags({**_SMOLLM2_TINY, **_TINY_RUN,
                                   "train.batch_size": 1,
                                   "sampler.batch_size": 1})
 # `sao_jax.aot`'s tiny form: one layer's decode chunk, small vocabulary.
@@ -134,7 +141,7 @@ TINY: dict[str, Tiny] = {
     # The block's run's checkpoint (or the one-layer SmolLM2 where nothing
     # ran: the repair command), two held-out problems, two samples each.
     "sao_jax.evaluate": Tiny(args=(
-        *_config_flags({"model.num_layers": 1, "train.sft_steps": 0,
+        *_config_flags({**_SMOLLM2_TINY, "train.sft_steps": 0,
                         "env.size": 4, "env.eval_size": 2}),
         "--samples=2", "--k=1,2")),
     "sao_jax.models.convert": Tiny(),  # Once: a converted copy is kept.
@@ -393,38 +400,42 @@ def _environment(tmp: pathlib.Path, tiny: Tiny) -> dict[str, str]:
   return env
 
 
-def one_layer_smollm2(converted: pathlib.Path, out: pathlib.Path) -> None:
-  """Writes SmolLM2 cut to its first decoder layer into ``out``: the converted
-  checkpoint's embeddings, layer 0 and final norm, its tokenizer files, and
-  its config.json with ``num_hidden_layers=1``."""
-  # pylint: disable-next=g-import-not-at-top
-  from safetensors import numpy as st_numpy
+def tiny_smollm2(converted: pathlib.Path, out: pathlib.Path) -> None:
+  """Writes into ``out`` a SmolLM2 of one layer at ``_SMOLLM2_TINY``'s widths
+  with random weights (hf_reference.save_random_model), and the converted
+  checkpoint's tokenizer files and config.json otherwise."""
+  transformers = pytest.importorskip("transformers")
+  import hf_reference  # pylint: disable=g-import-not-at-top
   out.mkdir(parents=True)
   for f in converted.iterdir():
     if f.suffix != ".safetensors" and f.name != "config.json":
       (out / f.name).write_bytes(f.read_bytes())
   hf_config = json.loads((converted / "config.json").read_text())
-  hf_config["num_hidden_layers"] = 1
-  (out / "config.json").write_text(json.dumps(hf_config, indent=2))
-  tensors = st_numpy.load_file(str(converted / "model.safetensors"))
-  kept = {k: v for k, v in tensors.items()
-          if not re.match(r"model\.layers\.(?!0\.)\d+\.", k)}
-  st_numpy.save_file(kept, str(out / "model.safetensors"),
-                     metadata={"format": "pt"})
+  widths = {k.split(".", 1)[1]: v for k, v in _SMOLLM2_TINY.items()}
+  hf_config.update(
+      num_hidden_layers=widths["num_layers"],
+      hidden_size=widths["hidden_size"],
+      intermediate_size=widths["intermediate_size"],
+      num_attention_heads=widths["num_heads"],
+      num_key_value_heads=widths["num_kv_heads"],
+      head_dim=widths["head_dim"])
+  config = transformers.AutoConfig.for_model(**hf_config)
+  hf_reference.save_random_model(
+      getattr(transformers, hf_config["architectures"][0]), config, out)
 
 
 @pytest.fixture(scope="session")
 def smollm2_tiny_checkpoint(pytestconfig, tmp_path_factory) -> pathlib.Path:
-  """A one-layer SmolLM2 (SmolLM2's tokenizer, vocabulary and widths) cut from
-  the suite's one conversion: what the documents' SmolLM2 commands load in
-  their tiny forms (``TINY`` sets ``model.num_layers=1`` to match). The
-  conversion command itself runs, finding a complete checkpoint; the real
-  model's conversion and parity are tests/models/test_smollm2_parity.py's,
+  """What the documents' SmolLM2 commands load in their tiny forms
+  (``TINY`` gives them ``_SMOLLM2_TINY``'s widths to match): the suite's one
+  conversion's tokenizer and vocabulary, one narrow layer. The conversion
+  command itself runs, finding a complete checkpoint; the real model's
+  conversion, weights and parity are tests/models/test_smollm2_parity.py's,
   its TPU compile tests/aot/test_aot.py's."""
   import smollm2_checkpoint  # pylint: disable=g-import-not-at-top
-  out = tmp_path_factory.mktemp("smollm2") / "one_layer"
-  one_layer_smollm2(pathlib.Path(smollm2_checkpoint.converted_dir(
-      pytestconfig)), out)
+  out = tmp_path_factory.mktemp("smollm2") / "tiny"
+  tiny_smollm2(pathlib.Path(smollm2_checkpoint.converted_dir(pytestconfig)),
+               out)
   return out
 
 
