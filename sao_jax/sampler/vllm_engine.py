@@ -387,7 +387,7 @@ class VllmRollout:
 
 
 # Run by a helper process (``_start_reaper``): SIGKILLs the given processes
-# (pid, start time) when its parent, the sampler, dies.
+# (pid, start time) and their descendants when its parent, the sampler, dies.
 _REAPER = r"""
 import ctypes, os, signal, sys, time
 parent = int(sys.argv[1])
@@ -397,11 +397,36 @@ def start_time(pid):
   with open(f"/proc/{pid}/stat") as f:
     return int(f.read().rsplit(")", 1)[1].split()[19])
 
+def descendants(roots):
+  children = {}
+  for name in os.listdir("/proc"):
+    if name.isdigit():
+      try:
+        with open(f"/proc/{name}/stat") as f:
+          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, ValueError, IndexError):
+        continue
+      children.setdefault(ppid, []).append(int(name))
+  out, todo = [], list(roots)
+  while todo:
+    for child in children.get(todo.pop(), ()):
+      out.append(child)
+      todo.append(child)
+  return out
+
 def reap(*_):
+  live = []
   for pid, started in targets:
     try:
       if start_time(pid) == started:
-        os.kill(pid, signal.SIGKILL)
+        live.append(pid)
+    except OSError:
+      pass
+  # The engine core's own workers too: orphaned, they would run on (vLLM's
+  # CPU worker for 15-40 s, busy, seen in the suite).
+  for pid in live + descendants(live):
+    try:
+      os.kill(pid, signal.SIGKILL)
     except OSError:
       pass
   os._exit(0)
