@@ -16,6 +16,9 @@ sizes:
   `train.batch_size` x `train.max_seq_len` (16 x 128), random weights (FLOPs
   do not depend on them).
 
+`--num_layers` and `--vocab_size` override every size's depth and vocabulary
+(a smoke run of a real size's layer: CI's tiny forms).
+
 `--family` gives the size a family's shapes (models/families/): `qwen3` (q/k
 norms), `mistral` (a window of seq/4), `gemma3` ((1 + w) norms with the
 post-attention/MLP norms, GELU-tanh, three sliding layers to one full,
@@ -202,6 +205,8 @@ def bench_size(name: str, args, matmul) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, scan_layers=args.scan_layers == "true")
   if args.num_layers:
     cfg = dataclasses.replace(cfg, num_layers=args.num_layers)
+  if args.vocab_size:
+    cfg = dataclasses.replace(cfg, vocab_size=args.vocab_size)
   cfg = family_config(cfg, args.family, seq)
   x = jnp.zeros((1, 4), jnp.int32)
   policy = jax.jit(lambda k: transformer.Transformer(cfg).init(
@@ -283,6 +288,10 @@ def main():
   parser.add_argument("--num_layers", type=int, default=0,
                       help="Override every size's depth (0: its own); e.g. "
                       "a 1-layer smoke run of a real-size model.")
+  parser.add_argument("--vocab_size", type=int, default=0,
+                      help="Override every size's vocabulary (0: its own); "
+                      "with --num_layers, a smoke run of a real size's "
+                      "layer without its LM head's cost.")
   parser.add_argument("--family", default="llama",
                       help="Give each size a family's shapes: llama, qwen3, "
                       "mistral, gemma3, qwen3_moe or glm4_moe.")

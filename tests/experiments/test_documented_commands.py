@@ -152,7 +152,7 @@ TINY: dict[str, Tiny] = {
         args=_MAIN_PRETRAINED + ("--config.model.dtype=float32",),
         env=(("TRAIN_S", "1"), ("STEPS", "1"),
              ("BENCH_ARGS", "--matmul_n=64 --repeats=1 --warmup=0 --batch=1 "
-              "--seq=16 --num_layers=1 --dtype=float32 "
+              "--seq=16 --num_layers=1 --vocab_size=256 --dtype=float32 "
               "--matmul_dtype=float32"))),
     "experiments/bench/ring.py": Tiny(
         args=("--repeats", "1", "--total_mib", "1", "--sizes", "4096",
@@ -169,7 +169,7 @@ TINY: dict[str, Tiny] = {
     "experiments/bench/train_step.py": Tiny(
         args=("--repeats=1", "--warmup=0", "--matmul_n=64",
               "--sizes=quickstart", "--batch=1", "--seq=16",
-              "--num_layers=1")),
+              "--num_layers=1", "--vocab_size=256")),
     "experiments/bench/weights.py": Tiny(
         args=("--repeats=1", "--model=quickstart")),
     "experiments/bench/async_vs_sync.py": Tiny(  # 3 steps: one steady step.
