@@ -108,9 +108,12 @@ def tok(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(tok):
+  # Tied, as SmolLM2: a tied head is the one vLLM's reload does not process
+  # again (vllm_worker._refresh_tied_head; untied: the sampler-kill run's
+  # log-prob check below).
   cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=64,
                     intermediate_size=128, num_layers=2, num_heads=2,
-                    num_kv_heads=1, head_dim=32)
+                    num_kv_heads=1, head_dim=32, tie_embeddings=True)
   x = jnp.zeros((1, 4), jnp.int32)
   params = {v: jax.tree.map(lambda a: a * 4.0 if a.ndim > 1 else a,
                             tiny_models.init_params(
@@ -294,6 +297,10 @@ def test_async_sao_run_survives_a_sampler_kill(tmp_path, monkeypatch):
   assert summary["policy_version"] == 2
   scalars = metrics_lib.read_scalars(str(tmp_path / "run" / "tb"))
   assert max(v for _, v in scalars["weights/engine_push_s"]) > 0
+  # An untied model (tiny_config's): the first policy step's episodes came
+  # from the version it trains, float32 on both sides.
+  assert scalars["policy/logp_abs_diff"][0][1] < 1e-4, scalars[
+      "policy/logp_abs_diff"]
   deadline = time.monotonic() + 30  # The killed sampler's engine too.
   while _vllm_processes() - before and time.monotonic() < deadline:
     time.sleep(1)
