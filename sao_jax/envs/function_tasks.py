@@ -103,9 +103,8 @@ def task_from_row(row: dict[str, Any]) -> FunctionTask | None:
       seed=int(digest[16:24], 16))
 
 
-def _short(row: dict[str, Any], max_reference_chars: int) -> bool:
-  return not max_reference_chars or len(
-      row.get("code_sample") or "") <= max_reference_chars
+def _short(code: str | None, max_reference_chars: int) -> bool:
+  return not max_reference_chars or len(code or "") <= max_reference_chars
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,11 +121,11 @@ def all_tasks(max_reference_chars: int = 0) -> tuple[FunctionTask, ...]:
     groups.setdefault(_key(row)[:16], []).append(row)
   tasks = []
   for group in groups.values():
-    if not any(_short(r, max_reference_chars) for r in group):
+    if not any(_short(r.get("code_sample"), max_reference_chars)
+               for r in group):
       continue
     task = next(filter(None, map(task_from_row, reversed(group))), None)
-    if task is not None and _short({"code_sample": task.reference},
-                                   max_reference_chars):
+    if task is not None and _short(task.reference, max_reference_chars):
       tasks.append(task)
   return tuple(sorted(tasks, key=lambda t: t.key))
 
